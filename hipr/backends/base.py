@@ -1,0 +1,261 @@
+"""The one interface every GPU backend implements (hip, cuda, emulator).
+
+Threading contract: the worker calls a backend only from session GPU threads, one
+thread per session, many sessions at once. Before a session's first call, and again
+after it changes device, the worker calls :meth:`Backend.bind_thread` on that thread
+(HIP's current device and CUDA's current context are per host thread). A backend must
+therefore be safe to call from several threads concurrently.
+
+Every failure is raised as :class:`hipr.errors.HipError` with HIP's code. Handles
+(streams, events, modules, functions, graphs, graph execs) are opaque objects owned by
+the backend; the worker never sends them over the wire, it maps them to per-session ids.
+``stream=None`` always means the device's default (null) stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol, runtime_checkable
+
+#: An opaque backend object: a stream, event, module, function, graph or graph exec.
+Handle = Any
+Dim3 = tuple[int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceProperties:
+    """What users look for in a device. ``arch`` is gcnArchName on AMD (``gfx942:sramecc+``)
+    and ``sm_90`` style on NVIDIA."""
+
+    name: str
+    arch: str
+    total_memory: int
+    multiprocessor_count: int
+    warp_size: int
+    max_threads_per_block: int
+    clock_rate_khz: int
+    pci_bus_id: str
+    major: int = 0
+    minor: int = 0
+    max_shared_memory_per_block: int = 0
+
+    def to_wire(self) -> dict[str, Any]:
+        """The CBOR map sent to clients."""
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class BackendStats:
+    """Live resources the backend holds, for leak checks and status pages."""
+
+    allocations: int = 0
+    allocated_bytes: int = 0
+    streams: int = 0
+    events: int = 0
+    modules: int = 0
+    graphs: int = 0
+    graph_execs: int = 0
+
+    def is_zero(self) -> bool:
+        """True when nothing is held."""
+        return not any(asdict(self).values())
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A GPU runtime as the worker sees it. See the module docstring for threading."""
+
+    #: ``"hip"``, ``"cuda"`` or ``"emulator"``.
+    name: str
+
+    # --- devices -------------------------------------------------------------------
+    def device_count(self) -> int:
+        """Visible devices."""
+        ...
+
+    def device_properties(self, device: int) -> DeviceProperties:
+        """Properties of ``device``; hipErrorInvalidDevice when out of range."""
+        ...
+
+    def bind_thread(self, device: int) -> None:
+        """Make ``device`` current on the calling thread (set device / push context)."""
+        ...
+
+    def mem_get_info(self) -> tuple[int, int]:
+        """(free, total) bytes of the calling thread's current device."""
+        ...
+
+    def synchronize(self) -> None:
+        """Wait for all work on the current device."""
+        ...
+
+    # --- memory (addresses are plain ints; ranges were checked by the worker) -------
+    def malloc(self, size: int) -> int:
+        """Allocate ``size`` bytes on the current device; hipErrorOutOfMemory when full."""
+        ...
+
+    def free(self, ptr: int) -> None:
+        """Free an allocation made by :meth:`malloc`."""
+        ...
+
+    def memcpy_htod(self, dst: int, src: memoryview, stream: Handle | None = None) -> None:
+        """Copy host bytes to the device. With a stream the copy is ordered on it, and
+        ``src`` stays valid only until this call returns: copy it if needed later."""
+        ...
+
+    def memcpy_dtoh(self, dst: memoryview, src: int, stream: Handle | None = None) -> None:
+        """Copy ``dst.nbytes`` device bytes into the writable host buffer ``dst``;
+        returns once the bytes are in ``dst``."""
+        ...
+
+    def memcpy_dtod(self, dst: int, src: int, size: int, stream: Handle | None = None) -> None:
+        """Copy between device ranges (they may overlap only as memmove allows)."""
+        ...
+
+    def memset(self, ptr: int, value: int, size: int, stream: Handle | None = None) -> None:
+        """Set ``size`` bytes to the byte ``value``."""
+        ...
+
+    # --- streams and events -----------------------------------------------------------
+    def stream_create(self) -> Handle:
+        """A new stream on the current device."""
+        ...
+
+    def stream_destroy(self, stream: Handle) -> None:
+        """Destroy a stream (its pending work still completes)."""
+        ...
+
+    def stream_synchronize(self, stream: Handle | None) -> None:
+        """Wait for the stream's work."""
+        ...
+
+    def stream_query(self, stream: Handle | None) -> bool:
+        """True when the stream has no pending work."""
+        ...
+
+    def stream_wait_event(self, stream: Handle | None, event: Handle) -> None:
+        """Make later work on ``stream`` wait for ``event``."""
+        ...
+
+    def event_create(self) -> Handle:
+        """A new event with timing enabled."""
+        ...
+
+    def event_destroy(self, event: Handle) -> None:
+        """Destroy an event."""
+        ...
+
+    def event_record(self, event: Handle, stream: Handle | None) -> None:
+        """Record ``event`` on ``stream``."""
+        ...
+
+    def event_synchronize(self, event: Handle) -> None:
+        """Wait for the event."""
+        ...
+
+    def event_query(self, event: Handle) -> bool:
+        """True when the event has completed."""
+        ...
+
+    def event_elapsed_ms(self, start: Handle, end: Handle) -> float:
+        """Milliseconds between two completed events."""
+        ...
+
+    # --- modules and kernels ----------------------------------------------------------
+    def compile(self, source: str, name: str, options: Sequence[str]) -> bytes:
+        """Compile HIP C++ source for the current device; a compile error raises
+        HipError (hipErrorInvalidSource) whose message carries the compiler log."""
+        ...
+
+    def module_load(self, image: bytes) -> Handle:
+        """Load a code object."""
+        ...
+
+    def module_unload(self, module: Handle) -> None:
+        """Unload a module; its functions become invalid."""
+        ...
+
+    def module_get_function(self, module: Handle, name: str) -> Handle:
+        """A kernel of a loaded module; hipErrorNotFound when absent."""
+        ...
+
+    def builtin_module(self) -> Handle:
+        """Load the built-in kernels (hipr.kernels) as a module of this backend."""
+        ...
+
+    def launch(
+        self,
+        function: Handle,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: int,
+        stream: Handle | None,
+        args: bytes,
+    ) -> None:
+        """Launch with ``args`` packed with C alignment (the runtime's ``extra``
+        buffer-pointer path). Asynchronous: failures may surface at a later sync."""
+        ...
+
+    # --- graphs -----------------------------------------------------------------------
+    def stream_begin_capture(self, stream: Handle) -> None:
+        """Start capturing the work issued on ``stream`` into a graph."""
+        ...
+
+    def stream_end_capture(self, stream: Handle) -> Handle:
+        """Stop capturing; the captured graph."""
+        ...
+
+    def graph_create(self) -> Handle:
+        """An empty graph."""
+        ...
+
+    def graph_destroy(self, graph: Handle) -> None:
+        """Destroy a graph (its instantiations live on)."""
+        ...
+
+    def graph_add_memset(
+        self, graph: Handle, dependencies: Sequence[Handle], ptr: int, value: int, size: int
+    ) -> Handle:
+        """A memset node; returns the node."""
+        ...
+
+    def graph_add_memcpy(
+        self, graph: Handle, dependencies: Sequence[Handle], dst: int, src: int, size: int
+    ) -> Handle:
+        """A device-to-device copy node; returns the node."""
+        ...
+
+    def graph_add_kernel(
+        self,
+        graph: Handle,
+        dependencies: Sequence[Handle],
+        function: Handle,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: int,
+        args: bytes,
+    ) -> Handle:
+        """A kernel node; returns the node."""
+        ...
+
+    def graph_instantiate(self, graph: Handle) -> Handle:
+        """An executable graph."""
+        ...
+
+    def graph_launch(self, graph_exec: Handle, stream: Handle | None) -> None:
+        """Launch an executable graph on ``stream``."""
+        ...
+
+    def graph_exec_destroy(self, graph_exec: Handle) -> None:
+        """Destroy an executable graph."""
+        ...
+
+    # --- accounting -------------------------------------------------------------------
+    def stats(self) -> BackendStats:
+        """What the backend holds now, across all sessions."""
+        ...
+
+    def close(self) -> None:
+        """Release the runtime at worker shutdown."""
+        ...

@@ -1,0 +1,172 @@
+"""Sans-I/O frame codec: bytes in, frames out, and back. No sockets here.
+
+A frame is the 24-byte header followed by ``payload_length`` bytes of payload. A
+non-empty payload is ``u32 args_length | CBOR args | raw bulk bytes``: the length
+prefix lets the bulk part be used in place (no re-encoding, no copy to find where
+the CBOR ends). An empty payload means "no arguments, no bulk".
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import cbor2
+
+from hipr.errors import ProtocolError
+from hipr.protocol.header import (
+    HEADER,
+    HEADER_SIZE,
+    MAGIC,
+    MAX_REQUEST_ID,
+    PROTOCOL_VERSION,
+    Flags,
+    Header,
+)
+
+ARGS_LENGTH = struct.Struct("<I")
+#: A payload limit for peers that set none; the worker's config usually lowers it.
+DEFAULT_MAX_PAYLOAD = 64 * 1024 * 1024 + 64 * 1024
+_EMPTY = memoryview(b"")
+
+
+@dataclass(slots=True)
+class Frame:
+    """One decoded frame. ``error`` is set, and ``args`` is None, when the CBOR part was
+    malformed: framing is intact, so the receiver can answer that request and go on."""
+
+    header: Header
+    args: Any = None
+    bulk: memoryview = field(default_factory=lambda: _EMPTY)
+    error: ProtocolError | None = None
+
+    @property
+    def opcode(self) -> int:
+        """Shorthand for ``header.opcode``."""
+        return self.header.opcode
+
+    @property
+    def request_id(self) -> int:
+        """Shorthand for ``header.request_id``."""
+        return self.header.request_id
+
+    @property
+    def flags(self) -> Flags:
+        """Shorthand for ``header.flags``."""
+        return self.header.flags
+
+
+def encode_frame_parts(
+    opcode: int,
+    request_id: int,
+    flags: Flags = Flags.NONE,
+    args: Any = None,
+    bulk: bytes | bytearray | memoryview = b"",
+    version: int = PROTOCOL_VERSION,
+) -> list[bytes | bytearray | memoryview]:
+    """The frame as buffers for one vectored write: header+args, then the bulk as given."""
+    if not 0 <= request_id <= MAX_REQUEST_ID:
+        raise ValueError(f"request id {request_id} does not fit in 32 bits")
+    bulk_len = memoryview(bulk).nbytes
+    if args is None and bulk_len == 0:
+        return [Header(opcode, request_id, flags, 0, version).pack()]
+    encoded = b"" if args is None else cbor2.dumps(args)
+    payload_length = ARGS_LENGTH.size + len(encoded) + bulk_len
+    head = Header(opcode, request_id, flags, payload_length, version).pack()
+    first = head + ARGS_LENGTH.pack(len(encoded)) + encoded
+    return [first, bulk] if bulk_len else [first]
+
+
+def encode_frame(
+    opcode: int,
+    request_id: int,
+    flags: Flags = Flags.NONE,
+    args: Any = None,
+    bulk: bytes | bytearray | memoryview = b"",
+    version: int = PROTOCOL_VERSION,
+) -> bytes:
+    """The frame as one bytes object (tests and small frames)."""
+    return b"".join(
+        bytes(p) for p in encode_frame_parts(opcode, request_id, flags, args, bulk, version)
+    )
+
+
+def decode_payload(header: Header, payload: memoryview) -> Frame:
+    """Split a complete payload into CBOR arguments and bulk bytes."""
+    if not payload.nbytes:
+        return Frame(header)
+    if payload.nbytes < ARGS_LENGTH.size:
+        return Frame(header, error=ProtocolError(message="payload shorter than its length prefix"))
+    (args_length,) = ARGS_LENGTH.unpack_from(payload)
+    end = ARGS_LENGTH.size + args_length
+    if end > payload.nbytes:
+        return Frame(
+            header,
+            error=ProtocolError(
+                message=f"CBOR part of {args_length} bytes overruns a {payload.nbytes}-byte payload"
+            ),
+        )
+    args: Any = None
+    if args_length:
+        try:
+            args = cbor2.loads(payload[ARGS_LENGTH.size : end])
+        except Exception as exc:  # cbor2 raises several types for malformed input
+            return Frame(header, error=ProtocolError(message=f"malformed CBOR arguments: {exc}"))
+    return Frame(header, args, payload[end:])
+
+
+class FrameDecoder:
+    """Incremental decoder: feed it byte slices of any size, take whole frames out.
+
+    A bad magic or a payload over ``max_payload`` raises :class:`ProtocolError`; the
+    stream can't be resynchronised after that, so the caller closes the connection.
+    """
+
+    def __init__(self, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
+        self.max_payload = max_payload
+        self._buffer = bytearray()
+        self._header: Header | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as frames."""
+        return len(self._buffer)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        """Append received bytes."""
+        self._buffer += data
+
+    def frames(self) -> Iterator[Frame]:
+        """Every complete frame buffered so far, in order."""
+        while (frame := self.next_frame()) is not None:
+            yield frame
+
+    def next_frame(self) -> Frame | None:
+        """The next complete frame, or None until more bytes arrive."""
+        if self._header is None:
+            if len(self._buffer) < HEADER_SIZE:
+                if self._buffer and not MAGIC.startswith(bytes(self._buffer[:4])):
+                    raise ProtocolError(message=f"bad magic {bytes(self._buffer[:4])!r}")
+                return None
+            self._header = self._parse_header()
+            del self._buffer[:HEADER_SIZE]
+        header = self._header
+        if len(self._buffer) < header.payload_length:
+            return None
+        payload = bytes(self._buffer[: header.payload_length])
+        del self._buffer[: header.payload_length]
+        self._header = None
+        return decode_payload(header, memoryview(payload))
+
+    def _parse_header(self) -> Header:
+        magic, version, opcode, request_id, flags, length = HEADER.unpack_from(self._buffer)
+        if magic != MAGIC:
+            raise ProtocolError(message=f"bad magic {magic!r}, expected {MAGIC!r}")
+        if length > self.max_payload:
+            raise ProtocolError(
+                message=f"frame payload of {length} bytes is over the limit of {self.max_payload}",
+                limit=self.max_payload,
+            )
+        return Header(opcode, request_id, Flags(flags), length, version)

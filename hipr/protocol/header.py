@@ -1,0 +1,61 @@
+"""The fixed 24-byte frame header of DESIGN.md, little-endian on every platform."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from enum import IntFlag
+
+MAGIC = b"HIPR"
+PROTOCOL_MAJOR = 1
+PROTOCOL_MINOR = 0
+#: Major in the high byte, minor in the low byte, as AMD's C HIP Remote did (0x0100).
+PROTOCOL_VERSION = (PROTOCOL_MAJOR << 8) | PROTOCOL_MINOR
+
+HEADER = struct.Struct("<4sHHIIQ")
+HEADER_SIZE = HEADER.size
+assert HEADER_SIZE == 24
+
+#: Request ids are 32-bit on the wire; 0 is reserved for worker-initiated frames.
+MAX_REQUEST_ID = 0xFFFF_FFFF
+
+
+class Flags(IntFlag):
+    """Header flag bits."""
+
+    NONE = 0
+    #: Fire-and-forget: the worker sends no reply; an error is reported by the next call.
+    NO_REPLY = 1 << 0
+    #: The frame answers the request of the same id.
+    REPLY = 1 << 1
+    #: The reply is an error; its CBOR part is the error map.
+    ERROR = 1 << 2
+    #: More frames of the same request or reply follow (bulk data in bounded chunks).
+    MORE = 1 << 3
+
+
+def version_major(version: int) -> int:
+    """The major number of a header's version field."""
+    return version >> 8
+
+
+def version_text(version: int) -> str:
+    """``"1.0"`` for ``0x0100``."""
+    return f"{version >> 8}.{version & 0xFF}"
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """One decoded frame header."""
+
+    opcode: int
+    request_id: int
+    flags: Flags
+    payload_length: int
+    version: int = PROTOCOL_VERSION
+
+    def pack(self) -> bytes:
+        """The header's 24 bytes."""
+        return HEADER.pack(
+            MAGIC, self.version, self.opcode, self.request_id, int(self.flags), self.payload_length
+        )
