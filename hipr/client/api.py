@@ -1,0 +1,299 @@
+"""The async client API: ``async with hipr.aconnect(url) as gpu: ...``."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+
+from hipr._version import __version__
+from hipr.backends.base import DeviceProperties
+from hipr.client.connection import Buffer, ClientConnection, _bytes_view
+from hipr.client.objects import DevicePtr, Event, Function, Graph, Module, Stream, handle_id
+from hipr.errors import HipConnectionError, HipError, HipTimeoutError, ProtocolError, invalid_value
+from hipr.protocol.codec import DEFAULT_MAX_PAYLOAD
+from hipr.protocol.header import PROTOCOL_VERSION
+from hipr.protocol.opcodes import Opcode
+
+DEFAULT_URL = "tcp://127.0.0.1:18515"
+
+
+class AsyncGpu:
+    """A remote device. Every method is a coroutine; handles it returns are bound to
+    this session. The same names exist, synchronous, on :func:`hipr.connect`'s object."""
+
+    def __init__(self, connection: ClientConnection, hello: dict[str, Any]) -> None:
+        self._conn = connection
+        self._hello = hello
+        self.session_id: str = str(hello.get("session_id", ""))
+        self._properties: dict[int, DeviceProperties] = {}
+        self._device_count: int | None = None
+
+    # --- plumbing ------------------------------------------------------------------
+    async def _call(self, opcode: Opcode, args: Any = None, data: Buffer = b"") -> Any:
+        result, _ = await self._conn.request(opcode, args, data)
+        return result
+
+    async def _post(self, opcode: Opcode, args: Any = None, data: Buffer = b"") -> None:
+        await self._conn.notify(opcode, args, data)
+
+    def worker_info(self) -> dict[str, Any]:
+        """What the worker said at HELLO: protocol, worker_version, backend, session_id."""
+        return dict(self._hello)
+
+    async def ping(self) -> float:
+        """Seconds for one null round trip."""
+        start = time.perf_counter()
+        await self._call(Opcode.PING)
+        return time.perf_counter() - start
+
+    # --- devices -------------------------------------------------------------------
+    async def device_count(self) -> int:
+        """Visible devices (cached: it cannot change during a session)."""
+        if self._device_count is None:
+            self._device_count = int((await self._call(Opcode.DEVICE_COUNT))["count"])
+        return self._device_count
+
+    async def set_device(self, device: int) -> None:
+        """Make ``device`` current for this session's later calls."""
+        await self._call(Opcode.SET_DEVICE, {"device": device})
+
+    async def get_device(self) -> int:
+        """This session's current device."""
+        return int((await self._call(Opcode.GET_DEVICE))["device"])
+
+    async def device_properties(self, device: int = 0) -> DeviceProperties:
+        """Name, arch, memory, multiprocessors... of ``device`` (cached per session)."""
+        if device not in self._properties:
+            result = await self._call(Opcode.DEVICE_PROPERTIES, {"device": device})
+            known = set(DeviceProperties.__dataclass_fields__)
+            self._properties[device] = DeviceProperties(
+                **{k: v for k, v in result.items() if k in known}
+            )
+        return self._properties[device]
+
+    async def mem_get_info(self) -> tuple[int, int]:
+        """(free, total) bytes of the current device."""
+        result = await self._call(Opcode.MEM_GET_INFO)
+        return int(result["free"]), int(result["total"])
+
+    async def synchronize(self) -> None:
+        """Wait for all work of the current device; reports asynchronous errors."""
+        await self._call(Opcode.DEVICE_SYNCHRONIZE)
+
+    # --- memory --------------------------------------------------------------------
+    async def malloc(self, size: int) -> DevicePtr:
+        """Allocate ``size`` bytes on the current device."""
+        _check_size(size)
+        result = await self._call(Opcode.MALLOC, {"size": size})
+        return DevicePtr(int(result["ptr"]), size)
+
+    async def malloc_htod(self, src: Buffer) -> DevicePtr:
+        """Allocate device memory holding a copy of ``src``, in one round trip."""
+        data, size = _host_source(0, src, None)
+        if size == 0:
+            raise invalid_value("malloc_htod needs a non-empty buffer")
+        result = await self._call(Opcode.MALLOC_HTOD, {"size": size}, data)
+        return DevicePtr(int(result["ptr"]), size)
+
+    async def free(self, ptr: DevicePtr | int) -> None:
+        """Free an allocation (its start address)."""
+        await self._call(Opcode.FREE, {"ptr": int(ptr)})
+
+    async def memcpy_htod(self, dst: DevicePtr | int, src: Buffer, size: int | None = None) -> None:
+        """Copy a host buffer (bytes, bytearray, memoryview, numpy array) to the device."""
+        data, size = _host_source(dst, src, size)
+        await self._call(Opcode.MEMCPY_HTOD, {"dst": int(dst), "size": size}, data)
+
+    async def memcpy_htod_async(
+        self, dst: DevicePtr | int, src: Buffer, stream: Stream | None = None, size: int | None = None
+    ) -> None:
+        """Queue a host-to-device copy on ``stream``. The bytes are sent before this
+        returns, so ``src`` may be reused at once."""
+        data, size = _host_source(dst, src, size)
+        await self._post(
+            Opcode.MEMCPY_HTOD, {"dst": int(dst), "size": size, "stream": handle_id(stream)}, data
+        )
+
+    async def memcpy_dtoh(
+        self,
+        src: DevicePtr | int,
+        size: int | None = None,
+        out: Buffer | None = None,
+        stream: Stream | None = None,
+    ) -> Any:
+        """Copy device bytes to the host: new ``bytes``, or into ``out`` (returned)."""
+        if size is None:
+            if out is not None:
+                size = _bytes_view(out).nbytes
+            elif isinstance(src, DevicePtr):
+                size = src.size
+            else:
+                raise invalid_value("memcpy_dtoh needs a size for a raw address")
+        _check_size(size)
+        _check_fits(src, size)
+        target = memoryview(bytearray(size)) if out is None else _bytes_view(out)
+        if target.readonly or target.nbytes < size:
+            raise invalid_value(f"out must be a writable buffer of at least {size} bytes")
+        offset = 0
+
+        def sink(chunk: memoryview) -> None:
+            nonlocal offset
+            if offset + chunk.nbytes > size:
+                raise ProtocolError(message="the worker sent more bytes than asked for")
+            target[offset : offset + chunk.nbytes] = chunk
+            offset += chunk.nbytes
+
+        await self._conn.request(
+            Opcode.MEMCPY_DTOH,
+            {"src": int(src), "size": size, "stream": handle_id(stream)},
+            sink=sink,
+        )
+        if offset != size:
+            raise ProtocolError(message=f"the worker sent {offset} of {size} bytes")
+        return bytes(target) if out is None else out
+
+    async def memcpy_dtod(
+        self, dst: DevicePtr | int, src: DevicePtr | int, size: int, stream: Stream | None = None
+    ) -> None:
+        """Copy between device ranges."""
+        _check_size(size)
+        await self._call(
+            Opcode.MEMCPY_DTOD,
+            {"dst": int(dst), "src": int(src), "size": size, "stream": handle_id(stream)},
+        )
+
+    async def memset(
+        self, ptr: DevicePtr | int, value: int, size: int, stream: Stream | None = None
+    ) -> None:
+        """Set ``size`` bytes to the byte ``value``."""
+        _check_size(size)
+        if not isinstance(value, int) or not 0 <= value <= 255:
+            raise invalid_value(f"memset value must be a byte (0..255), got {value!r}")
+        await self._call(
+            Opcode.MEMSET,
+            {"ptr": int(ptr), "value": value, "size": size, "stream": handle_id(stream)},
+        )
+
+    # --- streams and events --------------------------------------------------------
+    async def stream_create(self) -> Stream:
+        """A new stream."""
+        return Stream(self, (await self._call(Opcode.STREAM_CREATE))["stream"])
+
+    async def event_create(self) -> Event:
+        """A new event with timing."""
+        return Event(self, (await self._call(Opcode.EVENT_CREATE))["event"])
+
+    async def event_elapsed_ms(self, start: Event, end: Event) -> float:
+        """Milliseconds between two completed events."""
+        result = await self._call(
+            Opcode.EVENT_ELAPSED_TIME, {"start": start._check(), "end": end._check()}
+        )
+        return float(result["ms"])
+
+    # --- kernels and graphs --------------------------------------------------------
+    async def compile(
+        self, source: str, name: str = "kernel.hip", options: list[str] | tuple[str, ...] = ()
+    ) -> Module:
+        """Compile HIP C++ source on the worker and load it; a compile error raises
+        HipError whose message carries the compiler's log."""
+        result = await self._call(
+            Opcode.MODULE_COMPILE, {"source": source, "name": name, "options": list(options)}
+        )
+        return Module(self, result["module"])
+
+    async def module_load(self, image: Buffer) -> Module:
+        """Load a code object (HSACO on AMD, CUBIN or PTX on NVIDIA)."""
+        return Module(self, (await self._call(Opcode.MODULE_LOAD, None, image))["module"])
+
+    async def builtin(self, name: str) -> Function:
+        """A built-in kernel (fill_f32, scale_f32, axpy_f32, vector_add_f32, reduce_sum_f32,
+        mixed_args_probe) that runs on every backend."""
+        result = await self._call(Opcode.MODULE_BUILTIN, {"name": name})
+        return Function(self, result["function"], name)
+
+    async def graph_create(self) -> Graph:
+        """An empty graph."""
+        return Graph(self, (await self._call(Opcode.GRAPH_CREATE))["graph"])
+
+    async def close(self) -> None:
+        """Say goodbye and close the connection; the worker frees the session."""
+        if self._conn.broken is None:
+            with anyio.move_on_after(5):
+                try:
+                    await self._conn.request(Opcode.GOODBYE)
+                except HipError:
+                    pass
+        await self._conn.aclose()
+
+
+def _check_size(size: object) -> None:
+    if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size < 2**63:
+        raise invalid_value(f"size must be an int in [0, 2**63), got {size!r}")
+
+
+def _check_fits(ptr: DevicePtr | int, size: int) -> None:
+    if isinstance(ptr, DevicePtr) and size > ptr.size:
+        raise invalid_value(f"{size} bytes do not fit in {ptr!r}")
+
+
+def _host_source(dst: DevicePtr | int, src: Buffer, size: int | None) -> tuple[memoryview, int]:
+    data = _bytes_view(src)
+    if size is None:
+        size = data.nbytes
+    _check_size(size)
+    if size > data.nbytes:
+        raise invalid_value(f"size {size} is larger than the {data.nbytes}-byte host buffer")
+    _check_fits(dst, size)
+    return data[:size], size
+
+
+@asynccontextmanager
+async def aconnect(
+    url: str = DEFAULT_URL,
+    *,
+    token: str | None = None,
+    timeout: float = 30.0,
+    **transport_options: Any,
+) -> AsyncIterator[AsyncGpu]:
+    """Connect to a worker; the session lives for the ``async with`` block.
+
+    ``token`` defaults to ``$HIPR_TOKEN``. ``transport_options`` go to the transport
+    (e.g. ``ca=``, ``cert=``, ``key=`` for TLS; ``identity=`` for SSH).
+    """
+    from hipr.transports import connect as transport_connect
+
+    token = token if token is not None else os.environ.get("HIPR_TOKEN")
+    with anyio.fail_after(timeout):
+        stream = await transport_connect(url, **transport_options)
+    connection = ClientConnection(stream, url, DEFAULT_MAX_PAYLOAD)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(connection.reader)
+        try:
+            hello_args: dict[str, Any] = {"client": f"hipr-py/{__version__}"}
+            if token:
+                hello_args["token"] = token
+            try:
+                hello, _ = await connection.request(Opcode.HELLO, hello_args, timeout=timeout)
+            except HipTimeoutError:
+                raise HipConnectionError(
+                    message=f"{url} accepted the connection but did not answer HELLO within "
+                    f"{timeout} s: is it a hipr worker?"
+                ) from None
+            if not isinstance(hello, dict) or hello.get("protocol", 0) >> 8 != PROTOCOL_VERSION >> 8:
+                raise ProtocolError(message=f"unexpected HELLO reply from {url}: {hello!r:.200}")
+            connection.chunk_bytes = int(hello.get("chunk_bytes", connection.chunk_bytes))
+            gpu = AsyncGpu(connection, hello)
+            try:
+                yield gpu
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await gpu.close()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await connection.aclose()
+            tg.cancel_scope.cancel()

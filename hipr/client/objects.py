@@ -1,0 +1,314 @@
+"""Client-side handles: device pointers, streams, events, modules, kernels, graphs.
+
+Each handle remembers the session it belongs to, so a handle used after its session is
+gone fails locally with a clear error instead of naming someone else's object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from hipr.errors import HipError, HipErrorCode, invalid_value
+from hipr.kernels.args import pack_args
+from hipr.protocol.opcodes import Opcode
+
+if TYPE_CHECKING:
+    from hipr.client.api import AsyncGpu
+
+Dim = int | Sequence[int]
+
+
+@dataclass(frozen=True, slots=True)
+class DevicePtr:
+    """A device address and the bytes available from it to the end of its allocation.
+
+    ``int(p)`` is the address; ``p + n`` is the address ``n`` bytes in, with ``n`` fewer
+    bytes available (checked here and again by the worker).
+    """
+
+    address: int
+    size: int
+
+    @property
+    def is_device_pointer(self) -> bool:
+        """Marks a kernel argument that is a device pointer."""
+        return True
+
+    def __int__(self) -> int:
+        return self.address
+
+    def __index__(self) -> int:
+        return self.address
+
+    def __add__(self, offset: int) -> DevicePtr:
+        if not isinstance(offset, int) or isinstance(offset, bool):
+            return NotImplemented
+        if not 0 <= offset <= self.size:
+            raise invalid_value(
+                f"offset {offset} is outside this {self.size}-byte allocation"
+            )
+        return DevicePtr(self.address + offset, self.size - offset)
+
+    def __repr__(self) -> str:
+        return f"DevicePtr(0x{self.address:x}, size={self.size})"
+
+
+def dim3(value: Dim, what: str) -> list[int]:
+    """A launch dimension as a list of 1 to 3 positive ints."""
+    dims = [value] if isinstance(value, int) else list(value)
+    if not 1 <= len(dims) <= 3 or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in dims
+    ):
+        raise invalid_value(f"{what} must be 1 to 3 positive integers, got {value!r}")
+    return dims
+
+
+class _Handle:
+    """A per-session id on the worker, bound to the client that made it."""
+
+    kind = "handle"
+
+    def __init__(self, gpu: AsyncGpu, handle_id: int) -> None:
+        self._gpu = gpu
+        self.id = handle_id
+        self._session = gpu.session_id
+
+    def _check(self) -> int:
+        if self._session != self._gpu.session_id:
+            raise HipError(
+                HipErrorCode.hipErrorInvalidHandle,
+                f"this {self.kind} belongs to a session that no longer exists",
+            )
+        return self.id
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.id}>"
+
+
+def handle_id(obj: _Handle | None) -> int | None:
+    """The wire id of an optional handle (None for the default stream)."""
+    return None if obj is None else obj._check()
+
+
+class Stream(_Handle):
+    """A stream: work issued on it runs in order."""
+
+    kind = "stream"
+
+    async def synchronize(self) -> None:
+        """Wait for the stream's work."""
+        await self._gpu._call(Opcode.STREAM_SYNCHRONIZE, {"stream": self._check()})
+
+    async def query(self) -> bool:
+        """True when the stream has no pending work."""
+        result = await self._gpu._call(Opcode.STREAM_QUERY, {"stream": self._check()})
+        return bool(result["done"])
+
+    async def wait_event(self, event: Event) -> None:
+        """Later work on this stream waits for ``event``."""
+        await self._gpu._post(
+            Opcode.STREAM_WAIT_EVENT, {"stream": self._check(), "event": event._check()}
+        )
+
+    async def begin_capture(self) -> None:
+        """Capture the work issued on this stream into a graph, instead of running it."""
+        await self._gpu._call(Opcode.STREAM_BEGIN_CAPTURE, {"stream": self._check()})
+
+    async def end_capture(self) -> Graph:
+        """Stop capturing; the captured graph."""
+        result = await self._gpu._call(Opcode.STREAM_END_CAPTURE, {"stream": self._check()})
+        return Graph(self._gpu, result["graph"])
+
+    async def destroy(self) -> None:
+        """Destroy the stream (its queued work still completes)."""
+        await self._gpu._post(Opcode.STREAM_DESTROY, {"stream": self._check()})
+
+
+class Event(_Handle):
+    """An event: a point in a stream's work, with timing."""
+
+    kind = "event"
+
+    async def record(self, stream: Stream | None = None) -> None:
+        """Record the event on ``stream`` (the default stream when None)."""
+        await self._gpu._post(
+            Opcode.EVENT_RECORD, {"event": self._check(), "stream": handle_id(stream)}
+        )
+
+    async def synchronize(self) -> None:
+        """Wait for the event."""
+        await self._gpu._call(Opcode.EVENT_SYNCHRONIZE, {"event": self._check()})
+
+    async def query(self) -> bool:
+        """True when the event has completed."""
+        result = await self._gpu._call(Opcode.EVENT_QUERY, {"event": self._check()})
+        return bool(result["done"])
+
+    async def elapsed_ms(self, end: Event) -> float:
+        """Milliseconds from this event to ``end``."""
+        return await self._gpu.event_elapsed_ms(self, end)
+
+    async def destroy(self) -> None:
+        """Destroy the event."""
+        await self._gpu._post(Opcode.EVENT_DESTROY, {"event": self._check()})
+
+
+def launch_args(
+    function: Function,
+    grid: Dim,
+    block: Dim,
+    args: Sequence[object],
+    shared_mem: int,
+) -> dict[str, Any]:
+    """The wire arguments of a launch or kernel node."""
+    if not isinstance(shared_mem, int) or shared_mem < 0:
+        raise invalid_value(f"shared_mem must be a non-negative int, got {shared_mem!r}")
+    packed = pack_args(list(args))
+    return {
+        "function": function._check(),
+        "grid": dim3(grid, "grid"),
+        "block": dim3(block, "block"),
+        "shared_mem": shared_mem,
+        **packed.to_wire(),
+    }
+
+
+class Function(_Handle):
+    """A kernel of a loaded module."""
+
+    kind = "function"
+
+    def __init__(self, gpu: AsyncGpu, handle_id: int, name: str) -> None:
+        super().__init__(gpu, handle_id)
+        self.name = name
+
+    async def launch(
+        self,
+        grid: Dim,
+        block: Dim,
+        args: Sequence[object] = (),
+        shared_mem: int = 0,
+        stream: Stream | None = None,
+    ) -> None:
+        """Launch the kernel (asynchronous: a failure surfaces at the next sync).
+
+        ``args`` are typed: DevicePtr, numpy scalars, ctypes structures; never plain
+        Python ints or floats, whose C width would be a guess.
+        """
+        wire = launch_args(self, grid, block, args, shared_mem)
+        wire["stream"] = handle_id(stream)
+        await self._gpu._post(Opcode.LAUNCH_KERNEL, wire)
+
+    def __repr__(self) -> str:
+        return f"<Function {self.name!r}>"
+
+
+class Module(_Handle):
+    """A loaded code object."""
+
+    kind = "module"
+
+    async def function(self, name: str) -> Function:
+        """The kernel called ``name`` (``extern "C"`` names are the simplest)."""
+        result = await self._gpu._call(
+            Opcode.MODULE_GET_FUNCTION, {"module": self._check(), "name": name}
+        )
+        return Function(self._gpu, result["function"], name)
+
+    async def unload(self) -> None:
+        """Unload the module; its functions become invalid."""
+        await self._gpu._call(Opcode.MODULE_UNLOAD, {"module": self._check()})
+
+
+class GraphNode(_Handle):
+    """A node of a graph, usable as a dependency of later nodes."""
+
+    kind = "graph node"
+
+
+def _deps(dependencies: Sequence[GraphNode]) -> list[int]:
+    return [node._check() for node in dependencies]
+
+
+class Graph(_Handle):
+    """A graph of GPU work, built explicitly or captured from a stream."""
+
+    kind = "graph"
+
+    async def add_memset(
+        self, ptr: DevicePtr | int, value: int, size: int, dependencies: Sequence[GraphNode] = ()
+    ) -> GraphNode:
+        """A memset node."""
+        result = await self._gpu._call(
+            Opcode.GRAPH_ADD_MEMSET,
+            {
+                "graph": self._check(),
+                "dependencies": _deps(dependencies),
+                "ptr": int(ptr),
+                "value": value,
+                "size": size,
+            },
+        )
+        return GraphNode(self._gpu, result["node"])
+
+    async def add_memcpy(
+        self,
+        dst: DevicePtr | int,
+        src: DevicePtr | int,
+        size: int,
+        dependencies: Sequence[GraphNode] = (),
+    ) -> GraphNode:
+        """A device-to-device copy node."""
+        result = await self._gpu._call(
+            Opcode.GRAPH_ADD_MEMCPY,
+            {
+                "graph": self._check(),
+                "dependencies": _deps(dependencies),
+                "dst": int(dst),
+                "src": int(src),
+                "size": size,
+            },
+        )
+        return GraphNode(self._gpu, result["node"])
+
+    async def add_kernel(
+        self,
+        function: Function,
+        grid: Dim,
+        block: Dim,
+        args: Sequence[object] = (),
+        shared_mem: int = 0,
+        dependencies: Sequence[GraphNode] = (),
+    ) -> GraphNode:
+        """A kernel node."""
+        wire = launch_args(function, grid, block, args, shared_mem)
+        wire.update(graph=self._check(), dependencies=_deps(dependencies))
+        result = await self._gpu._call(Opcode.GRAPH_ADD_KERNEL, wire)
+        return GraphNode(self._gpu, result["node"])
+
+    async def instantiate(self) -> GraphExec:
+        """An executable snapshot of the graph."""
+        result = await self._gpu._call(Opcode.GRAPH_INSTANTIATE, {"graph": self._check()})
+        return GraphExec(self._gpu, result["exec"])
+
+    async def destroy(self) -> None:
+        """Destroy the graph (its instantiations live on)."""
+        await self._gpu._post(Opcode.GRAPH_DESTROY, {"graph": self._check()})
+
+
+class GraphExec(_Handle):
+    """An instantiated graph, ready to launch any number of times."""
+
+    kind = "graph exec"
+
+    async def launch(self, stream: Stream | None = None) -> None:
+        """Launch the graph on ``stream``."""
+        await self._gpu._post(
+            Opcode.GRAPH_LAUNCH, {"exec": self._check(), "stream": handle_id(stream)}
+        )
+
+    async def destroy(self) -> None:
+        """Destroy the executable graph."""
+        await self._gpu._post(Opcode.GRAPH_EXEC_DESTROY, {"exec": self._check()})

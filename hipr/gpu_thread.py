@@ -1,0 +1,130 @@
+"""One OS thread per session for its GPU calls, awaitable from trio or asyncio.
+
+HIP's current device and CUDA's current context belong to a host thread, and a
+session's calls are ordered: so each session gets a thread of its own, and the event
+loop never blocks on a GPU call. Completion is signalled back to the loop without
+blocking the GPU thread (``call_soon_threadsafe`` / ``run_sync_soon``), which keeps a
+fire-and-forget call to one queue put.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+import anyio
+import sniffio
+
+T = TypeVar("T")
+_STOP = object()
+
+
+def _loop_waker() -> Callable[[Callable[[], object]], None]:
+    """A thread-safe 'run this callback on the current event loop soon'."""
+    library = sniffio.current_async_library()
+    if library == "trio":
+        import trio
+
+        token = trio.lowlevel.current_trio_token()
+        return lambda callback: token.run_sync_soon(callback)
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    return lambda callback: loop.call_soon_threadsafe(callback) and None
+
+
+class _Call:
+    __slots__ = ("args", "done", "error", "fn", "on_error", "result", "waker")
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        waker: Callable[[Callable[[], object]], None] | None,
+        done: anyio.Event | None,
+        on_error: Callable[[BaseException], None] | None,
+    ) -> None:
+        self.fn = fn
+        self.args = args
+        self.waker = waker
+        self.done = done
+        self.on_error = on_error
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+class PendingCall(Generic[T]):
+    """A call queued on a :class:`GpuThread`; await :meth:`result` for its outcome."""
+
+    __slots__ = ("_item",)
+
+    def __init__(self, item: _Call) -> None:
+        self._item = item
+
+    async def result(self) -> T:
+        """The call's return value, or its exception raised here."""
+        assert self._item.done is not None
+        await self._item.done.wait()
+        if self._item.error is not None:
+            raise self._item.error
+        return self._item.result  # type: ignore[no-any-return]
+
+
+class GpuThread:
+    """A dedicated thread that runs submitted callables in submission order."""
+
+    def __init__(self, name: str) -> None:
+        self._queue: queue.SimpleQueue[_Call | object] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread.start()
+        self._closed = False
+
+    def _main(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            assert isinstance(item, _Call)
+            try:
+                item.result = item.fn(*item.args)
+            except BaseException as exc:  # handed to the awaiting task, never lost
+                item.error = exc
+                if item.on_error is not None:
+                    item.on_error(exc)
+            if item.waker is not None and item.done is not None:
+                item.waker(item.done.set)
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> PendingCall[T]:
+        """Queue ``fn(*args)`` and return at once; await the result later. Lets a handler
+        keep several calls in flight (chunk k on the GPU while chunk k+1 arrives)."""
+        if self._closed:
+            raise RuntimeError("GPU thread is closed")
+        item = _Call(fn, args, _loop_waker(), anyio.Event(), None)
+        self._queue.put(item)
+        return PendingCall(item)
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` on the thread after everything submitted before; its result.
+
+        Cancelling the caller does not stop a call already running on the GPU: the
+        result is dropped, and later calls still run in order.
+        """
+        return await self.submit(fn, *args).result()
+
+    def post(
+        self, fn: Callable[..., Any], *args: Any, on_error: Callable[[BaseException], None]
+    ) -> None:
+        """Queue ``fn(*args)`` without waiting; ``on_error`` runs on the GPU thread."""
+        if self._closed:
+            raise RuntimeError("GPU thread is closed")
+        self._queue.put(_Call(fn, args, None, None, on_error))
+
+    async def close(self) -> None:
+        """Finish queued work, then stop the thread (waits without blocking the loop)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_STOP)
+        await anyio.to_thread.run_sync(self._thread.join)

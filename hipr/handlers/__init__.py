@@ -1,0 +1,14 @@
+"""Request handlers, one module per opcode range; importing this package registers them."""
+
+from hipr.handlers import (  # noqa: F401  (imported for their registrations)
+    device,
+    event,
+    graph,
+    memory,
+    module,
+    session_ops,
+    stream,
+)
+from hipr.handlers.registry import REGISTRY, HandlerRegistry, RegistrationError, handler
+
+__all__ = ["REGISTRY", "HandlerRegistry", "RegistrationError", "handler"]

@@ -1,0 +1,74 @@
+"""What a handler receives (:class:`Request`) and may return (:class:`Reply`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from hipr.handlers.args import Args
+from hipr.protocol.opcodes import Opcode
+
+if TYPE_CHECKING:
+    from hipr.session import Session
+
+
+class RequestLink(Protocol):
+    """The connection, as seen by a handler that streams bulk data."""
+
+    async def receive_data(self, request_id: int) -> tuple[memoryview, bool]:
+        """The next continuation chunk of the request and whether it is the last."""
+        ...
+
+    async def send_chunk(self, request_id: int, opcode: int, bulk: memoryview | bytes) -> None:
+        """Send part of the reply's bulk data (a REPLY|MORE frame)."""
+        ...
+
+
+@dataclass(slots=True)
+class Request:
+    """One decoded request."""
+
+    opcode: Opcode
+    request_id: int
+    args: Args
+    bulk: memoryview
+    no_reply: bool
+    #: Continuation DATA frames follow this one.
+    more: bool
+    link: RequestLink
+
+    async def receive_data(self) -> memoryview | None:
+        """The next chunk of this request's bulk data (None when all has arrived)."""
+        if not self.more:
+            return None
+        chunk, last = await self.link.receive_data(self.request_id)
+        if last:
+            self.more = False
+        return chunk
+
+    async def drain(self) -> None:
+        """Discard the rest of the request's bulk data (after refusing it)."""
+        while await self.receive_data() is not None:
+            pass
+
+    async def send_chunk(self, bulk: memoryview | bytes) -> None:
+        """Send one chunk of the reply's bulk data ahead of the final reply."""
+        await self.link.send_chunk(self.request_id, self.opcode, bulk)
+
+
+@dataclass(slots=True)
+class Reply:
+    """A result with bulk bytes after it; a handler may also return a plain result."""
+
+    result: Any = None
+    bulk: bytes | bytearray | memoryview = field(default=b"")
+
+
+async def run_ordered(session: Session, request: Request, fn: Callable[..., Any], *args: Any) -> None:
+    """Run a backend call that returns nothing: queued without waiting when the request is
+    fire-and-forget (its error then goes to the next synchronising call), awaited otherwise."""
+    if request.no_reply:
+        session.gpu_post(request.opcode.name, request.request_id, fn, *args)
+    else:
+        await session.gpu(fn, *args)

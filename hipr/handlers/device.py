@@ -1,0 +1,66 @@
+"""Device requests (0x01xx)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hipr.errors import HipError, HipErrorCode
+from hipr.handlers.context import Request
+from hipr.handlers.registry import handler
+from hipr.protocol.opcodes import Opcode, OpcodeRange
+from hipr.session import Session
+
+OPCODE_RANGE = OpcodeRange.DEVICE
+
+
+def _check_device(session: Session, device: int) -> None:
+    count = session.backend.device_count()
+    if not 0 <= device < count:
+        raise HipError(
+            HipErrorCode.hipErrorInvalidDevice, f"device {device} does not exist ({count} visible)"
+        )
+
+
+@handler(Opcode.DEVICE_COUNT)
+async def device_count(session: Session, request: Request) -> Any:
+    """-> ``{count}``: visible devices."""
+    return {"count": await session.gpu(session.backend.device_count)}
+
+
+@handler(Opcode.SET_DEVICE)
+async def set_device(session: Session, request: Request) -> Any:
+    """``{device}``: make ``device`` current for the session's later calls."""
+    device = request.args.int("device", high=2**31 - 1)
+    _check_device(session, device)
+    await session.gpu(session.backend.bind_thread, device)
+    session.device = device
+    return {}
+
+
+@handler(Opcode.GET_DEVICE)
+async def get_device(session: Session, request: Request) -> Any:
+    """-> ``{device}``: the session's current device."""
+    return {"device": session.device}
+
+
+@handler(Opcode.DEVICE_PROPERTIES)
+async def device_properties(session: Session, request: Request) -> Any:
+    """``{device}`` -> the device's properties map (name, arch, total_memory, ...)."""
+    device = request.args.int("device", high=2**31 - 1)
+    _check_device(session, device)
+    props = await session.gpu(session.backend.device_properties, device)
+    return props.to_wire()
+
+
+@handler(Opcode.DEVICE_SYNCHRONIZE)
+async def device_synchronize(session: Session, request: Request) -> Any:
+    """Wait for all work on the current device."""
+    await session.gpu(session.backend.synchronize)
+    return {}
+
+
+@handler(Opcode.MEM_GET_INFO)
+async def mem_get_info(session: Session, request: Request) -> Any:
+    """-> ``{free, total}`` bytes of the current device."""
+    free, total = await session.gpu(session.backend.mem_get_info)
+    return {"free": free, "total": total}

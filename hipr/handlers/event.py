@@ -1,0 +1,65 @@
+"""Event requests (0x04xx)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hipr.handlers.context import Request, run_ordered
+from hipr.handlers.registry import handler
+from hipr.protocol.opcodes import Opcode, OpcodeRange
+from hipr.session import Session
+
+OPCODE_RANGE = OpcodeRange.EVENT
+
+
+def _event(session: Session, request: Request, key: str = "event") -> Any:
+    event_id = request.args.handle(key)
+    assert event_id is not None
+    return session.events.get(event_id)
+
+
+@handler(Opcode.EVENT_CREATE)
+async def event_create(session: Session, request: Request) -> Any:
+    """-> ``{event}``: a new event with timing."""
+    event = await session.gpu(session.backend.event_create)
+    return {"event": session.events.add(event)}
+
+
+@handler(Opcode.EVENT_DESTROY, fire_and_forget=True)
+async def event_destroy(session: Session, request: Request) -> Any:
+    """``{event}``: destroy an event."""
+    event_id = request.args.handle("event")
+    assert event_id is not None
+    event = session.events.pop(event_id)
+    await run_ordered(session, request, session.backend.event_destroy, event)
+    return {}
+
+
+@handler(Opcode.EVENT_RECORD, fire_and_forget=True)
+async def event_record(session: Session, request: Request) -> Any:
+    """``{event, stream?}``: record the event on the stream."""
+    event = _event(session, request)
+    stream = session.stream(request.args.handle("stream", optional=True))
+    await run_ordered(session, request, session.backend.event_record, event, stream)
+    return {}
+
+
+@handler(Opcode.EVENT_SYNCHRONIZE)
+async def event_synchronize(session: Session, request: Request) -> Any:
+    """``{event}``: wait for the event."""
+    await session.gpu(session.backend.event_synchronize, _event(session, request))
+    return {}
+
+
+@handler(Opcode.EVENT_QUERY)
+async def event_query(session: Session, request: Request) -> Any:
+    """``{event}`` -> ``{done}``."""
+    return {"done": await session.gpu(session.backend.event_query, _event(session, request))}
+
+
+@handler(Opcode.EVENT_ELAPSED_TIME)
+async def event_elapsed_time(session: Session, request: Request) -> Any:
+    """``{start, end}`` -> ``{ms}``: milliseconds between two completed events."""
+    start = _event(session, request, "start")
+    end = _event(session, request, "end")
+    return {"ms": await session.gpu(session.backend.event_elapsed_ms, start, end)}

@@ -1,0 +1,125 @@
+"""Graph requests (0x06xx): explicit graphs, instantiation and launch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hipr.errors import invalid_value
+from hipr.handlers.context import Request, run_ordered
+from hipr.handlers.module import launch_arguments
+from hipr.handlers.registry import handler
+from hipr.protocol.opcodes import Opcode, OpcodeRange
+from hipr.resources import GraphEntry, GraphNodeEntry
+from hipr.session import Session
+
+OPCODE_RANGE = OpcodeRange.GRAPH
+
+
+def _graph(session: Session, request: Request) -> tuple[int, GraphEntry]:
+    graph_id = request.args.handle("graph")
+    assert graph_id is not None
+    return graph_id, session.graphs.get(graph_id)
+
+
+def _dependencies(session: Session, request: Request, graph_id: int) -> list[Any]:
+    handles = []
+    for node_id in request.args.int_list("dependencies", max_items=1024):
+        node = session.graph_nodes.get(node_id)
+        if node.graph_id != graph_id:
+            raise invalid_value(f"graph node {node_id} belongs to another graph")
+        handles.append(node.handle)
+    return handles
+
+
+def _add_node(session: Session, graph_id: int, entry: GraphEntry, handle: Any) -> dict[str, int]:
+    node_id = session.graph_nodes.add(GraphNodeEntry(handle, graph_id))
+    entry.node_ids.append(node_id)
+    return {"node": node_id}
+
+
+@handler(Opcode.GRAPH_CREATE)
+async def graph_create(session: Session, request: Request) -> Any:
+    """-> ``{graph}``: an empty graph."""
+    graph = await session.gpu(session.backend.graph_create)
+    return {"graph": session.graphs.add(GraphEntry(graph, []))}
+
+
+@handler(Opcode.GRAPH_DESTROY, fire_and_forget=True)
+async def graph_destroy(session: Session, request: Request) -> Any:
+    """``{graph}``: destroy a graph; its instantiations live on."""
+    graph_id, _ = _graph(session, request)
+    entry = session.graphs.pop(graph_id)
+    for node_id in entry.node_ids:
+        session.graph_nodes.pop(node_id)
+    await run_ordered(session, request, session.backend.graph_destroy, entry.handle)
+    return {}
+
+
+@handler(Opcode.GRAPH_ADD_MEMSET)
+async def graph_add_memset(session: Session, request: Request) -> Any:
+    """``{graph, dependencies, ptr, value, size}`` -> ``{node}``."""
+    graph_id, entry = _graph(session, request)
+    deps = _dependencies(session, request, graph_id)
+    ptr = request.args.address("ptr")
+    value = request.args.int("value", high=255)
+    size = request.args.size("size")
+    session.check_range(ptr, size, "memset range")
+    node = await session.gpu(
+        session.backend.graph_add_memset, entry.handle, deps, ptr, value, size
+    )
+    return _add_node(session, graph_id, entry, node)
+
+
+@handler(Opcode.GRAPH_ADD_MEMCPY)
+async def graph_add_memcpy(session: Session, request: Request) -> Any:
+    """``{graph, dependencies, dst, src, size}`` -> ``{node}`` (device to device)."""
+    graph_id, entry = _graph(session, request)
+    deps = _dependencies(session, request, graph_id)
+    dst = request.args.address("dst")
+    src = request.args.address("src")
+    size = request.args.size("size")
+    session.check_range(dst, size, "destination")
+    session.check_range(src, size, "source")
+    node = await session.gpu(session.backend.graph_add_memcpy, entry.handle, deps, dst, src, size)
+    return _add_node(session, graph_id, entry, node)
+
+
+@handler(Opcode.GRAPH_ADD_KERNEL)
+async def graph_add_kernel(session: Session, request: Request) -> Any:
+    """``{graph, dependencies, function, grid, block, shared_mem?, args, ptrs}`` -> ``{node}``."""
+    graph_id, entry = _graph(session, request)
+    deps = _dependencies(session, request, graph_id)
+    function, grid, block, shared_mem, data = launch_arguments(session, request.args)
+    node = await session.gpu(
+        session.backend.graph_add_kernel, entry.handle, deps, function, grid, block, shared_mem, data
+    )
+    return _add_node(session, graph_id, entry, node)
+
+
+@handler(Opcode.GRAPH_INSTANTIATE)
+async def graph_instantiate(session: Session, request: Request) -> Any:
+    """``{graph}`` -> ``{exec}``: an executable graph."""
+    _, entry = _graph(session, request)
+    exe = await session.gpu(session.backend.graph_instantiate, entry.handle)
+    return {"exec": session.graph_execs.add(exe)}
+
+
+@handler(Opcode.GRAPH_LAUNCH, fire_and_forget=True)
+async def graph_launch(session: Session, request: Request) -> Any:
+    """``{exec, stream?}``: launch an executable graph."""
+    exec_id = request.args.handle("exec")
+    assert exec_id is not None
+    exe = session.graph_execs.get(exec_id)
+    stream = session.stream(request.args.handle("stream", optional=True))
+    await run_ordered(session, request, session.backend.graph_launch, exe, stream)
+    return {}
+
+
+@handler(Opcode.GRAPH_EXEC_DESTROY, fire_and_forget=True)
+async def graph_exec_destroy(session: Session, request: Request) -> Any:
+    """``{exec}``: destroy an executable graph."""
+    exec_id = request.args.handle("exec")
+    assert exec_id is not None
+    exe = session.graph_execs.pop(exec_id)
+    await run_ordered(session, request, session.backend.graph_exec_destroy, exe)
+    return {}

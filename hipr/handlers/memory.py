@@ -1,0 +1,180 @@
+"""Memory requests (0x02xx): allocation, copies in bounded chunks, memset.
+
+Host-to-device data arrives as the request's bulk part and continuation DATA frames;
+device-to-host data leaves as REPLY|MORE frames before the final reply. Either way no
+copy needs more than a few chunks of worker memory, and each chunk's GPU copy overlaps
+the transfer of the next.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import anyio
+from typing import Any
+
+from hipr.errors import HipError, invalid_value
+from hipr.gpu_thread import PendingCall
+from hipr.handlers.context import Reply, Request, run_ordered
+from hipr.handlers.registry import handler
+from hipr.protocol.opcodes import Opcode, OpcodeRange
+from hipr.resources import Allocation
+from hipr.session import Session
+
+OPCODE_RANGE = OpcodeRange.MEMORY
+
+#: GPU copies kept in flight per request: enough to overlap link and bus, bounded memory.
+PIPELINE_DEPTH = 4
+#: Device-to-host reply chunk; the client learns the worker's limits at HELLO.
+DTOH_CHUNK = 1 << 20
+
+
+@handler(Opcode.MALLOC)
+async def malloc(session: Session, request: Request) -> Any:
+    """``{size}`` -> ``{ptr}``: allocate on the current device."""
+    size = request.args.size("size")
+    if size == 0:
+        raise invalid_value("MALLOC: size must be at least 1 byte")
+    ptr = await session.gpu(session.backend.malloc, size)
+    session.allocations.add(Allocation(ptr, size, session.device))
+    return {"ptr": ptr}
+
+
+@handler(Opcode.FREE, fire_and_forget=True)
+async def free(session: Session, request: Request) -> Any:
+    """``{ptr}``: free an allocation of this session (its start address)."""
+    ptr = request.args.address("ptr")
+    allocation = session.allocations.remove(ptr)
+    try:
+        await session.gpu(session._free_on, allocation)
+    except HipError:
+        # The runtime refused: keep the books honest, the memory is still held.
+        session.allocations.add(allocation)
+        raise
+    return {}
+
+
+async def _copy_chunks_in(session: Session, request: Request, dst: int, size: int) -> None:
+    stream = session.stream(request.args.handle("stream", optional=True))
+    in_flight: deque[PendingCall[None]] = deque()
+    offset = 0
+    chunk: memoryview | None = request.bulk
+    try:
+        while chunk is not None:
+            if chunk.nbytes > size - offset:
+                await request.drain()
+                raise invalid_value(
+                    f"MEMCPY_HTOD: received more than the announced {size} bytes"
+                )
+            if chunk.nbytes:
+                in_flight.append(
+                    session.gpu_submit(session.backend.memcpy_htod, dst + offset, chunk, stream)
+                )
+                offset += chunk.nbytes
+            if len(in_flight) >= PIPELINE_DEPTH:
+                await in_flight.popleft().result()
+            chunk = await request.receive_data()
+    finally:
+        # Every queued copy is awaited, so a failure never leaves one running unobserved.
+        errors: list[BaseException] = []
+        while in_flight:
+            try:
+                await in_flight.popleft().result()
+            except BaseException as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+    if offset != size:
+        raise invalid_value(f"MEMCPY_HTOD: announced {size} bytes, received {offset}")
+
+
+@handler(Opcode.MEMCPY_HTOD, fire_and_forget=True, streams_request=True)
+async def memcpy_htod(session: Session, request: Request) -> Any:
+    """``{dst, size, stream?}`` + ``size`` bulk bytes (in this frame and DATA frames)."""
+    try:
+        dst = request.args.address("dst")
+        size = request.args.size("size")
+        session.check_range(dst, size, "destination")
+    except HipError:
+        await request.drain()
+        raise
+    await _copy_chunks_in(session, request, dst, size)
+    return {}
+
+
+@handler(Opcode.MEMCPY_DTOH)
+async def memcpy_dtoh(session: Session, request: Request) -> Any:
+    """``{src, size, stream?}`` -> the bytes, in REPLY|MORE chunks then the final reply."""
+    src = request.args.address("src")
+    size = request.args.size("size")
+    session.check_range(src, size, "source")
+    stream = session.stream(request.args.handle("stream", optional=True))
+    if size <= DTOH_CHUNK:
+        out = bytearray(size)
+        await session.gpu(session.backend.memcpy_dtoh, memoryview(out), src, stream)
+        return Reply({"size": size}, out)
+    # Double-buffered: the GPU fills chunk k+1 while chunk k is on the wire.
+    pending: PendingCall[None] | None = None
+    pending_buffer = memoryview(b"")
+    offset = 0
+    while offset < size:
+        n = min(DTOH_CHUNK, size - offset)
+        buffer = memoryview(bytearray(n))
+        call = session.gpu_submit(session.backend.memcpy_dtoh, buffer, src + offset, stream)
+        if pending is not None:
+            await pending.result()
+            await request.send_chunk(pending_buffer)
+        pending, pending_buffer = call, buffer
+        offset += n
+    assert pending is not None
+    await pending.result()
+    return Reply({"size": size}, pending_buffer)
+
+
+@handler(Opcode.MEMCPY_DTOD, fire_and_forget=True)
+async def memcpy_dtod(session: Session, request: Request) -> Any:
+    """``{dst, src, size, stream?}``: copy between this session's allocations."""
+    dst = request.args.address("dst")
+    src = request.args.address("src")
+    size = request.args.size("size")
+    session.check_range(dst, size, "destination")
+    session.check_range(src, size, "source")
+    stream = session.stream(request.args.handle("stream", optional=True))
+    await run_ordered(session, request, session.backend.memcpy_dtod, dst, src, size, stream)
+    return {}
+
+
+@handler(Opcode.MEMSET, fire_and_forget=True)
+async def memset(session: Session, request: Request) -> Any:
+    """``{ptr, value, size, stream?}``: set ``size`` bytes to the byte ``value``."""
+    ptr = request.args.address("ptr")
+    value = request.args.int("value", low=0, high=255)
+    size = request.args.size("size")
+    session.check_range(ptr, size, "memset range")
+    stream = session.stream(request.args.handle("stream", optional=True))
+    await run_ordered(session, request, session.backend.memset, ptr, value, size, stream)
+    return {}
+
+
+@handler(Opcode.MALLOC_HTOD, streams_request=True)
+async def malloc_htod(session: Session, request: Request) -> Any:
+    """``{size}`` + ``size`` bulk bytes -> ``{ptr}``: allocate and fill in one round trip.
+    Nothing stays allocated when the copy fails."""
+    try:
+        size = request.args.size("size")
+        if size == 0:
+            raise invalid_value("MALLOC_HTOD: size must be at least 1 byte")
+        ptr = await session.gpu(session.backend.malloc, size)
+    except HipError:
+        await request.drain()
+        raise
+    allocation = Allocation(ptr, size, session.device)
+    session.allocations.add(allocation)
+    try:
+        await _copy_chunks_in(session, request, ptr, size)
+    except BaseException:
+        session.allocations.remove(ptr)
+        with anyio.CancelScope(shield=True):
+            await session.gpu(session._free_on, allocation)
+        raise
+    return {"ptr": ptr}

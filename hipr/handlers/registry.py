@@ -1,0 +1,120 @@
+"""Handlers register by opcode with a decorator; each handler module owns one range.
+
+A module of handlers declares ``OPCODE_RANGE`` (an :class:`OpcodeRange`) before its
+first ``@handler``. Registering two handlers for one opcode, or an opcode outside the
+module's range, raises :class:`RegistrationError` at import: a wiring mistake must stop
+the worker from starting, not surface as a wrong reply in production.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from hipr.protocol.opcodes import Opcode, OpcodeRange
+
+if TYPE_CHECKING:
+    from hipr.handlers.context import Request
+    from hipr.session import Session
+
+HandlerFn = Callable[["Session", "Request"], Awaitable[Any]]
+
+
+class RegistrationError(RuntimeError):
+    """A handler was wired wrongly (duplicate opcode, opcode outside its module's range)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerSpec:
+    """A registered handler and what the dispatcher needs to know about it."""
+
+    opcode: Opcode
+    fn: HandlerFn
+    #: May be sent with NO_REPLY (fire-and-forget); others are refused that way.
+    fire_and_forget: bool
+    #: Streams its request's bulk data itself (continuation DATA frames).
+    streams_request: bool
+    module: str
+
+    @property
+    def doc(self) -> str:
+        """The handler's docstring, for generated protocol docs."""
+        return (self.fn.__doc__ or "").strip()
+
+
+class HandlerRegistry:
+    """Opcode → handler."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[int, HandlerSpec] = {}
+
+    def register(
+        self,
+        opcode: Opcode,
+        fn: HandlerFn,
+        module_range: OpcodeRange,
+        *,
+        fire_and_forget: bool = False,
+        streams_request: bool = False,
+    ) -> None:
+        """Add ``fn`` for ``opcode``; refuses duplicates and out-of-range opcodes."""
+        where = f"{fn.__module__}.{fn.__qualname__}"
+        if opcode.range is not module_range:
+            raise RegistrationError(
+                f"{where} registers {opcode.name} (0x{opcode.value:04x}) but its module owns "
+                f"the {module_range.name} range 0x{module_range.value:02x}xx"
+            )
+        if (existing := self._handlers.get(opcode)) is not None:
+            raise RegistrationError(
+                f"{where} registers {opcode.name} (0x{opcode.value:04x}), already handled by "
+                f"{existing.module}.{existing.fn.__qualname__}"
+            )
+        self._handlers[opcode] = HandlerSpec(
+            opcode, fn, fire_and_forget, streams_request, fn.__module__
+        )
+
+    def get(self, opcode: int) -> HandlerSpec | None:
+        """The handler of ``opcode``, or None for an unknown opcode."""
+        return self._handlers.get(opcode)
+
+    def specs(self) -> list[HandlerSpec]:
+        """Every handler, by opcode."""
+        return [self._handlers[k] for k in sorted(self._handlers)]
+
+
+#: The worker's registry; handler modules fill it when imported.
+REGISTRY = HandlerRegistry()
+
+
+def handler(
+    opcode: Opcode,
+    *,
+    fire_and_forget: bool = False,
+    streams_request: bool = False,
+    registry: HandlerRegistry | None = None,
+) -> Callable[[HandlerFn], HandlerFn]:
+    """Register the decorated coroutine as the handler of ``opcode``.
+
+    The decorated function's module must define ``OPCODE_RANGE`` first.
+    """
+
+    def decorate(fn: HandlerFn) -> HandlerFn:
+        module = sys.modules.get(fn.__module__)
+        module_range = getattr(module, "OPCODE_RANGE", None)
+        if not isinstance(module_range, OpcodeRange):
+            raise RegistrationError(
+                f"{fn.__module__} must define OPCODE_RANGE (an OpcodeRange) before registering "
+                f"{fn.__qualname__}"
+            )
+        (registry or REGISTRY).register(
+            opcode,
+            fn,
+            module_range,
+            fire_and_forget=fire_and_forget,
+            streams_request=streams_request,
+        )
+        return fn
+
+    return decorate

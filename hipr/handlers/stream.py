@@ -1,0 +1,85 @@
+"""Stream requests (0x03xx), stream capture included."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hipr.errors import HipError, HipErrorCode
+from hipr.handlers.context import Request, run_ordered
+from hipr.handlers.registry import handler
+from hipr.protocol.opcodes import Opcode, OpcodeRange
+from hipr.resources import GraphEntry
+from hipr.session import Session
+
+OPCODE_RANGE = OpcodeRange.STREAM
+
+
+@handler(Opcode.STREAM_CREATE)
+async def stream_create(session: Session, request: Request) -> Any:
+    """-> ``{stream}``: a new stream on the current device."""
+    stream = await session.gpu(session.backend.stream_create)
+    return {"stream": session.streams.add(stream)}
+
+
+@handler(Opcode.STREAM_DESTROY, fire_and_forget=True)
+async def stream_destroy(session: Session, request: Request) -> Any:
+    """``{stream}``: destroy a stream (its queued work still completes)."""
+    stream_id = request.args.handle("stream")
+    assert stream_id is not None
+    if stream_id in session.capturing_streams:
+        raise HipError(HipErrorCode.hipErrorIllegalState, "the stream is capturing; end capture first")
+    stream = session.streams.pop(stream_id)
+    await run_ordered(session, request, session.backend.stream_destroy, stream)
+    return {}
+
+
+@handler(Opcode.STREAM_SYNCHRONIZE)
+async def stream_synchronize(session: Session, request: Request) -> Any:
+    """``{stream?}``: wait for the stream's work (the default stream when absent)."""
+    stream = session.stream(request.args.handle("stream", optional=True))
+    await session.gpu(session.backend.stream_synchronize, stream)
+    return {}
+
+
+@handler(Opcode.STREAM_QUERY)
+async def stream_query(session: Session, request: Request) -> Any:
+    """``{stream?}`` -> ``{done}``."""
+    stream = session.stream(request.args.handle("stream", optional=True))
+    return {"done": await session.gpu(session.backend.stream_query, stream)}
+
+
+@handler(Opcode.STREAM_WAIT_EVENT, fire_and_forget=True)
+async def stream_wait_event(session: Session, request: Request) -> Any:
+    """``{stream?, event}``: later work on the stream waits for the event."""
+    stream = session.stream(request.args.handle("stream", optional=True))
+    event_id = request.args.handle("event")
+    assert event_id is not None
+    event = session.events.get(event_id)
+    await run_ordered(session, request, session.backend.stream_wait_event, stream, event)
+    return {}
+
+
+@handler(Opcode.STREAM_BEGIN_CAPTURE)
+async def stream_begin_capture(session: Session, request: Request) -> Any:
+    """``{stream}``: work issued on the stream is captured into a graph from now on."""
+    stream_id = request.args.handle("stream")
+    assert stream_id is not None
+    stream = session.streams.get(stream_id)
+    if stream_id in session.capturing_streams:
+        raise HipError(HipErrorCode.hipErrorIllegalState, "the stream is already capturing")
+    await session.gpu(session.backend.stream_begin_capture, stream)
+    session.capturing_streams.add(stream_id)
+    return {}
+
+
+@handler(Opcode.STREAM_END_CAPTURE)
+async def stream_end_capture(session: Session, request: Request) -> Any:
+    """``{stream}`` -> ``{graph}``: the captured work as a graph."""
+    stream_id = request.args.handle("stream")
+    assert stream_id is not None
+    stream = session.streams.get(stream_id)
+    if stream_id not in session.capturing_streams:
+        raise HipError(HipErrorCode.hipErrorIllegalState, "the stream is not capturing")
+    session.capturing_streams.discard(stream_id)
+    graph = await session.gpu(session.backend.stream_end_capture, stream)
+    return {"graph": session.graphs.add(GraphEntry(graph, []))}

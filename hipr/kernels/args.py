@@ -1,0 +1,117 @@
+"""Kernel arguments packed with C alignment into one buffer (the runtime's ``extra`` path).
+
+AMD's C HIP Remote took every argument as 8 bytes; a ``char``, a ``float`` or a struct
+then arrives misplaced. Here each argument has an exact type: a device pointer is 8
+bytes, a numpy scalar its own size, a ``ctypes.Structure`` its own bytes and alignment.
+Plain Python ints and floats are refused because their C width is ambiguous.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from hipr.errors import invalid_value
+
+#: At most this many arguments and bytes, as hipModuleLaunchKernel can take.
+MAX_ARGS = 256
+MAX_ARGS_BYTES = 4096
+POINTER_SIZE = 8
+
+
+@runtime_checkable
+class DeviceAddress(Protocol):
+    """Anything that names a device address: the client's ``DevicePtr``."""
+
+    def __index__(self) -> int: ...
+
+    @property
+    def is_device_pointer(self) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ArgSlot:
+    """Where one argument sits in the packed buffer; ``kind`` is ``ptr`` for pointers
+    (the worker checks those against the session's allocations) else ``value``."""
+
+    offset: int
+    size: int
+    kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class PackedArgs:
+    """The packed buffer and its layout."""
+
+    data: bytes
+    slots: tuple[ArgSlot, ...]
+
+    def pointer_offsets(self) -> list[int]:
+        """Offsets of the pointer arguments."""
+        return [s.offset for s in self.slots if s.kind == "ptr"]
+
+    def to_wire(self) -> dict[str, Any]:
+        """The CBOR map a launch request carries."""
+        return {"data": self.data, "ptrs": self.pointer_offsets()}
+
+
+def _align(offset: int, alignment: int) -> int:
+    return (offset + alignment - 1) // alignment * alignment
+
+
+def _encode_one(index: int, arg: object) -> tuple[bytes, int, str]:
+    """(bytes, alignment, kind) of one argument."""
+    if isinstance(arg, bool):
+        raise invalid_value(
+            f"kernel argument {index}: a Python bool has no fixed C width; pass np.bool_ or "
+            "np.uint8"
+        )
+    if getattr(arg, "is_device_pointer", False):
+        address = int(arg)  # type: ignore[call-overload]
+        return address.to_bytes(POINTER_SIZE, "little", signed=False), POINTER_SIZE, "ptr"
+    if isinstance(arg, np.generic):
+        scalar = np.asarray(arg)
+        if scalar.dtype.kind not in "biuf" or scalar.dtype.hasobject:
+            raise invalid_value(f"kernel argument {index}: numpy type {scalar.dtype} is not a C scalar")
+        data = scalar.astype(scalar.dtype.newbyteorder("<")).tobytes()
+        return data, scalar.dtype.alignment, "value"
+    if isinstance(arg, ctypes.Structure | ctypes.Union | ctypes.Array):
+        return bytes(arg), ctypes.alignment(arg), "value"
+    if isinstance(arg, ctypes._SimpleCData):
+        return bytes(arg), ctypes.alignment(arg), "value"  # type: ignore[arg-type]
+    if isinstance(arg, int | float):
+        kind = "int" if isinstance(arg, int) else "float"
+        raise invalid_value(
+            f"kernel argument {index}: a plain Python {kind} ({arg!r}) has an ambiguous C width; "
+            f"wrap it, e.g. np.int32({arg!r}) or np.float32({arg!r})"
+        )
+    raise invalid_value(
+        f"kernel argument {index}: cannot pass {type(arg).__name__}; use a DevicePtr, a numpy "
+        "scalar (np.int32, np.float32, ...) or a ctypes.Structure"
+    )
+
+
+def pack_args(args: Sequence[object]) -> PackedArgs:
+    """Pack ``args`` as a C compiler lays out a struct of the same members."""
+    if len(args) > MAX_ARGS:
+        raise invalid_value(f"{len(args)} kernel arguments: at most {MAX_ARGS} are allowed")
+    buffer = bytearray()
+    slots: list[ArgSlot] = []
+    max_alignment = 1
+    for index, arg in enumerate(args):
+        data, alignment, kind = _encode_one(index, arg)
+        offset = _align(len(buffer), alignment)
+        buffer += b"\0" * (offset - len(buffer))
+        buffer += data
+        slots.append(ArgSlot(offset, len(data), kind))
+        max_alignment = max(max_alignment, alignment)
+    buffer += b"\0" * (_align(len(buffer), max_alignment) - len(buffer))
+    if len(buffer) > MAX_ARGS_BYTES:
+        raise invalid_value(
+            f"kernel arguments take {len(buffer)} bytes: at most {MAX_ARGS_BYTES} are allowed"
+        )
+    return PackedArgs(bytes(buffer), tuple(slots))

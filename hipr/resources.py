@@ -1,0 +1,160 @@
+"""Per-session resource tables: allocations by address range, handles by session id.
+
+Nothing here touches the GPU. The tables answer "is this range one of mine?" and
+"which backend object is handle 7 of kind stream?" so that a client can only ever name
+its own memory and objects, and learns nothing about anyone else's.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from hipr.errors import HipError, HipErrorCode, invalid_value
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """One device allocation of a session."""
+
+    base: int
+    size: int
+    device: int
+
+    @property
+    def end(self) -> int:
+        """One past the last byte."""
+        return self.base + self.size
+
+
+class AllocationTable:
+    """A session's allocations, searchable by any address inside them."""
+
+    def __init__(self) -> None:
+        self._bases: list[int] = []
+        self._by_base: dict[int, Allocation] = {}
+        self.total_bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._bases)
+
+    def __iter__(self) -> Iterator[Allocation]:
+        return iter(list(self._by_base.values()))
+
+    def add(self, allocation: Allocation) -> None:
+        """Record a fresh allocation."""
+        bisect.insort(self._bases, allocation.base)
+        self._by_base[allocation.base] = allocation
+        self.total_bytes += allocation.size
+
+    def remove(self, base: int) -> Allocation:
+        """Forget the allocation that starts at ``base``; hipErrorInvalidValue otherwise."""
+        allocation = self._by_base.pop(base, None)
+        if allocation is None:
+            raise invalid_value(f"0x{base:x} is not the start of an allocation of this session")
+        del self._bases[bisect.bisect_left(self._bases, base)]
+        self.total_bytes -= allocation.size
+        return allocation
+
+    def containing(self, address: int) -> Allocation | None:
+        """The allocation with ``base <= address < end``, if any."""
+        index = bisect.bisect_right(self._bases, address) - 1
+        if index < 0:
+            return None
+        allocation = self._by_base[self._bases[index]]
+        return allocation if address < allocation.end else None
+
+    def check(self, address: int, size: int, what: str = "range") -> Allocation:
+        """The allocation that holds all of ``[address, address + size)``.
+
+        The same error for "someone else's", "freed" and "never existed", so that a
+        guess reveals nothing about other sessions' memory.
+        """
+        allocation = self.containing(address)
+        if allocation is None and size == 0 and address:
+            # A zero-byte range may sit exactly at the end of an allocation.
+            allocation = self.containing(address - 1)
+        if allocation is None or address + size > allocation.end:
+            raise invalid_value(
+                f"{what} 0x{address:x}..+{size} is not inside an allocation of this session"
+            )
+        return allocation
+
+
+class HandleTable(Generic[T]):
+    """Per-session ids for backend objects of one kind; ids are never reused."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._objects: dict[int, T] = {}
+        self._next_id = 1
+
+    def __len__(self) -> int:
+        return len(self._objects)
+
+    def __contains__(self, handle_id: object) -> bool:
+        return handle_id in self._objects
+
+    def add(self, obj: T) -> int:
+        """A fresh id for ``obj``."""
+        handle_id = self._next_id
+        self._next_id += 1
+        self._objects[handle_id] = obj
+        return handle_id
+
+    def get(self, handle_id: int) -> T:
+        """The object of ``handle_id``; hipErrorInvalidHandle when unknown."""
+        try:
+            return self._objects[handle_id]
+        except KeyError:
+            raise HipError(
+                HipErrorCode.hipErrorInvalidHandle, f"{handle_id} is not a {self.kind} of this session"
+            ) from None
+
+    def pop(self, handle_id: int) -> T:
+        """Remove and return the object of ``handle_id``."""
+        obj = self.get(handle_id)
+        del self._objects[handle_id]
+        return obj
+
+    def items(self) -> list[tuple[int, T]]:
+        """A snapshot of (id, object) pairs, newest last."""
+        return list(self._objects.items())
+
+
+@dataclass(slots=True)
+class ModuleEntry:
+    """A loaded module; built-in modules are shared by the backend and never unloaded."""
+
+    handle: Any
+    shared: bool
+    function_ids: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionEntry:
+    """A kernel of a module."""
+
+    handle: Any
+    module_id: int
+    name: str
+
+
+@dataclass(slots=True)
+class GraphEntry:
+    """A graph and the nodes added to it (node ids are session-wide)."""
+
+    handle: Any
+    node_ids: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class GraphNodeEntry:
+    """A node of one graph."""
+
+    handle: Any
+    graph_id: int

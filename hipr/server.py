@@ -1,0 +1,160 @@
+"""The worker: listeners, one task per connection, the registry of live sessions."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import anyio.abc
+import structlog
+
+import hipr.handlers  # noqa: F401  (registers every handler)
+from hipr.backends.base import Backend
+from hipr.config import WorkerConfig
+from hipr.connection import WorkerConnection
+from hipr.errors import HipError, QuotaError
+from hipr.handlers.args import Args
+from hipr.session import Session
+from hipr.transports import listen as transport_listen
+from hipr.transports import peer_description
+from hipr.transports.base import TransportConfig
+
+log = structlog.get_logger("hipr.worker")
+
+#: Copy chunk size announced to clients: large enough to amortise per-frame costs,
+#: small enough that a copy can be refused or cancelled between chunks.
+DEFAULT_CHUNK_BYTES = 1 << 20
+
+
+class Worker:
+    """Serves connections on behalf of one backend."""
+
+    def __init__(self, config: WorkerConfig, backend: Backend) -> None:
+        self.config = config
+        self.backend = backend
+        self.sessions: dict[str, Session] = {}
+        self.handshake_timeout = 10.0
+        self.chunk_bytes = max(4096, min(DEFAULT_CHUNK_BYTES, config.max_frame_bytes - 65536))
+        self.bound_urls: list[str] = []
+
+    async def open_session(
+        self, hello: Args, stream: anyio.abc.ByteStream, peer: str
+    ) -> Session:
+        """A new session for a client that sent HELLO, or a HipError refusing it."""
+        if self.config.max_clients is not None and len(self.sessions) >= self.config.max_clients:
+            raise QuotaError(
+                message=f"the worker serves at most {self.config.max_clients} clients at once "
+                "(max_clients)",
+                quota="max_clients",
+                limit=self.config.max_clients,
+            )
+        session = Session(self.backend, peer=peer)
+        self.sessions[session.id] = session
+        return session
+
+    def forget(self, session: Session) -> None:
+        """Drop a closed session from the registry."""
+        self.sessions.pop(session.id, None)
+
+    async def handle_stream(self, stream: anyio.abc.ByteStream) -> None:
+        """Serve one accepted connection to its end."""
+        try:
+            peer = peer_description(stream)
+        except Exception:
+            peer = "unknown"
+        try:
+            await WorkerConnection(self, stream, peer).run()
+        except Exception:  # one connection's failure never reaches the listener
+            log.exception("connection task failed", peer=peer)
+
+    async def serve(
+        self,
+        urls: Sequence[str] | None = None,
+        *,
+        task_status: anyio.abc.TaskStatus[list[str]] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Listen on ``urls`` (default: the config's) and serve until cancelled."""
+        transport_config = TransportConfig(
+            certfile=self.config.tls.certfile,
+            keyfile=self.config.tls.keyfile,
+            client_ca=self.config.tls.client_ca,
+            require_client_cert=self.config.tls.require_client_cert,
+        )
+        listeners: list[anyio.abc.Listener[Any]] = []
+        try:
+            for url in urls or self.config.listen:
+                listener = await transport_listen(url, transport_config)
+                listeners.append(listener)
+                self.bound_urls.append(_bound_url(url, listener))
+            for url in self.bound_urls:
+                log.info("listening", url=url, backend=self.backend.name)
+            async with anyio.create_task_group() as tg:
+                for listener in listeners:
+                    tg.start_soon(listener.serve, self.handle_stream, tg)
+                task_status.started(list(self.bound_urls))
+        finally:
+            with anyio.CancelScope(shield=True):
+                for listener in listeners:
+                    await listener.aclose()
+
+
+def _bound_url(url: str, listener: anyio.abc.Listener[Any]) -> str:
+    """``url`` with an ephemeral port (``:0``) replaced by the port actually bound."""
+    if not url.startswith(("tcp://", "tls://")) or not url.rstrip("/").endswith(":0"):
+        return url
+    try:
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    except Exception:
+        return url
+    return url.rstrip("/")[: -len(":0")] + f":{port}"
+
+
+@asynccontextmanager
+async def running_worker(
+    config: WorkerConfig, backend: Backend, urls: Sequence[str] | None = None
+) -> AsyncIterator[Worker]:
+    """A worker serving in the background for the duration of the block (tests, demos)."""
+    worker = Worker(config, backend)
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.serve, urls)
+        try:
+            yield worker
+        finally:
+            tg.cancel_scope.cancel()
+
+
+def load_configured_backend(config: WorkerConfig) -> Backend:
+    """The backend the config names (``auto`` picks hip, then cuda, then emulator)."""
+    from hipr.backends import load_backend
+
+    return load_backend(
+        config.backend,
+        device_count=config.emulator.device_count,
+        total_memory=config.emulator.total_memory,
+        name=config.emulator.device_name,
+    )
+
+
+async def run_worker(config: WorkerConfig) -> None:
+    """Run the worker until SIGINT or SIGTERM."""
+    try:
+        backend = load_configured_backend(config)
+    except HipError as exc:
+        log.error("backend unavailable", error=str(exc))
+        raise
+    log.info("backend selected", backend=backend.name, devices=backend.device_count())
+    try:
+        async with anyio.create_task_group() as tg:
+            worker = Worker(config, backend)
+            await tg.start(worker.serve)
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    log.info("stopping", signal=signal.Signals(signum).name)
+                    tg.cancel_scope.cancel()
+                    break
+    finally:
+        backend.close()
+        log.info("stopped")

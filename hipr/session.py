@@ -1,0 +1,184 @@
+"""A client's session on the worker: everything it made, and the thread its GPU calls run on.
+
+The session is the unit of ownership: ending it frees every allocation, stream, event,
+module and graph it holds, whatever path ended it (goodbye, reset, protocol error,
+handler exception, worker shutdown).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import structlog
+
+from hipr.backends.base import Backend
+from hipr.errors import HipError, HipErrorCode
+from hipr.gpu_thread import GpuThread, PendingCall
+from hipr.resources import (
+    Allocation,
+    AllocationTable,
+    FunctionEntry,
+    GraphEntry,
+    GraphNodeEntry,
+    HandleTable,
+    ModuleEntry,
+)
+
+T = TypeVar("T")
+log = structlog.get_logger("hipr.session")
+
+
+@dataclass(frozen=True, slots=True)
+class DeferredError:
+    """An error raised by a fire-and-forget request, kept for the next synchronising call."""
+
+    error: HipError
+    opcode: str
+    request_id: int
+
+
+def as_hip_error(exc: BaseException, what: str) -> HipError:
+    """``exc`` as a HipError; anything else is an internal fault, reported as such."""
+    if isinstance(exc, HipError):
+        return exc
+    return HipError(HipErrorCode.hipErrorUnknown, f"internal error in {what}: {exc!r}")
+
+
+class Session:
+    """One client's state on the worker."""
+
+    def __init__(self, backend: Backend, *, tenant: str = "anonymous", peer: str = "") -> None:
+        self.id = secrets.token_hex(8)
+        self.tenant = tenant
+        self.peer = peer
+        self.backend = backend
+        self.device = 0
+        self.allocations = AllocationTable()
+        self.streams: HandleTable[Any] = HandleTable("stream")
+        self.events: HandleTable[Any] = HandleTable("event")
+        self.modules: HandleTable[ModuleEntry] = HandleTable("module")
+        self.functions: HandleTable[FunctionEntry] = HandleTable("function")
+        self.graphs: HandleTable[GraphEntry] = HandleTable("graph")
+        self.graph_nodes: HandleTable[GraphNodeEntry] = HandleTable("graph node")
+        self.graph_execs: HandleTable[Any] = HandleTable("graph exec")
+        self.capturing_streams: set[int] = set()
+        self.builtin_module_id: int | None = None
+        self.log = log.bind(session=self.id, tenant=tenant, peer=peer)
+        self._gpu = GpuThread(name=f"hipr-gpu-{self.id}")
+        self._gpu.post(backend.bind_thread, 0, on_error=self._record_bind_error)
+        self._deferred: DeferredError | None = None
+        self._closed = False
+
+    # --- running work on the session's GPU thread --------------------------------------
+    async def gpu(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a backend call on this session's thread, after all earlier ones."""
+        return await self._gpu.call(fn, *args)
+
+    def gpu_submit(self, fn: Callable[..., T], *args: Any) -> PendingCall[T]:
+        """Queue a backend call and return at once (await ``.result()`` later)."""
+        return self._gpu.submit(fn, *args)
+
+    def gpu_post(self, opcode: str, request_id: int, fn: Callable[..., Any], *args: Any) -> None:
+        """Queue a fire-and-forget backend call; its error is kept for the next sync."""
+
+        def keep(exc: BaseException) -> None:
+            if self._deferred is None:
+                self._deferred = DeferredError(as_hip_error(exc, opcode), opcode, request_id)
+
+        self._gpu.post(fn, *args, on_error=keep)
+
+    def _record_bind_error(self, exc: BaseException) -> None:
+        if self._deferred is None:
+            self._deferred = DeferredError(as_hip_error(exc, "bind_thread"), "SET_DEVICE", 0)
+
+    def defer_error(self, error: HipError, opcode: str, request_id: int) -> None:
+        """Keep ``error`` of a fire-and-forget request for the next synchronising call."""
+        if self._deferred is None:
+            self._deferred = DeferredError(error, opcode, request_id)
+
+    def take_deferred_error(self) -> DeferredError | None:
+        """The pending fire-and-forget error, cleared (reported exactly once)."""
+        deferred, self._deferred = self._deferred, None
+        return deferred
+
+    # --- checks ----------------------------------------------------------------------
+    def check_range(self, address: int, size: int, what: str = "range") -> Allocation:
+        """``[address, address+size)`` lies in one of this session's allocations."""
+        return self.allocations.check(address, size, what)
+
+    def stream(self, stream_id: int | None) -> Any:
+        """The backend stream of ``stream_id``; None is the default stream."""
+        return None if stream_id is None else self.streams.get(stream_id)
+
+    # --- teardown ----------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` has run."""
+        return self._closed
+
+    async def close(self) -> None:
+        """Free everything the session holds, on its GPU thread, then stop the thread."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._gpu.call(self._release_all)
+        finally:
+            await self._gpu.close()
+
+    def _release_all(self) -> None:
+        backend = self.backend
+        steps: list[tuple[str, Callable[[], None]]] = []
+        for _, exe in self.graph_execs.items():
+            steps.append(("graph exec", lambda h=exe: backend.graph_exec_destroy(h)))
+        for _, graph in self.graphs.items():
+            steps.append(("graph", lambda h=graph.handle: backend.graph_destroy(h)))
+        for stream_id in sorted(self.capturing_streams):
+            if stream_id in self.streams:
+                stream = self.streams.get(stream_id)
+                steps.append(("capture", lambda h=stream: self._abandon_capture(h)))
+        for _, stream in self.streams.items():
+            steps.append(("stream", lambda h=stream: backend.stream_destroy(h)))
+        for _, event in self.events.items():
+            steps.append(("event", lambda h=event: backend.event_destroy(h)))
+        for _, module in self.modules.items():
+            if not module.shared:
+                steps.append(("module", lambda h=module.handle: backend.module_unload(h)))
+        for allocation in self.allocations:
+            steps.append(("allocation", lambda a=allocation: self._free_on(a)))
+        failures = 0
+        for what, step in steps:
+            try:
+                step()
+            except Exception as exc:  # keep freeing the rest; report once at the end
+                failures += 1
+                self.log.warning("release failed", resource=what, error=str(exc))
+        if failures:
+            self.log.warning("session release finished with failures", failures=failures)
+        for table in (
+            self.graph_execs,
+            self.graphs,
+            self.graph_nodes,
+            self.streams,
+            self.events,
+            self.modules,
+            self.functions,
+        ):
+            for handle_id, _ in table.items():
+                table.pop(handle_id)
+        for allocation in self.allocations:
+            self.allocations.remove(allocation.base)
+        self.capturing_streams.clear()
+
+    def _free_on(self, allocation: Allocation) -> None:
+        if allocation.device != self.device:
+            self.backend.bind_thread(allocation.device)
+            self.device = allocation.device
+        self.backend.free(allocation.base)
+
+    def _abandon_capture(self, stream: Any) -> None:
+        graph = self.backend.stream_end_capture(stream)
+        self.backend.graph_destroy(graph)

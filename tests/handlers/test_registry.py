@@ -1,0 +1,68 @@
+"""The handler registry refuses wiring mistakes at import."""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import pytest
+
+from hipr.handlers import REGISTRY
+from hipr.handlers.registry import HandlerRegistry, RegistrationError, handler
+from hipr.protocol.opcodes import Opcode, OpcodeRange
+
+
+def make_module(name: str, opcode_range: OpcodeRange | None) -> types.ModuleType:
+    import sys
+
+    module = types.ModuleType(name)
+    if opcode_range is not None:
+        module.OPCODE_RANGE = opcode_range  # type: ignore[attr-defined]
+    sys.modules[name] = module
+    return module
+
+
+def define(module: types.ModuleType, opcode: Opcode, registry: HandlerRegistry) -> None:
+    async def fn(session: Any, request: Any) -> Any:
+        return {}
+
+    fn.__module__ = module.__name__
+    handler(opcode, registry=registry)(fn)
+
+
+def test_every_opcode_has_a_handler_in_its_own_module() -> None:
+    registered = {spec.opcode for spec in REGISTRY.specs()}
+    for opcode in Opcode:
+        if opcode in (Opcode.DATA, Opcode.ADMIN_STATUS):
+            continue
+        assert opcode in registered, opcode
+    for spec in REGISTRY.specs():
+        module = __import__(spec.module, fromlist=["OPCODE_RANGE"])
+        assert spec.opcode.range is module.OPCODE_RANGE
+        assert spec.doc, f"{spec.opcode.name} has no docstring"
+
+
+def test_duplicate_opcode_fails_with_both_names() -> None:
+    registry = HandlerRegistry()
+    module = make_module("fake_memory_handlers", OpcodeRange.MEMORY)
+    define(module, Opcode.MALLOC, registry)
+    with pytest.raises(RegistrationError, match="MALLOC.*already handled by fake_memory_handlers"):
+        define(module, Opcode.MALLOC, registry)
+
+
+def test_opcode_outside_module_range_fails() -> None:
+    registry = HandlerRegistry()
+    module = make_module("fake_stream_handlers", OpcodeRange.STREAM)
+    with pytest.raises(RegistrationError, match="MALLOC.*owns the STREAM range"):
+        define(module, Opcode.MALLOC, registry)
+
+
+def test_module_without_range_fails() -> None:
+    registry = HandlerRegistry()
+    module = make_module("fake_rangeless_handlers", None)
+    with pytest.raises(RegistrationError, match="must define OPCODE_RANGE"):
+        define(module, Opcode.MALLOC, registry)
+
+
+def test_unknown_opcode_lookup_is_none() -> None:
+    assert REGISTRY.get(0x7F7F) is None
