@@ -192,7 +192,9 @@ class WorkerConnection:
             await self._try_send_error(
                 frame.opcode,
                 frame.request_id,
-                ProtocolError(message=f"the first frame must be HELLO, not {opcode_name(frame.opcode)}"),
+                ProtocolError(
+                    message=f"the first frame must be HELLO, not {opcode_name(frame.opcode)}"
+                ),
             )
             return None
         if frame.error is not None:
@@ -200,7 +202,7 @@ class WorkerConnection:
             return None
         try:
             args = Args(frame.args, "HELLO")
-            client = args.str("client", default="unknown", max_length=256)
+            client = args.text("client", default="unknown", max_length=256)
             session = await self.worker.open_session(args, self.stream, self.peer)
         except HipError as exc:
             self._log.warning("handshake refused", error=str(exc))
@@ -265,8 +267,11 @@ class WorkerConnection:
         error: HipError | None = None
         result: Any = None
         if frame.opcode == Opcode.DATA:
-            raise _Closing(ProtocolError(message=f"DATA frame of request {frame.request_id} "
-                                         "does not continue a request"))
+            raise _Closing(
+                ProtocolError(
+                    message=f"DATA frame of request {frame.request_id} does not continue a request"
+                )
+            )
         if spec is None:
             error = HipError(HipErrorCode.hipErrorNotSupported, f"unknown opcode {name}")
         elif frame.error is not None:
@@ -277,8 +282,10 @@ class WorkerConnection:
             )
         elif more and not spec.streams_request:
             error = ProtocolError(message=f"{name} takes no continuation data")
-        elif not no_reply and frame.opcode not in _NOT_SYNCHRONISING and (
-            deferred := session.take_deferred_error()
+        elif (
+            not no_reply
+            and frame.opcode not in _NOT_SYNCHRONISING
+            and (deferred := session.take_deferred_error())
         ):
             error = type(deferred.error)(
                 deferred.error.code,
@@ -309,4 +316,3 @@ class WorkerConnection:
             reply = result if isinstance(result, Reply) else Reply(result)
             await self.send(frame.opcode, frame.request_id, Flags.REPLY, reply.result, reply.bulk)
         return frame.opcode != Opcode.GOODBYE
-

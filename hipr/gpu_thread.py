@@ -32,7 +32,11 @@ def _loop_waker() -> Callable[[Callable[[], object]], None]:
     import asyncio
 
     loop = asyncio.get_running_loop()
-    return lambda callback: loop.call_soon_threadsafe(callback) and None
+
+    def wake(callback: Callable[[], object]) -> None:
+        loop.call_soon_threadsafe(callback)
+
+    return wake
 
 
 class _Call:

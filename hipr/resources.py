@@ -112,7 +112,8 @@ class HandleTable(Generic[T]):
             return self._objects[handle_id]
         except KeyError:
             raise HipError(
-                HipErrorCode.hipErrorInvalidHandle, f"{handle_id} is not a {self.kind} of this session"
+                HipErrorCode.hipErrorInvalidHandle,
+                f"{handle_id} is not a {self.kind} of this session",
             ) from None
 
     def pop(self, handle_id: int) -> T:

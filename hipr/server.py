@@ -40,9 +40,7 @@ class Worker:
         self.chunk_bytes = max(4096, min(DEFAULT_CHUNK_BYTES, config.max_frame_bytes - 65536))
         self.bound_urls: list[str] = []
 
-    async def open_session(
-        self, hello: Args, stream: anyio.abc.ByteStream, peer: str
-    ) -> Session:
+    async def open_session(self, hello: Args, stream: anyio.abc.ByteStream, peer: str) -> Session:
         """A new session for a client that sent HELLO, or a HipError refusing it."""
         if self.config.max_clients is not None and len(self.sessions) >= self.config.max_clients:
             raise QuotaError(
@@ -130,12 +128,12 @@ def load_configured_backend(config: WorkerConfig) -> Backend:
     """The backend the config names (``auto`` picks hip, then cuda, then emulator)."""
     from hipr.backends import load_backend
 
-    return load_backend(
-        config.backend,
-        device_count=config.emulator.device_count,
-        total_memory=config.emulator.total_memory,
-        name=config.emulator.device_name,
-    )
+    emulator_options: dict[str, Any] = {
+        "device_count": config.emulator.device_count,
+        "total_memory": config.emulator.total_memory,
+        "name": config.emulator.device_name,
+    }
+    return load_backend(config.backend, **emulator_options)
 
 
 async def run_worker(config: WorkerConfig) -> None:

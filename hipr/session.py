@@ -8,6 +8,7 @@ handler exception, worker shutdown).
 from __future__ import annotations
 
 import secrets
+from functools import partial
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -131,24 +132,27 @@ class Session:
 
     def _release_all(self) -> None:
         backend = self.backend
-        steps: list[tuple[str, Callable[[], None]]] = []
-        for _, exe in self.graph_execs.items():
-            steps.append(("graph exec", lambda h=exe: backend.graph_exec_destroy(h)))
-        for _, graph in self.graphs.items():
-            steps.append(("graph", lambda h=graph.handle: backend.graph_destroy(h)))
-        for stream_id in sorted(self.capturing_streams):
-            if stream_id in self.streams:
-                stream = self.streams.get(stream_id)
-                steps.append(("capture", lambda h=stream: self._abandon_capture(h)))
-        for _, stream in self.streams.items():
-            steps.append(("stream", lambda h=stream: backend.stream_destroy(h)))
-        for _, event in self.events.items():
-            steps.append(("event", lambda h=event: backend.event_destroy(h)))
-        for _, module in self.modules.items():
-            if not module.shared:
-                steps.append(("module", lambda h=module.handle: backend.module_unload(h)))
-        for allocation in self.allocations:
-            steps.append(("allocation", lambda a=allocation: self._free_on(a)))
+        steps: list[tuple[str, Callable[[], object]]] = []
+        steps += [
+            ("graph exec", partial(backend.graph_exec_destroy, h))
+            for _, h in self.graph_execs.items()
+        ]
+        steps += [
+            ("graph", partial(backend.graph_destroy, g.handle)) for _, g in self.graphs.items()
+        ]
+        steps += [
+            ("capture", partial(self._abandon_capture, self.streams.get(stream_id)))
+            for stream_id in sorted(self.capturing_streams)
+            if stream_id in self.streams
+        ]
+        steps += [("stream", partial(backend.stream_destroy, h)) for _, h in self.streams.items()]
+        steps += [("event", partial(backend.event_destroy, h)) for _, h in self.events.items()]
+        steps += [
+            ("module", partial(backend.module_unload, m.handle))
+            for _, m in self.modules.items()
+            if not m.shared
+        ]
+        steps += [("allocation", partial(self._free_on, a)) for a in self.allocations]
         failures = 0
         for what, step in steps:
             try:

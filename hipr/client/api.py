@@ -110,7 +110,11 @@ class AsyncGpu:
         await self._call(Opcode.MEMCPY_HTOD, {"dst": int(dst), "size": size}, data)
 
     async def memcpy_htod_async(
-        self, dst: DevicePtr | int, src: Buffer, stream: Stream | None = None, size: int | None = None
+        self,
+        dst: DevicePtr | int,
+        src: Buffer,
+        stream: Stream | None = None,
+        size: int | None = None,
     ) -> None:
         """Queue a host-to-device copy on ``stream``. The bytes are sent before this
         returns, so ``src`` may be reused at once."""
@@ -284,7 +288,10 @@ async def aconnect(
                     message=f"{url} accepted the connection but did not answer HELLO within "
                     f"{timeout} s: is it a hipr worker?"
                 ) from None
-            if not isinstance(hello, dict) or hello.get("protocol", 0) >> 8 != PROTOCOL_VERSION >> 8:
+            if (
+                not isinstance(hello, dict)
+                or hello.get("protocol", 0) >> 8 != PROTOCOL_VERSION >> 8
+            ):
                 raise ProtocolError(message=f"unexpected HELLO reply from {url}: {hello!r:.200}")
             connection.chunk_bytes = int(hello.get("chunk_bytes", connection.chunk_bytes))
             gpu = AsyncGpu(connection, hello)

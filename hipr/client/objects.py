@@ -46,9 +46,7 @@ class DevicePtr:
         if not isinstance(offset, int) or isinstance(offset, bool):
             return NotImplemented
         if not 0 <= offset <= self.size:
-            raise invalid_value(
-                f"offset {offset} is outside this {self.size}-byte allocation"
-            )
+            raise invalid_value(f"offset {offset} is outside this {self.size}-byte allocation")
         return DevicePtr(self.address + offset, self.size - offset)
 
     def __repr__(self) -> str:

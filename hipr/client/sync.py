@@ -47,7 +47,10 @@ class SyncProxy:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             result = portal.call(
-                _call_with, attr, [_unwrap(a) for a in args], {k: _unwrap(v) for k, v in kwargs.items()}
+                _call_with,
+                attr,
+                [_unwrap(a) for a in args],
+                {k: _unwrap(v) for k, v in kwargs.items()},
             )
             return SyncProxy(result, portal) if isinstance(result, _Handle) else result
 
@@ -59,7 +62,7 @@ class SyncProxy:
         return repr(self._target)
 
     def __eq__(self, other: object) -> bool:
-        return _unwrap(other) == self._target
+        return bool(_unwrap(other) == self._target)
 
     def __hash__(self) -> int:
         return hash(self._target)

@@ -47,7 +47,9 @@ class Args:
             raise invalid_value(f"{self._opcode}: missing argument '{key}'")
         return value
 
-    def int(self, key: str, *, low: int = 0, high: int = U64_MAX, default: int | None = None) -> int:
+    def integer(
+        self, key: str, *, low: int = 0, high: int = U64_MAX, default: int | None = None
+    ) -> int:
         """An integer in ``[low, high]``."""
         value = self._get(key, default is not None)
         if value is None:
@@ -61,11 +63,11 @@ class Args:
 
     def size(self, key: str, *, default: int | None = None) -> int:
         """A byte count in [0, 2**63)."""
-        return self.int(key, low=0, high=SIZE_MAX, default=default)
+        return self.integer(key, low=0, high=SIZE_MAX, default=default)
 
     def address(self, key: str) -> int:
         """A device address (u64)."""
-        return self.int(key, low=0, high=U64_MAX)
+        return self.integer(key, low=0, high=U64_MAX)
 
     def handle(self, key: str, *, optional: bool = False) -> int | None:
         """A per-session handle id; 0 or absent means none when ``optional``."""
@@ -80,14 +82,14 @@ class Args:
             raise self._fail(key, "a handle id", value)
         return value
 
-    def float(self, key: str) -> float:
+    def number(self, key: str) -> float:
         """A finite number."""
         value = self._get(key, False)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self._fail(key, "a number", value)
         return float(value)
 
-    def str(self, key: str, *, default: str | None = None, max_length: int = MAX_STRING) -> str:
+    def text(self, key: str, *, default: str | None = None, max_length: int = MAX_STRING) -> str:
         """A text string."""
         value = self._get(key, default is not None)
         if value is None:
@@ -97,7 +99,7 @@ class Args:
             raise self._fail(key, f"a string of at most {max_length} characters", value)
         return value
 
-    def bytes(self, key: str, *, max_length: int = SIZE_MAX) -> bytes:
+    def blob(self, key: str, *, max_length: int = SIZE_MAX) -> bytes:
         """A byte string."""
         value = self._get(key, False)
         if not isinstance(value, bytes) or len(value) > max_length:

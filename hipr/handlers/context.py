@@ -65,7 +65,9 @@ class Reply:
     bulk: bytes | bytearray | memoryview = field(default=b"")
 
 
-async def run_ordered(session: Session, request: Request, fn: Callable[..., Any], *args: Any) -> None:
+async def run_ordered(
+    session: Session, request: Request, fn: Callable[..., Any], *args: Any
+) -> None:
     """Run a backend call that returns nothing: queued without waiting when the request is
     fire-and-forget (its error then goes to the next synchronising call), awaited otherwise."""
     if request.no_reply:

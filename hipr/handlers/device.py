@@ -30,7 +30,7 @@ async def device_count(session: Session, request: Request) -> Any:
 @handler(Opcode.SET_DEVICE)
 async def set_device(session: Session, request: Request) -> Any:
     """``{device}``: make ``device`` current for the session's later calls."""
-    device = request.args.int("device", high=2**31 - 1)
+    device = request.args.integer("device", high=2**31 - 1)
     _check_device(session, device)
     await session.gpu(session.backend.bind_thread, device)
     session.device = device
@@ -46,7 +46,7 @@ async def get_device(session: Session, request: Request) -> Any:
 @handler(Opcode.DEVICE_PROPERTIES)
 async def device_properties(session: Session, request: Request) -> Any:
     """``{device}`` -> the device's properties map (name, arch, total_memory, ...)."""
-    device = request.args.int("device", high=2**31 - 1)
+    device = request.args.integer("device", high=2**31 - 1)
     _check_device(session, device)
     props = await session.gpu(session.backend.device_properties, device)
     return props.to_wire()

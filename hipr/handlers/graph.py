@@ -61,12 +61,10 @@ async def graph_add_memset(session: Session, request: Request) -> Any:
     graph_id, entry = _graph(session, request)
     deps = _dependencies(session, request, graph_id)
     ptr = request.args.address("ptr")
-    value = request.args.int("value", high=255)
+    value = request.args.integer("value", high=255)
     size = request.args.size("size")
     session.check_range(ptr, size, "memset range")
-    node = await session.gpu(
-        session.backend.graph_add_memset, entry.handle, deps, ptr, value, size
-    )
+    node = await session.gpu(session.backend.graph_add_memset, entry.handle, deps, ptr, value, size)
     return _add_node(session, graph_id, entry, node)
 
 
@@ -91,7 +89,14 @@ async def graph_add_kernel(session: Session, request: Request) -> Any:
     deps = _dependencies(session, request, graph_id)
     function, grid, block, shared_mem, data = launch_arguments(session, request.args)
     node = await session.gpu(
-        session.backend.graph_add_kernel, entry.handle, deps, function, grid, block, shared_mem, data
+        session.backend.graph_add_kernel,
+        entry.handle,
+        deps,
+        function,
+        grid,
+        block,
+        shared_mem,
+        data,
     )
     return _add_node(session, graph_id, entry, node)
 

@@ -9,9 +9,9 @@ the transfer of the next.
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
 import anyio
-from typing import Any
 
 from hipr.errors import HipError, invalid_value
 from hipr.gpu_thread import PendingCall
@@ -63,9 +63,7 @@ async def _copy_chunks_in(session: Session, request: Request, dst: int, size: in
         while chunk is not None:
             if chunk.nbytes > size - offset:
                 await request.drain()
-                raise invalid_value(
-                    f"MEMCPY_HTOD: received more than the announced {size} bytes"
-                )
+                raise invalid_value(f"MEMCPY_HTOD: received more than the announced {size} bytes")
             if chunk.nbytes:
                 in_flight.append(
                     session.gpu_submit(session.backend.memcpy_htod, dst + offset, chunk, stream)
@@ -148,7 +146,7 @@ async def memcpy_dtod(session: Session, request: Request) -> Any:
 async def memset(session: Session, request: Request) -> Any:
     """``{ptr, value, size, stream?}``: set ``size`` bytes to the byte ``value``."""
     ptr = request.args.address("ptr")
-    value = request.args.int("value", low=0, high=255)
+    value = request.args.integer("value", low=0, high=255)
     size = request.args.size("size")
     session.check_range(ptr, size, "memset range")
     stream = session.stream(request.args.handle("stream", optional=True))

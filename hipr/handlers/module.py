@@ -38,8 +38,8 @@ async def _get_function(session: Session, module_id: int, name: str) -> int:
 async def module_compile(session: Session, request: Request) -> Any:
     """``{source, name?, options?}`` -> ``{module}``: compile HIP C++ on the worker and load
     it. A compile error's message carries the compiler log."""
-    source = request.args.str("source", max_length=MAX_SOURCE)
-    name = request.args.str("name", default="kernel.hip", max_length=256)
+    source = request.args.text("source", max_length=MAX_SOURCE)
+    name = request.args.text("name", default="kernel.hip", max_length=256)
     options = request.args.str_list("options")
     backend = session.backend
     image = await session.gpu(backend.compile, source, name, options)
@@ -51,7 +51,7 @@ async def module_compile(session: Session, request: Request) -> Any:
 async def compile_and_get_function(session: Session, request: Request) -> Any:
     """``{source, name?, options?, function}`` -> ``{module, function}`` in one round trip."""
     reply: dict[str, Any] = await module_compile(session, request)
-    function_name = request.args.str("function", max_length=1024)
+    function_name = request.args.text("function", max_length=1024)
     reply["function"] = await _get_function(session, reply["module"], function_name)
     return reply
 
@@ -85,14 +85,14 @@ async def module_get_function(session: Session, request: Request) -> Any:
     """``{module, name}`` -> ``{function}``."""
     module_id = request.args.handle("module")
     assert module_id is not None
-    name = request.args.str("name", max_length=1024)
+    name = request.args.text("name", max_length=1024)
     return {"function": await _get_function(session, module_id, name)}
 
 
 @handler(Opcode.MODULE_BUILTIN)
 async def module_builtin(session: Session, request: Request) -> Any:
     """``{name}`` -> ``{module, function}``: a built-in kernel (hipr.kernels.builtins)."""
-    name = request.args.str("name", max_length=256)
+    name = request.args.text("name", max_length=256)
     if session.builtin_module_id is None:
         handle = await session.gpu(session.backend.builtin_module)
         session.builtin_module_id = _add_module(session, handle, shared=True)
@@ -108,11 +108,13 @@ def launch_arguments(session: Session, args: Args) -> tuple[Any, Any, Any, int, 
     function = session.functions.get(function_id)
     grid = args.dim3("grid")
     block = args.dim3("block")
-    shared_mem = args.int("shared_mem", high=MAX_SHARED_MEMORY, default=0)
-    data = args.bytes("args", max_length=MAX_KERNEL_ARGS_BYTES) if args.has("args") else b""
+    shared_mem = args.integer("shared_mem", high=MAX_SHARED_MEMORY, default=0)
+    data = args.blob("args", max_length=MAX_KERNEL_ARGS_BYTES) if args.has("args") else b""
     for offset in args.int_list("ptrs", max_items=256, high=MAX_KERNEL_ARGS_BYTES):
         if offset + 8 > len(data):
-            raise invalid_value(f"launch: pointer argument at offset {offset} is past the arguments")
+            raise invalid_value(
+                f"launch: pointer argument at offset {offset} is past the arguments"
+            )
         address = int.from_bytes(data[offset : offset + 8], "little")
         if address and session.allocations.containing(address) is None:
             raise invalid_value(

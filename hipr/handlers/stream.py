@@ -27,7 +27,9 @@ async def stream_destroy(session: Session, request: Request) -> Any:
     stream_id = request.args.handle("stream")
     assert stream_id is not None
     if stream_id in session.capturing_streams:
-        raise HipError(HipErrorCode.hipErrorIllegalState, "the stream is capturing; end capture first")
+        raise HipError(
+            HipErrorCode.hipErrorIllegalState, "the stream is capturing; end capture first"
+        )
     stream = session.streams.pop(stream_id)
     await run_ordered(session, request, session.backend.stream_destroy, stream)
     return {}

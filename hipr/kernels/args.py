@@ -56,7 +56,7 @@ class PackedArgs:
 
     def to_wire(self) -> dict[str, Any]:
         """The CBOR map a launch request carries."""
-        return {"data": self.data, "ptrs": self.pointer_offsets()}
+        return {"args": self.data, "ptrs": self.pointer_offsets()}
 
 
 def _align(offset: int, alignment: int) -> int:
@@ -76,7 +76,9 @@ def _encode_one(index: int, arg: object) -> tuple[bytes, int, str]:
     if isinstance(arg, np.generic):
         scalar = np.asarray(arg)
         if scalar.dtype.kind not in "biuf" or scalar.dtype.hasobject:
-            raise invalid_value(f"kernel argument {index}: numpy type {scalar.dtype} is not a C scalar")
+            raise invalid_value(
+                f"kernel argument {index}: numpy type {scalar.dtype} is not a C scalar"
+            )
         data = scalar.astype(scalar.dtype.newbyteorder("<")).tobytes()
         return data, scalar.dtype.alignment, "value"
     if isinstance(arg, ctypes.Structure | ctypes.Union | ctypes.Array):

@@ -124,10 +124,15 @@ def test_request_id_must_fit() -> None:
 
 
 cbor_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.text(max_size=20)
-    | st.binary(max_size=40) | st.floats(allow_nan=False),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.text(max_size=20)
+    | st.binary(max_size=40)
+    | st.floats(allow_nan=False),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
     max_leaves=12,
 )
 frames_strategy = st.lists(
