@@ -1,0 +1,5 @@
+"""``python -m hipr``: the same as the ``hipr`` command."""
+
+from hipr.cli import main
+
+raise SystemExit(main())

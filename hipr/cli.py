@@ -1,0 +1,354 @@
+"""The ``hipr`` command: run a worker, look at one, measure the link to it.
+
+Exit codes scripts can rely on:
+
+====  =========================================================
+0     success
+1     the worker answered with a HIP error (or the worker failed)
+2     usage or configuration error
+3     connection error: refused, reset, timed out, session lost
+130   interrupted (Ctrl-C)
+====  =========================================================
+
+Every failure prints one line, ``hipr: <what went wrong>``, on stderr; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hipr._version import __version__
+from hipr.config import BACKENDS, LOG_FORMATS, LOG_LEVELS, ConfigError, load_config
+from hipr.errors import HipConnectionError, HipError
+from hipr.protocol import PROTOCOL_VERSION, version_text
+
+EXIT_OK = 0
+EXIT_HIP_ERROR = 1
+EXIT_USAGE = 2
+EXIT_CONNECTION = 3
+EXIT_INTERRUPTED = 130
+
+
+def version_string() -> str:
+    """``hipr 0.1.0 (protocol 1.0)``."""
+    return f"hipr {__version__} (protocol {version_text(PROTOCOL_VERSION)})"
+
+
+# --- parser -------------------------------------------------------------------------
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {n}")
+    return n
+
+
+def _positive_float(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not x > 0 or x == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
+    return x
+
+
+def _add_client_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", help="worker URL, e.g. tcp://gpu-node:18515 or unix:///run/hipr.sock")
+    p.add_argument(
+        "--token",
+        help="tenant token (prefer the HIPR_TOKEN environment variable: "
+        "a command line is visible to other users)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_positive_float,
+        metavar="SECONDS",
+        help="give up connecting after this long (default: the client's)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``hipr`` command."""
+    parser = argparse.ArgumentParser(
+        prog="hipr",
+        description="Use a remote GPU over HIP: run a worker on the GPU node, "
+        "inspect it from anywhere.",
+        epilog="Exit codes: 0 ok, 1 HIP error from the worker, 2 usage or configuration "
+        "error, 3 connection error.",
+    )
+    parser.add_argument("--version", action="version", version=version_string())
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    w = sub.add_parser(
+        "worker",
+        help="serve this machine's GPUs",
+        description="Serve this machine's GPUs until SIGTERM or SIGINT. Flags override the "
+        "config file; HIPR_LOG_LEVEL and HIPR_LOG_FORMAT override the file too.",
+    )
+    w.add_argument(
+        "--listen",
+        action="append",
+        metavar="URL",
+        help="listen URL (repeatable): tcp://HOST:PORT, unix:///PATH, tls://HOST:PORT; "
+        "replaces the config file's list (default tcp://127.0.0.1:18515)",
+    )
+    w.add_argument("--backend", choices=BACKENDS, help="GPU runtime (default auto)")
+    w.add_argument("--config", metavar="FILE", help="worker TOML file (see config/worker.toml)")
+    w.add_argument("--log-level", choices=LOG_LEVELS, help="default info, or HIPR_LOG_LEVEL")
+    w.add_argument("--log-format", choices=LOG_FORMATS, help="default auto")
+    w.set_defaults(func=cmd_worker, client=False)
+
+    i = sub.add_parser(
+        "info",
+        help="show a worker's devices",
+        description="Show the worker, its backend and each device's properties and memory.",
+    )
+    _add_client_options(i)
+    i.set_defaults(func=cmd_info, client=True)
+
+    p = sub.add_parser(
+        "ping",
+        help="measure round-trip times to a worker",
+        description="Send null requests and report each round-trip time and min/median/max.",
+    )
+    _add_client_options(p)
+    p.add_argument(
+        "-n", "--count", type=_positive_int, default=5, help="requests to send (default 5)"
+    )
+    p.set_defaults(func=cmd_ping, client=True)
+    return parser
+
+
+# --- commands -----------------------------------------------------------------------
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """``hipr worker``: load the config, set up logging, serve until told to stop."""
+    import anyio
+
+    from hipr.log import configure_logging, get_logger
+
+    overrides = {
+        "listen": args.listen,
+        "backend": args.backend,
+        "log_level": args.log_level,
+        "log_format": args.log_format,
+    }
+    config = load_config(args.config, overrides, environ=os.environ)
+    configure_logging(config.log_level, config.log_format)
+    get_logger("hipr.cli").debug("config loaded", file=args.config, config=config)
+
+    # Imported late: the worker pulls in backends that the client commands never need.
+    from hipr.server import run_worker
+
+    anyio.run(run_worker, config, backend="trio")
+    return EXIT_OK
+
+
+def _connect(args: argparse.Namespace) -> Any:
+    import hipr
+
+    kwargs: dict[str, Any] = {}
+    if args.token is not None:
+        kwargs["token"] = args.token
+    if args.timeout is not None:
+        kwargs["timeout"] = args.timeout
+    return hipr.connect(args.url, **kwargs)  # type: ignore[attr-defined]
+
+
+def _as_dict(obj: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
+    if isinstance(obj, dict):
+        return dict(obj)
+    to_wire = getattr(obj, "to_wire", None)
+    if callable(to_wire):
+        return dict(to_wire())
+    return dict(vars(obj))
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, bytes | bytearray):
+        return obj.hex()
+    return str(obj)
+
+
+def _dump_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, default=_json_default))
+
+
+def human_size(n: int | float) -> str:
+    """``8.0 GiB``, ``512 B``: sizes for people."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _protocol_text(value: Any) -> str:
+    return version_text(value) if isinstance(value, int) else str(value)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    """``hipr info URL``: the worker and every device, as a table or JSON."""
+    with _connect(args) as gpu:
+        worker = _as_dict(gpu.worker_info())
+        devices: list[dict[str, Any]] = []
+        for index in range(gpu.device_count()):
+            props = _as_dict(gpu.device_properties(index))
+            gpu.set_device(index)
+            free, total = gpu.mem_get_info()
+            devices.append({"index": index, **props, "memory_free": free, "memory_total": total})
+
+    if args.json:
+        _dump_json({"url": args.url, "worker": worker, "devices": devices})
+        return EXIT_OK
+
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    summary = Table.grid(padding=(0, 2))
+    summary.add_column(style="bold")
+    summary.add_column()
+    summary.add_row("worker", args.url)
+    summary.add_row("backend", str(worker.get("backend", "?")))
+    summary.add_row("version", str(worker.get("worker_version", "?")))
+    summary.add_row("protocol", _protocol_text(worker.get("protocol", "?")))
+    summary.add_row("session", str(_json_default(worker.get("session_id", "?"))))
+    summary.add_row("devices", str(len(devices)))
+    console.print(summary)
+
+    if devices:
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+        table.add_column("#", justify="right")
+        # Folded, never cut: an arch or PCI id with an ellipsis is no use.
+        table.add_column("name", overflow="fold")
+        table.add_column("arch", overflow="fold")
+        table.add_column("CUs", justify="right")
+        table.add_column("clock", justify="right", no_wrap=True)
+        table.add_column("memory free / total", justify="right")
+        table.add_column("PCI bus", overflow="fold")
+        for d in devices:
+            clock = d.get("clock_rate_khz")
+            table.add_row(
+                str(d["index"]),
+                str(d.get("name", "")),
+                str(d.get("arch", "")),
+                str(d.get("multiprocessor_count", "")),
+                f"{clock / 1000:.0f} MHz" if isinstance(clock, int | float) and clock else "-",
+                f"{human_size(d['memory_free'])} / {human_size(d['memory_total'])}",
+                str(d.get("pci_bus_id", "")),
+            )
+        console.print(table)
+    return EXIT_OK
+
+
+def cmd_ping(args: argparse.Namespace) -> int:
+    """``hipr ping URL``: round-trip times of null requests, in milliseconds."""
+    rtts_ms: list[float] = []
+    with _connect(args) as gpu:
+        if not args.json:
+            print(f"PING {args.url}: {args.count} null requests", flush=True)
+        for seq in range(1, args.count + 1):
+            rtt_ms = float(gpu.ping()) * 1000.0
+            rtts_ms.append(rtt_ms)
+            if not args.json:
+                print(f"seq={seq} rtt={rtt_ms:.3f} ms", flush=True)
+
+    lo, mid, hi = min(rtts_ms), statistics.median(rtts_ms), max(rtts_ms)
+    if args.json:
+        _dump_json(
+            {
+                "url": args.url,
+                "count": len(rtts_ms),
+                "rtt_ms": rtts_ms,
+                "min_ms": lo,
+                "median_ms": mid,
+                "max_ms": hi,
+            }
+        )
+        return EXIT_OK
+
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=box.SIMPLE_HEAD)
+    for name in ("requests", "min ms", "median ms", "max ms"):
+        table.add_column(name, justify="right")
+    table.add_row(str(len(rtts_ms)), f"{lo:.3f}", f"{mid:.3f}", f"{hi:.3f}")
+    Console(highlight=False).print(table)
+    return EXIT_OK
+
+
+# --- entry point --------------------------------------------------------------------
+
+
+def _single_leaf(exc: BaseException) -> BaseException:
+    """The one exception inside (nested) exception groups, else ``exc`` itself."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _fail(message: object, code: int) -> int:
+    text = " ".join(str(message).split()) or "failed"
+    print(f"hipr: {text}", file=sys.stderr)
+    return code
+
+
+def _exit_code(exc: BaseException, client: bool) -> int | None:
+    """The exit code and message for a failure the user should see, or None to re-raise."""
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    if isinstance(exc, ConfigError):
+        return _fail(exc, EXIT_USAGE)
+    if isinstance(exc, HipConnectionError):
+        return _fail(exc, EXIT_CONNECTION)
+    if isinstance(exc, HipError):
+        return _fail(exc, EXIT_HIP_ERROR)
+    if isinstance(exc, OSError):
+        # A client's raw socket error is a connection error; a worker's (address in
+        # use, permission denied) is a failure to start.
+        detail = exc.strerror or str(exc) or type(exc).__name__
+        if exc.filename:
+            detail = f"{exc.filename}: {detail}"
+        return _fail(detail, EXIT_CONNECTION if client else EXIT_HIP_ERROR)
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``hipr`` command with ``argv`` (default: ``sys.argv[1:]``); the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version, usage errors (argparse exits 2)
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
+    func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
+    if func is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return func(args)
+    except BaseException as exc:
+        code = _exit_code(_single_leaf(exc), bool(getattr(args, "client", False)))
+        if code is None:
+            raise
+        return code
