@@ -129,6 +129,22 @@ def build_parser() -> argparse.ArgumentParser:
         "-n", "--count", type=_positive_int, default=5, help="requests to send (default 5)"
     )
     p.set_defaults(func=cmd_ping, client=True)
+
+    t = sub.add_parser(
+        "token",
+        help="make tenant tokens",
+        description="Tokens for the tenants file: the token is printed once, only its hash is kept.",
+    )
+    token_sub = t.add_subparsers(dest="token_command", metavar="ACTION", required=True)
+    new = token_sub.add_parser(
+        "new",
+        help="print a fresh token and the line for the tenants file",
+        description="Print a fresh random token (256 bits, URL-safe) once, and the SHA-256 "
+        "line to paste into the tenant's table of the tenants file.",
+    )
+    new.add_argument("tenant", help="tenant name, as in [tenants.NAME]")
+    new.add_argument("--json", action="store_true", help="print JSON instead of text")
+    new.set_defaults(func=cmd_token_new, client=False)
     return parser
 
 
@@ -155,6 +171,22 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from hipr.server import run_worker
 
     anyio.run(run_worker, config, backend="trio")
+    return EXIT_OK
+
+
+def cmd_token_new(args: argparse.Namespace) -> int:
+    """``hipr token new TENANT``: a fresh token, shown once, and its hash for the file."""
+    from hipr.tenants import new_token, token_hash
+
+    token = new_token()
+    digest = token_hash(token)
+    if args.json:
+        _dump_json({"tenant": args.tenant, "token": token, "sha256": digest})
+        return EXIT_OK
+    print(f"token for tenant {args.tenant!r} (shown once; give it to the tenant):")
+    print(f"  {token}")
+    print(f"add its hash to [tenants.{args.tenant}] in the tenants file:")
+    print(f'  tokens = ["{digest}"]')
     return EXIT_OK
 
 

@@ -8,6 +8,7 @@ them bounds the memory one client can make the worker hold.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +69,8 @@ class WorkerConnection:
             READ_AHEAD_FRAMES
         )
         self._log = log.bind(peer=peer)
+        #: Request bytes read but not yet taken by the executor (max_inflight_bytes).
+        self._inflight = 0
 
     # --- sending -------------------------------------------------------------------
     async def send(
@@ -107,7 +110,7 @@ class WorkerConnection:
     async def receive_data(self, request_id: int) -> tuple[memoryview, bool]:
         """The next continuation chunk of ``request_id`` and whether it is the last."""
         try:
-            frame = await self._frames_out.receive()
+            frame = await self._next_frame()
         except anyio.EndOfStream:
             raise HipError(
                 HipErrorCode.hipErrorInvalidValue, "connection closed in the middle of a copy"
@@ -133,6 +136,9 @@ class WorkerConnection:
             if self.session is None:
                 return
             self._log = self._log.bind(session=self.session.id, tenant=self.session.tenant)
+            tenant_frame_limit = self.session.gate.quotas.max_frame_bytes
+            if tenant_frame_limit is not None:
+                self._decoder.max_payload = min(self._decoder.max_payload, tenant_frame_limit)
             self._log.info("session started")
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._reader, tg.cancel_scope)
@@ -154,6 +160,9 @@ class WorkerConnection:
 
     async def _finish(self) -> None:
         if self.session is not None:
+            if self._inflight:
+                self.session.gate.release_inflight(self._inflight)
+                self._inflight = 0
             try:
                 await self.session.close()
             finally:
@@ -163,10 +172,8 @@ class WorkerConnection:
 
     async def _try_send_error(self, opcode: int, request_id: int, error: HipError) -> None:
         with anyio.move_on_after(2):
-            try:
+            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
                 await self.send_error(opcode, request_id, error)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                pass
 
     async def _receive_first_frame(self) -> Frame | None:
         while True:
@@ -232,6 +239,10 @@ class WorkerConnection:
             if frame.opcode == Opcode.PING and not frame.flags & Flags.MORE:
                 await self.send(Opcode.PING, frame.request_id, Flags.REPLY, {})
                 return
+            assert self.session is not None
+            size = frame.header.payload_length
+            await self.session.gate.hold_inflight(size, self._inflight)
+            self._inflight += size
             await self._frames_in.send(frame)
 
         try:
@@ -242,8 +253,21 @@ class WorkerConnection:
         finally:
             self._frames_in.close()
 
+    async def _next_frame(self) -> Frame:
+        """The next queued frame, released from the in-flight count."""
+        frame = await self._frames_out.receive()
+        size = frame.header.payload_length
+        self._inflight -= size
+        assert self.session is not None
+        self.session.gate.release_inflight(size)
+        return frame
+
     async def _executor(self) -> None:
-        async for frame in self._frames_out:
+        while True:
+            try:
+                frame = await self._next_frame()
+            except anyio.EndOfStream:
+                return
             if not await self._execute(frame):
                 return
 
@@ -282,6 +306,8 @@ class WorkerConnection:
             )
         elif more and not spec.streams_request:
             error = ProtocolError(message=f"{name} takes no continuation data")
+        elif frame.opcode not in _NOT_SYNCHRONISING and (quota := _over_rate(session)):
+            error = quota
         elif (
             not no_reply
             and frame.opcode not in _NOT_SYNCHRONISING
@@ -316,3 +342,12 @@ class WorkerConnection:
             reply = result if isinstance(result, Reply) else Reply(result)
             await self.send(frame.opcode, frame.request_id, Flags.REPLY, reply.result, reply.bulk)
         return frame.opcode != Opcode.GOODBYE
+
+
+def _over_rate(session: Session) -> HipError | None:
+    """The request-rate refusal, if the tenant's bucket is empty."""
+    try:
+        session.gate.admit_request()
+    except HipError as exc:
+        return exc
+    return None

@@ -8,9 +8,9 @@ handler exception, worker shutdown).
 from __future__ import annotations
 
 import secrets
-from functools import partial
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 import structlog
@@ -18,6 +18,7 @@ import structlog
 from hipr.backends.base import Backend
 from hipr.errors import HipError, HipErrorCode
 from hipr.gpu_thread import GpuThread, PendingCall
+from hipr.quotas import QuotaGate, TenantState
 from hipr.resources import (
     Allocation,
     AllocationTable,
@@ -27,6 +28,7 @@ from hipr.resources import (
     HandleTable,
     ModuleEntry,
 )
+from hipr.tenants import ANONYMOUS, Quotas
 
 T = TypeVar("T")
 log = structlog.get_logger("hipr.session")
@@ -51,9 +53,17 @@ def as_hip_error(exc: BaseException, what: str) -> HipError:
 class Session:
     """One client's state on the worker."""
 
-    def __init__(self, backend: Backend, *, tenant: str = "anonymous", peer: str = "") -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        tenant: str = ANONYMOUS,
+        peer: str = "",
+        gate: QuotaGate | None = None,
+    ) -> None:
         self.id = secrets.token_hex(8)
         self.tenant = tenant
+        self.gate = gate or QuotaGate(tenant, Quotas, lambda: [self], TenantState())
         self.peer = peer
         self.backend = backend
         self.device = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 import anyio
@@ -228,10 +228,8 @@ class AsyncGpu:
         """Say goodbye and close the connection; the worker frees the session."""
         if self._conn.broken is None:
             with anyio.move_on_after(5):
-                try:
+                with suppress(HipError):
                     await self._conn.request(Opcode.GOODBYE)
-                except HipError:
-                    pass
         await self._conn.aclose()
 
 

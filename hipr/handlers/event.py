@@ -21,6 +21,7 @@ def _event(session: Session, request: Request, key: str = "event") -> Any:
 @handler(Opcode.EVENT_CREATE)
 async def event_create(session: Session, request: Request) -> Any:
     """-> ``{event}``: a new event with timing."""
+    session.gate.check_count("max_events")
     event = await session.gpu(session.backend.event_create)
     return {"event": session.events.add(event)}
 

@@ -40,6 +40,7 @@ def _add_node(session: Session, graph_id: int, entry: GraphEntry, handle: Any) -
 @handler(Opcode.GRAPH_CREATE)
 async def graph_create(session: Session, request: Request) -> Any:
     """-> ``{graph}``: an empty graph."""
+    session.gate.check_count("max_graphs")
     graph = await session.gpu(session.backend.graph_create)
     return {"graph": session.graphs.add(GraphEntry(graph, []))}
 

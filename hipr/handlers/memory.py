@@ -35,8 +35,9 @@ async def malloc(session: Session, request: Request) -> Any:
     size = request.args.size("size")
     if size == 0:
         raise invalid_value("MALLOC: size must be at least 1 byte")
-    ptr = await session.gpu(session.backend.malloc, size)
-    session.allocations.add(Allocation(ptr, size, session.device))
+    with session.gate.reserve_memory(size):
+        ptr = await session.gpu(session.backend.malloc, size)
+        session.allocations.add(Allocation(ptr, size, session.device))
     return {"ptr": ptr}
 
 
@@ -162,12 +163,13 @@ async def malloc_htod(session: Session, request: Request) -> Any:
         size = request.args.size("size")
         if size == 0:
             raise invalid_value("MALLOC_HTOD: size must be at least 1 byte")
-        ptr = await session.gpu(session.backend.malloc, size)
+        with session.gate.reserve_memory(size):
+            ptr = await session.gpu(session.backend.malloc, size)
+            allocation = Allocation(ptr, size, session.device)
+            session.allocations.add(allocation)
     except HipError:
         await request.drain()
         raise
-    allocation = Allocation(ptr, size, session.device)
-    session.allocations.add(allocation)
     try:
         await _copy_chunks_in(session, request, ptr, size)
     except BaseException:

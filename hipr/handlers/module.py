@@ -41,6 +41,7 @@ async def module_compile(session: Session, request: Request) -> Any:
     source = request.args.text("source", max_length=MAX_SOURCE)
     name = request.args.text("name", default="kernel.hip", max_length=256)
     options = request.args.str_list("options")
+    session.gate.check_count("max_modules")
     backend = session.backend
     image = await session.gpu(backend.compile, source, name, options)
     handle = await session.gpu(backend.module_load, image)
@@ -61,6 +62,7 @@ async def module_load(session: Session, request: Request) -> Any:
     """Bulk: a code object (HSACO, CUBIN or PTX) -> ``{module}``."""
     if not request.bulk.nbytes:
         raise invalid_value("MODULE_LOAD: the code object is empty")
+    session.gate.check_count("max_modules")
     handle = await session.gpu(session.backend.module_load, bytes(request.bulk))
     return {"module": _add_module(session, handle, shared=False)}
 

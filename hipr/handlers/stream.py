@@ -17,6 +17,7 @@ OPCODE_RANGE = OpcodeRange.STREAM
 @handler(Opcode.STREAM_CREATE)
 async def stream_create(session: Session, request: Request) -> Any:
     """-> ``{stream}``: a new stream on the current device."""
+    session.gate.check_count("max_streams")
     stream = await session.gpu(session.backend.stream_create)
     return {"stream": session.streams.add(stream)}
 
@@ -69,6 +70,8 @@ async def stream_begin_capture(session: Session, request: Request) -> Any:
     stream = session.streams.get(stream_id)
     if stream_id in session.capturing_streams:
         raise HipError(HipErrorCode.hipErrorIllegalState, "the stream is already capturing")
+    # The graph comes into being at end_capture; count it now so that ending never fails.
+    session.gate.check_count("max_graphs")
     await session.gpu(session.backend.stream_begin_capture, stream)
     session.capturing_streams.add(stream_id)
     return {}

@@ -1,0 +1,141 @@
+"""Quota enforcement: what a tenant may still take, looked up afresh on every request.
+
+Usage is never kept in a counter of its own: it is summed over the tenant's live
+sessions (their allocation and handle tables), so it cannot drift and returns to zero
+exactly when the sessions' resources are freed. Only what a table cannot show, memory
+reserved by a malloc still on its way to the GPU, is tracked, for the duration of the call.
+Quotas are read from the current tenant registry each time, so a reload (SIGHUP)
+applies to the next request without touching live sessions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import anyio
+
+from hipr.errors import HipError, HipErrorCode, QuotaError
+from hipr.tenants import Quotas, TokenBucket
+
+if TYPE_CHECKING:
+    from hipr.session import Session
+
+#: Resource kinds with a count quota, and how a session's count is read.
+COUNTED: dict[str, Callable[[Session], int]] = {
+    "max_streams": lambda s: len(s.streams),
+    "max_events": lambda s: len(s.events),
+    "max_modules": lambda s: sum(1 for _, m in s.modules.items() if not m.shared),
+    # A stream being captured becomes a graph at end_capture: it counts from the start.
+    "max_graphs": lambda s: len(s.graphs) + len(s.capturing_streams),
+}
+
+
+@dataclass(slots=True)
+class TenantState:
+    """Per-tenant state that is not derivable from sessions: the request bucket, memory
+    reserved by mallocs in flight, and request bytes read ahead of execution."""
+
+    bucket: TokenBucket | None = None
+    bucket_for: tuple[float | None, float | None] = (None, None)
+    reserved_memory: int = 0
+    inflight_bytes: int = 0
+    inflight_freed: anyio.Event = field(default_factory=anyio.Event)
+
+
+class QuotaGate:
+    """One session's view of its tenant's quotas."""
+
+    def __init__(
+        self,
+        tenant: str,
+        quotas: Callable[[], Quotas],
+        sessions: Callable[[], Iterable[Session]],
+        state: TenantState,
+    ) -> None:
+        self.tenant = tenant
+        self._quotas = quotas
+        self._sessions = sessions
+        self._state = state
+
+    @property
+    def quotas(self) -> Quotas:
+        """The tenant's quotas as configured now."""
+        return self._quotas()
+
+    def memory_in_use(self) -> int:
+        """Device bytes the tenant holds or is allocating, across its sessions."""
+        held = sum(s.allocations.total_bytes for s in self._sessions())
+        return held + self._state.reserved_memory
+
+    def count(self, quota: str) -> int:
+        """The tenant's live resources of the kind ``quota`` limits."""
+        reader = COUNTED[quota]
+        return sum(reader(s) for s in self._sessions())
+
+    def check_count(self, quota: str) -> None:
+        """Refuse creating one more resource of ``quota``'s kind when at the limit."""
+        limit = getattr(self.quotas, quota)
+        if limit is not None and self.count(quota) + 1 > limit:
+            raise QuotaError(
+                message=f"tenant {self.tenant!r} is at its {quota} quota of {limit}",
+                quota=quota,
+                limit=limit,
+            )
+
+    @contextmanager
+    def reserve_memory(self, size: int) -> Iterator[None]:
+        """Hold ``size`` bytes against max_device_memory while the allocation is made."""
+        limit = self.quotas.max_device_memory
+        if limit is not None and self.memory_in_use() + size > limit:
+            raise HipError(
+                HipErrorCode.hipErrorOutOfMemory,
+                f"allocating {size} bytes would take tenant {self.tenant!r} over its "
+                f"max_device_memory quota of {limit} bytes ({self.memory_in_use()} in use)",
+                quota="max_device_memory",
+                limit=limit,
+            )
+        self._state.reserved_memory += size
+        try:
+            yield
+        finally:
+            self._state.reserved_memory -= size
+
+    def admit_request(self) -> None:
+        """Spend one request of max_request_rate; QuotaError when the bucket is empty."""
+        quotas = self.quotas
+        if quotas.max_request_rate is None:
+            return
+        state = self._state
+        wanted = (quotas.max_request_rate, quotas.max_request_burst)
+        if state.bucket is None or state.bucket_for != wanted:
+            state.bucket = TokenBucket(quotas.max_request_rate, quotas.max_request_burst)
+            state.bucket_for = wanted
+        if not state.bucket.take():
+            raise QuotaError(
+                message=f"tenant {self.tenant!r} is over its max_request_rate quota of "
+                f"{quotas.max_request_rate:g} requests/s",
+                quota="max_request_rate",
+                limit=quotas.max_request_rate,
+            )
+
+    async def hold_inflight(self, size: int, own_inflight: int) -> None:
+        """Wait until ``size`` more request bytes fit in max_inflight_bytes, then count
+        them. A connection with nothing of its own in flight always proceeds, so one
+        large frame can never wait forever."""
+        state = self._state
+        while True:
+            limit = self.quotas.max_inflight_bytes
+            if limit is None or own_inflight == 0 or state.inflight_bytes + size <= limit:
+                state.inflight_bytes += size
+                return
+            await state.inflight_freed.wait()
+
+    def release_inflight(self, size: int) -> None:
+        """The executor took ``size`` bytes of requests off the queue."""
+        state = self._state
+        state.inflight_bytes -= size
+        state.inflight_freed.set()
+        state.inflight_freed = anyio.Event()
