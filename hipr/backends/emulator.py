@@ -110,8 +110,8 @@ class ArgLayout:
 
     kinds: tuple[str, ...]
     offsets: tuple[int, ...]
-    #: The packed size, padded to the largest alignment as a C struct of the same
-    #: members is (what :func:`hipr.kernels.args.pack_args` produces).
+    #: The packed size: the end of the last argument, with no trailing padding, as
+    #: :func:`hipr.kernels.args.pack_args` produces (CUDA refuses a padded buffer).
     size: int
 
 
@@ -119,14 +119,12 @@ def arg_layout(kinds: Sequence[str]) -> ArgLayout:
     """The C layout of arguments of ``kinds`` (``i8`` ... ``f64``, ``ptr``, ``probe_struct``)."""
     offsets: list[int] = []
     end = 0
-    max_align = 1
     for kind in kinds:
         size, align = _kind_size_align(kind)
         offset = _align_up(end, align)
         offsets.append(offset)
         end = offset + size
-        max_align = max(max_align, align)
-    return ArgLayout(tuple(kinds), tuple(offsets), _align_up(end, max_align))
+    return ArgLayout(tuple(kinds), tuple(offsets), end)
 
 
 def unpack_args(layout: ArgLayout, data: bytes) -> tuple[Any, ...]:

@@ -98,20 +98,19 @@ def _encode_one(index: int, arg: object) -> tuple[bytes, int, str]:
 
 
 def pack_args(args: Sequence[object]) -> PackedArgs:
-    """Pack ``args`` as a C compiler lays out a struct of the same members."""
+    """Pack ``args`` at the offsets a C compiler gives a struct of the same members."""
     if len(args) > MAX_ARGS:
         raise invalid_value(f"{len(args)} kernel arguments: at most {MAX_ARGS} are allowed")
     buffer = bytearray()
     slots: list[ArgSlot] = []
-    max_alignment = 1
     for index, arg in enumerate(args):
         data, alignment, kind = _encode_one(index, arg)
         offset = _align(len(buffer), alignment)
         buffer += b"\0" * (offset - len(buffer))
         buffer += data
         slots.append(ArgSlot(offset, len(data), kind))
-        max_alignment = max(max_alignment, alignment)
-    buffer += b"\0" * (_align(len(buffer), max_alignment) - len(buffer))
+    # No trailing padding: the runtime checks the buffer against the kernel's parameter
+    # size, which ends at the last parameter (CUDA refuses a padded buffer).
     if len(buffer) > MAX_ARGS_BYTES:
         raise invalid_value(
             f"kernel arguments take {len(buffer)} bytes: at most {MAX_ARGS_BYTES} are allowed"

@@ -1,0 +1,401 @@
+"""Pieces the cuda and hip backends share, free of either vendor's library.
+
+The two GPU backends are mirrors of each other; what is not a runtime call lives here
+once: host-buffer addresses, the ``extra`` launch-argument block, the pinned staging
+pool for asynchronous host-to-device copies, handle wrappers, resource accounting and
+the compile cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from hipr.backends.base import BackendStats, Dim3
+from hipr.errors import HipError, HipErrorCode
+
+E = HipErrorCode
+
+
+# --- host buffers -------------------------------------------------------------------
+
+
+def host_address(buf: memoryview | bytes | bytearray, *, writable: bool) -> tuple[int, int, Any]:
+    """(address, nbytes, keepalive) of a host buffer for a runtime call.
+
+    ``keepalive`` must outlive the call. A read-only buffer (``bytes``) has no ctypes
+    address, so numpy reads it; a non-contiguous source is copied once, a
+    non-contiguous destination is refused because the runtime writes bytes in a row.
+    """
+    mv = buf if isinstance(buf, memoryview) else memoryview(buf)
+    if not mv.contiguous:
+        if writable:
+            raise HipError(E.hipErrorInvalidValue, "destination host buffer is not contiguous")
+        mv = memoryview(mv.tobytes())
+    if writable and mv.readonly:
+        raise HipError(E.hipErrorInvalidValue, "destination host buffer is read-only")
+    arr = np.frombuffer(mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv, np.uint8)
+    return int(arr.ctypes.data), int(arr.nbytes), arr
+
+
+class LaunchExtra:
+    """The ``extra`` array of a driver-API launch: ``{BUFFER_POINTER, &args,
+    BUFFER_SIZE, &size, END}``. ``args`` is passed as packed, never re-laid out, so any
+    argument width and alignment reaches the kernel as the client packed it.
+
+    HIP spells END as ``(void*)3`` and CUDA as ``(void*)0``; the caller says which.
+    Keep this object alive until the launch call (or node creation) has returned.
+    """
+
+    __slots__ = ("_args", "_array", "_size")
+
+    def __init__(self, args: bytes, *, buffer_pointer: int, buffer_size: int, end: int) -> None:
+        # A one-byte buffer for empty args keeps the address valid; the size says 0.
+        self._args = ctypes.create_string_buffer(bytes(args), max(len(args), 1))
+        self._size = ctypes.c_size_t(len(args))
+        self._array = (ctypes.c_void_p * 5)(
+            buffer_pointer,
+            ctypes.addressof(self._args),
+            buffer_size,
+            ctypes.addressof(self._size),
+            end,
+        )
+
+    @property
+    def address(self) -> int:
+        """The ``void**`` to pass as ``extra``."""
+        return ctypes.addressof(self._array)
+
+    @property
+    def entries(self) -> list[int]:
+        """The five pointer-sized words, for tests."""
+        return [int(v or 0) for v in self._array]
+
+    def packed(self) -> bytes:
+        """The argument bytes the runtime will read."""
+        return ctypes.string_at(ctypes.addressof(self._args), self._size.value)
+
+
+def cstr(value: Any) -> str:
+    """A C string from a runtime binding (bytes with a NUL tail, a CStr, or str) as text."""
+    if isinstance(value, bytes | bytearray):
+        value = bytes(value).split(b"\0", 1)[0].decode(errors="replace")
+    return str(value).split("\0", 1)[0].strip()
+
+
+def check_dims(grid: Dim3, block: Dim3) -> None:
+    """Refuse launch geometry that is not three positive ints before the runtime sees it."""
+    for what, dims in (("grid", grid), ("block", block)):
+        if len(dims) != 3 or any(int(d) < 1 for d in dims):
+            raise HipError(
+                E.hipErrorInvalidConfiguration, f"{what} must be 3 positive ints: {dims}"
+            )
+
+
+# --- handles --------------------------------------------------------------------------
+# Plain wrappers rather than raw runtime handles: they are hashable by identity (the
+# runtime's handle objects are not all), they remember their device, a destroyed one is
+# refused with hipErrorInvalidHandle instead of crashing the driver, and they carry what
+# must live as long as they do.
+
+
+@dataclass(eq=False)
+class PinnedBlock:
+    """A page-locked host buffer of ``capacity`` bytes at ``ptr``."""
+
+    ptr: int
+    capacity: int
+
+
+@dataclass(eq=False)
+class HostRefs:
+    """Pinned buffers a captured graph reads from, with the fences of its launches.
+
+    Owned jointly by the graph and each of its instantiations; freed once all of them
+    are destroyed and every launch that could read the buffers has completed."""
+
+    blocks: list[PinnedBlock] = field(default_factory=list)
+    owners: int = 0
+    fences: list[Any] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class GpuStream:
+    """A stream: the runtime handle, its device, and, while this backend is capturing
+    it, the pinned buffers the capture's host-to-device copies read."""
+
+    handle: Any
+    device: int
+    capture_refs: list[PinnedBlock] | None = None
+
+
+@dataclass(eq=False)
+class GpuEvent:
+    """An event (timing enabled)."""
+
+    handle: Any
+    device: int
+
+
+@dataclass(eq=False)
+class GpuModule:
+    """A loaded module; ``builtin`` ones are shared by all sessions and never unloaded
+    before :meth:`close`."""
+
+    handle: Any
+    device: int
+    builtin: bool = False
+
+
+@dataclass(eq=False)
+class GpuGraph:
+    """A graph and the host buffers its captured copies read."""
+
+    handle: Any
+    device: int
+    refs: HostRefs = field(default_factory=HostRefs)
+
+
+@dataclass(eq=False)
+class GpuGraphExec:
+    """An executable graph; shares its graph's :class:`HostRefs`."""
+
+    handle: Any
+    device: int
+    refs: HostRefs = field(default_factory=HostRefs)
+
+
+def live(handle: Any, cls: type, what: str) -> Any:
+    """The runtime handle inside a wrapper, or hipErrorInvalidHandle for anything else
+    (a foreign object, or one already destroyed)."""
+    raw = getattr(handle, "handle", None) if isinstance(handle, cls) else None
+    if raw is None:
+        raise HipError(E.hipErrorInvalidHandle, f"not a live {what}: {handle!r:.80}")
+    return raw
+
+
+# --- accounting -----------------------------------------------------------------------
+
+
+class Ledger:
+    """What a backend created and has not yet released, under one lock."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.allocations: dict[int, int] = {}
+        self.streams: set[GpuStream] = set()
+        self.events: set[GpuEvent] = set()
+        self.modules: set[GpuModule] = set()
+        self.graphs: set[GpuGraph] = set()
+        self.execs: set[GpuGraphExec] = set()
+
+    def stats(self) -> BackendStats:
+        """A snapshot as :class:`BackendStats` (built-in modules not counted)."""
+        with self.lock:
+            return BackendStats(
+                allocations=len(self.allocations),
+                allocated_bytes=sum(self.allocations.values()),
+                streams=len(self.streams),
+                events=len(self.events),
+                modules=sum(1 for m in self.modules if not m.builtin),
+                graphs=len(self.graphs),
+                graph_execs=len(self.execs),
+            )
+
+
+# --- pinned staging -------------------------------------------------------------------
+
+
+class StagingOps(Protocol):
+    """Runtime calls the staging pool needs, supplied by the backend."""
+
+    def host_alloc(self, size: int) -> int:
+        """Allocate page-locked, portable host memory."""
+        ...
+
+    def host_free(self, ptr: int) -> None:
+        """Free what :meth:`host_alloc` returned."""
+        ...
+
+    def fence_after(self, stream: Any) -> Any:
+        """A timing-free event recorded now on the raw stream ``stream``."""
+        ...
+
+    def fence_done(self, fence: Any) -> bool:
+        """True once the fence completed (or can never complete: a failed context)."""
+        ...
+
+    def fence_destroy(self, fence: Any) -> None:
+        """Destroy a fence."""
+        ...
+
+
+class PinnedStaging:
+    """Page-locked buffers that carry async host-to-device copies.
+
+    The contract lets a caller reuse ``src`` as soon as ``memcpy_htod`` returns, while
+    the runtime may read it later; so the bytes go first into a pinned block, which is
+    reused only after a fence recorded behind the copy has completed. Pinned sources also
+    make the copy truly asynchronous and capturable into graphs. Blocks are rounded up
+    to powers of two so they are reused across copy sizes; at most ``max_cached`` idle
+    bytes are kept.
+    """
+
+    MIN_BLOCK = 64 * 1024
+    #: Larger copies are not staged (outside a capture): they are issued from the
+    #: caller's buffer and the stream is synchronised before returning.
+    MAX_STAGED = 64 * 1024 * 1024
+
+    def __init__(self, ops: StagingOps, max_cached: int = 256 * 1024 * 1024) -> None:
+        self._ops = ops
+        self._max_cached = max_cached
+        self._lock = threading.Lock()
+        self._idle: dict[int, list[PinnedBlock]] = {}
+        self._idle_bytes = 0
+        self._pending: list[tuple[list[Any], list[PinnedBlock]]] = []
+        self._outstanding = 0
+
+    @property
+    def outstanding(self) -> int:
+        """Blocks handed out and not yet back (in flight, or held by graphs)."""
+        with self._lock:
+            return self._outstanding
+
+    def take(self, nbytes: int) -> PinnedBlock:
+        """A block of at least ``nbytes`` (idle one if any, else freshly allocated)."""
+        cap = max(self.MIN_BLOCK, 1 << max(0, nbytes - 1).bit_length())
+        with self._lock:
+            blocks = self._idle.get(cap)
+            if blocks:
+                self._idle_bytes -= cap
+                self._outstanding += 1
+                return blocks.pop()
+        # Allocation can take milliseconds; never under the lock.
+        block = PinnedBlock(self._ops.host_alloc(cap), cap)
+        with self._lock:
+            self._outstanding += 1
+        return block
+
+    def give_back(self, blocks: Sequence[PinnedBlock]) -> None:
+        """Return blocks whose last reader has finished."""
+        to_free: list[PinnedBlock] = []
+        with self._lock:
+            for block in blocks:
+                self._outstanding -= 1
+                if self._idle_bytes + block.capacity <= self._max_cached:
+                    self._idle.setdefault(block.capacity, []).append(block)
+                    self._idle_bytes += block.capacity
+                else:
+                    to_free.append(block)
+        for block in to_free:
+            self._ops.host_free(block.ptr)
+
+    def retire(self, fences: Sequence[Any], blocks: Sequence[PinnedBlock]) -> None:
+        """Give ``blocks`` back once every fence in ``fences`` has completed."""
+        with self._lock:
+            self._pending.append((list(fences), list(blocks)))
+        self.reclaim()
+
+    def reclaim(self) -> None:
+        """Recycle the blocks whose fences completed; cheap when nothing is pending."""
+        if not self._pending:
+            return
+        with self._lock:
+            pending, self._pending = self._pending, []
+        keep: list[tuple[list[Any], list[PinnedBlock]]] = []
+        done_blocks: list[PinnedBlock] = []
+        for fences, blocks in pending:
+            if all(self._ops.fence_done(f) for f in fences):
+                for f in fences:
+                    self._ops.fence_destroy(f)
+                done_blocks.extend(blocks)
+            else:
+                keep.append((fences, blocks))
+        if keep:
+            with self._lock:
+                self._pending.extend(keep)
+        if done_blocks:
+            self.give_back(done_blocks)
+
+    def close(self, *, wait: Callable[[], None]) -> None:
+        """Free everything: ``wait`` (a device synchronise) first makes every fence done."""
+        if self._pending:
+            # A poisoned context still lets us free host memory.
+            with contextlib.suppress(HipError):
+                wait()
+        with self._lock:
+            pending, self._pending = self._pending, []
+            idle = [b for blocks in self._idle.values() for b in blocks]
+            self._idle.clear()
+            self._idle_bytes = 0
+        for fences, blocks in pending:
+            for f in fences:
+                self._ops.fence_destroy(f)
+            idle.extend(blocks)
+        for block in idle:
+            self._ops.host_free(block.ptr)
+
+
+def release_refs(staging: PinnedStaging, refs: HostRefs) -> None:
+    """Drop one owner of ``refs``; the last one hands the buffers to the staging pool,
+    to be recycled when every launch that read them has completed."""
+    refs.owners -= 1
+    if refs.owners <= 0 and (refs.blocks or refs.fences):
+        blocks, refs.blocks = refs.blocks, []
+        fences, refs.fences = refs.fences, []
+        staging.retire(fences, blocks)
+
+
+# --- compile cache --------------------------------------------------------------------
+
+
+class CodeCache:
+    """Compiled code objects by sha256 of (source, effective options, arch): a session
+    that compiles the same kernel again, or another tenant's identical one, gets it
+    without running the compiler. Bounded, least recently used out first."""
+
+    def __init__(self, max_entries: int = 256) -> None:
+        self._max = max_entries
+        self._lock = threading.Lock()
+        self._items: OrderedDict[str, bytes] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    @staticmethod
+    def key(source: str, options: Sequence[str], arch: str) -> str:
+        """The cache key; NUL separators keep ("ab","c") and ("a","bc") apart."""
+        h = hashlib.sha256()
+        h.update(source.encode())
+        for opt in options:
+            h.update(b"\0o")
+            h.update(opt.encode())
+        h.update(b"\0a")
+        h.update(arch.encode())
+        return h.hexdigest()
+
+    def get(self, key: str) -> bytes | None:
+        """The cached image, or None."""
+        with self._lock:
+            image = self._items.get(key)
+            if image is None:
+                self.misses += 1
+                return None
+            self._items.move_to_end(key)
+            self.hits += 1
+            return image
+
+    def put(self, key: str, image: bytes) -> None:
+        """Remember an image."""
+        with self._lock:
+            self._items[key] = image
+            self._items.move_to_end(key)
+            while len(self._items) > self._max:
+                self._items.popitem(last=False)

@@ -1,0 +1,1420 @@
+"""The cuda and hip backends without a GPU.
+
+Three layers: the error tables and small helpers directly; the real "library missing"
+paths (there is no ROCm and no NVIDIA driver here); and both backends end to end on a
+simulated runtime. The simulation stands in for hip-python and cuda-bindings: every call
+a backend makes is checked against the real binding's signature (its docstring's first
+line) before the simulated GPU runs it, so a renamed function or a missing argument
+fails here rather than on the first real GPU. Stream work is queued and runs at the
+next synchronising call, and captured work runs only when its graph is launched, so
+staging and capture bugs show up as wrong bytes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import re
+import struct
+import sys
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+import structlog
+
+from hipr.backends import BACKEND_NAMES, BackendUnavailable, load_backend
+from hipr.backends._gpu_common import (
+    CodeCache,
+    LaunchExtra,
+    PinnedStaging,
+    host_address,
+)
+from hipr.backends.base import Backend
+from hipr.backends.cuda import HIP_PRELUDE, PRELUDE_INCLUDE_NAMES, nvrtc_options
+from hipr.backends.errmap import (
+    CU_RESULT_TO_HIP,
+    CU_UNMAPPED_NAMES,
+    HIP_EXTRA_NAMES,
+    RTC_RESULT_TO_HIP,
+    cu_error,
+    cu_result_name,
+    hip_code_for_cu,
+    hip_code_for_rtc,
+    hip_error_name,
+    rtc_error,
+)
+from hipr.backends.hip import hiprtc_options
+from hipr.errors import HipError, HipErrorCode
+from hipr.kernels.builtins import BUILTIN_SOURCE, BUILTINS
+
+E = HipErrorCode
+
+
+def _have(package: str, module: str) -> bool:
+    # hip-python's "hip.hip" is an attribute of the package, not an importable module;
+    # cuda-bindings' "cuda.bindings.driver" is a submodule.
+    try:
+        importlib.import_module(f"{package}.{module}")
+        return True
+    except ImportError:
+        pass
+    try:
+        getattr(importlib.import_module(package), module)
+    except (ImportError, AttributeError):
+        return False
+    return True
+
+
+HAVE_CUDA_BINDINGS = _have("cuda.bindings", "driver")
+HAVE_HIP_PYTHON = _have("hip", "hip")
+needs_cuda_bindings = pytest.mark.skipif(not HAVE_CUDA_BINDINGS, reason="cuda-bindings absent")
+needs_hip_python = pytest.mark.skipif(not HAVE_HIP_PYTHON, reason="hip-python absent")
+
+
+# === error tables ======================================================================
+
+# HIP's translation, written out independently of errmap: (CUDA name, HIP name).
+HIP_TRANSLATION = {
+    "CUDA_SUCCESS": "hipSuccess",
+    "CUDA_ERROR_OUT_OF_MEMORY": "hipErrorOutOfMemory",
+    "CUDA_ERROR_INVALID_VALUE": "hipErrorInvalidValue",
+    "CUDA_ERROR_INVALID_DEVICE": "hipErrorInvalidDevice",
+    "CUDA_ERROR_DEINITIALIZED": "hipErrorDeinitialized",
+    "CUDA_ERROR_NO_DEVICE": "hipErrorNoDevice",
+    "CUDA_ERROR_INVALID_CONTEXT": "hipErrorInvalidContext",
+    "CUDA_ERROR_NOT_INITIALIZED": "hipErrorNotInitialized",
+    "CUDA_ERROR_INVALID_HANDLE": "hipErrorInvalidHandle",
+    "CUDA_ERROR_MAP_FAILED": "hipErrorMapFailed",
+    "CUDA_ERROR_PROFILER_DISABLED": "hipErrorProfilerDisabled",
+    "CUDA_ERROR_PROFILER_NOT_INITIALIZED": "hipErrorProfilerNotInitialized",
+    "CUDA_ERROR_PROFILER_ALREADY_STARTED": "hipErrorProfilerAlreadyStarted",
+    "CUDA_ERROR_PROFILER_ALREADY_STOPPED": "hipErrorProfilerAlreadyStopped",
+    "CUDA_ERROR_INVALID_IMAGE": "hipErrorInvalidImage",
+    "CUDA_ERROR_CONTEXT_ALREADY_CURRENT": "hipErrorContextAlreadyCurrent",
+    "CUDA_ERROR_UNMAP_FAILED": "hipErrorUnmapFailed",
+    "CUDA_ERROR_ARRAY_IS_MAPPED": "hipErrorArrayIsMapped",
+    "CUDA_ERROR_ALREADY_MAPPED": "hipErrorAlreadyMapped",
+    "CUDA_ERROR_NO_BINARY_FOR_GPU": "hipErrorNoBinaryForGpu",
+    "CUDA_ERROR_ALREADY_ACQUIRED": "hipErrorAlreadyAcquired",
+    "CUDA_ERROR_NOT_MAPPED": "hipErrorNotMapped",
+    "CUDA_ERROR_NOT_MAPPED_AS_ARRAY": "hipErrorNotMappedAsArray",
+    "CUDA_ERROR_NOT_MAPPED_AS_POINTER": "hipErrorNotMappedAsPointer",
+    "CUDA_ERROR_ECC_UNCORRECTABLE": "hipErrorECCNotCorrectable",
+    "CUDA_ERROR_UNSUPPORTED_LIMIT": "hipErrorUnsupportedLimit",
+    "CUDA_ERROR_CONTEXT_ALREADY_IN_USE": "hipErrorContextAlreadyInUse",
+    "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED": "hipErrorPeerAccessUnsupported",
+    "CUDA_ERROR_INVALID_PTX": "hipErrorInvalidKernelFile",
+    "CUDA_ERROR_INVALID_GRAPHICS_CONTEXT": "hipErrorInvalidGraphicsContext",
+    "CUDA_ERROR_INVALID_SOURCE": "hipErrorInvalidSource",
+    "CUDA_ERROR_FILE_NOT_FOUND": "hipErrorFileNotFound",
+    "CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND": "hipErrorSharedObjectSymbolNotFound",
+    "CUDA_ERROR_SHARED_OBJECT_INIT_FAILED": "hipErrorSharedObjectInitFailed",
+    "CUDA_ERROR_OPERATING_SYSTEM": "hipErrorOperatingSystem",
+    "CUDA_ERROR_ILLEGAL_STATE": "hipErrorIllegalState",
+    "CUDA_ERROR_NOT_FOUND": "hipErrorNotFound",
+    "CUDA_ERROR_NOT_READY": "hipErrorNotReady",
+    "CUDA_ERROR_ILLEGAL_ADDRESS": "hipErrorIllegalAddress",
+    "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES": "hipErrorLaunchOutOfResources",
+    "CUDA_ERROR_LAUNCH_TIMEOUT": "hipErrorLaunchTimeOut",
+    "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED": "hipErrorPeerAccessAlreadyEnabled",
+    "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED": "hipErrorPeerAccessNotEnabled",
+    "CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE": "hipErrorSetOnActiveProcess",
+    "CUDA_ERROR_CONTEXT_IS_DESTROYED": "hipErrorContextIsDestroyed",
+    "CUDA_ERROR_ASSERT": "hipErrorAssert",
+    "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED": "hipErrorHostMemoryAlreadyRegistered",
+    "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED": "hipErrorHostMemoryNotRegistered",
+    "CUDA_ERROR_LAUNCH_FAILED": "hipErrorLaunchFailure",
+    "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE": "hipErrorCooperativeLaunchTooLarge",
+    "CUDA_ERROR_NOT_SUPPORTED": "hipErrorNotSupported",
+    "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED": "hipErrorStreamCaptureUnsupported",
+    "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED": "hipErrorStreamCaptureInvalidated",
+    "CUDA_ERROR_STREAM_CAPTURE_MERGE": "hipErrorStreamCaptureMerge",
+    "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED": "hipErrorStreamCaptureUnmatched",
+    "CUDA_ERROR_STREAM_CAPTURE_UNJOINED": "hipErrorStreamCaptureUnjoined",
+    "CUDA_ERROR_STREAM_CAPTURE_ISOLATION": "hipErrorStreamCaptureIsolation",
+    "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT": "hipErrorStreamCaptureImplicit",
+    "CUDA_ERROR_CAPTURED_EVENT": "hipErrorCapturedEvent",
+    "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD": "hipErrorStreamCaptureWrongThread",
+    "CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE": "hipErrorGraphExecUpdateFailure",
+    "CUDA_ERROR_UNKNOWN": "hipErrorUnknown",
+}
+
+
+def test_table_is_exactly_hips_translation() -> None:
+    table = {row.cuda_name: hip_error_name(row.hip_code) for row in CU_RESULT_TO_HIP.values()}
+    assert table == HIP_TRANSLATION
+
+
+@pytest.mark.parametrize("cu_code", sorted(CU_RESULT_TO_HIP))
+def test_every_entry(cu_code: int) -> None:
+    row = CU_RESULT_TO_HIP[cu_code]
+    assert hip_code_for_cu(cu_code) == row.hip_code
+    assert cu_result_name(cu_code) == row.cuda_name
+    assert not hip_error_name(row.hip_code).startswith("hipErrorUnknown(")
+    if cu_code:
+        err = cu_error(cu_code, "cuSomething")
+        assert err.code == row.hip_code
+        assert row.cuda_name in err.message and "cuSomething" in err.message
+        assert err.details["cuda_result"] == cu_code
+
+
+@needs_cuda_bindings
+def test_cuda_names_and_values_match_cuda_bindings() -> None:
+    from cuda.bindings import driver
+
+    for code, row in CU_RESULT_TO_HIP.items():
+        assert int(getattr(driver.CUresult, row.cuda_name)) == code, row
+    for code, name in CU_UNMAPPED_NAMES.items():
+        assert int(getattr(driver.CUresult, name)) == code, name
+    # Whatever else the bindings know (newer MPS, fabric, ... errors) HIP leaves unknown.
+    known = set(CU_RESULT_TO_HIP) | set(CU_UNMAPPED_NAMES)
+    for result in driver.CUresult:
+        if int(result) not in known:
+            assert hip_code_for_cu(int(result)) == E.hipErrorUnknown
+
+
+@needs_hip_python
+def test_hip_codes_match_hip_python() -> None:
+    from hip import hip
+
+    for row in CU_RESULT_TO_HIP.values():
+        name = hip_error_name(row.hip_code)
+        assert int(getattr(hip.hipError_t, name)) == row.hip_code, name
+    for code, name in HIP_EXTRA_NAMES.items():
+        assert int(getattr(hip.hipError_t, name)) == code
+
+
+@pytest.mark.parametrize("code", [34, 46, 222, 715, 716, 800, 909, 12345, -1])
+def test_unknown_and_untranslated_codes_become_hip_error_unknown(code: int) -> None:
+    assert hip_code_for_cu(code) == E.hipErrorUnknown
+    err = cu_error(code, "cuX")
+    assert err.code == E.hipErrorUnknown
+    assert cu_result_name(code) in err.message
+    if code in CU_UNMAPPED_NAMES:
+        assert CU_UNMAPPED_NAMES[code] in err.message
+    else:
+        assert f"CUresult({code})" in err.message
+
+
+def test_extra_hip_names_show_in_messages() -> None:
+    err = cu_error(5, "cuProfilerStart")
+    assert err.code == 5 and "hipErrorProfilerDisabled" in err.message
+
+
+def test_rtc_table() -> None:
+    assert hip_code_for_rtc(6) == E.hipErrorInvalidSource  # COMPILATION
+    assert hip_code_for_rtc(5) == E.hipErrorInvalidValue  # INVALID_OPTION
+    assert hip_code_for_rtc(1) == E.hipErrorOutOfMemory
+    assert hip_code_for_rtc(100) == E.hipErrorInvalidSource  # HIPRTC_ERROR_LINKING
+    assert hip_code_for_rtc(77) == E.hipErrorUnknown
+    err = rtc_error(6, "nvrtcCompileProgram", "k.hip(3): error: boom\n")
+    assert err.code == E.hipErrorInvalidSource
+    assert "NVRTC_ERROR_COMPILATION" in err.message and "k.hip(3): error: boom" in err.message
+
+
+@needs_cuda_bindings
+def test_rtc_names_match_nvrtc() -> None:
+    from cuda.bindings import nvrtc
+
+    for code, row in RTC_RESULT_TO_HIP.items():
+        if row.nvrtc_name.startswith("NVRTC_"):
+            assert int(getattr(nvrtc.nvrtcResult, row.nvrtc_name)) == code
+
+
+@needs_hip_python
+def test_rtc_codes_match_hiprtc() -> None:
+    from hip import hiprtc
+
+    for code, row in RTC_RESULT_TO_HIP.items():
+        name = row.nvrtc_name.replace("NVRTC_", "HIPRTC_")
+        assert int(getattr(hiprtc.hiprtcResult, name)) == code
+
+
+# === small helpers =======================================================================
+
+
+def test_prelude_defines_hip_spellings() -> None:
+    for axis in "xyz":
+        for hip_name, cuda_name in (
+            ("hipThreadIdx", "threadIdx"),
+            ("hipBlockIdx", "blockIdx"),
+            ("hipBlockDim", "blockDim"),
+            ("hipGridDim", "gridDim"),
+        ):
+            assert f"#define {hip_name}_{axis} {cuda_name}.{axis}" in HIP_PRELUDE
+    assert "#define HIP_DYNAMIC_SHARED(type, var) extern __shared__ type var[];" in HIP_PRELUDE
+    assert "#define __HIP_PLATFORM_NVIDIA__" in HIP_PRELUDE
+    assert "hip/hip_runtime.h" in PRELUDE_INCLUDE_NAMES
+    # Everything the built-in kernels spell the HIP way is defined by the prelude.
+    used = set(re.findall(r"\bhip[A-Z]\w*|\bHIP_\w+", BUILTIN_SOURCE))
+    assert "hipThreadIdx_x" in used and "HIP_DYNAMIC_SHARED" in used
+    for name in used:
+        assert name in HIP_PRELUDE, name
+
+
+def test_nvrtc_options() -> None:
+    assert nvrtc_options([], "sm_90") == ["--gpu-architecture=sm_90"]
+    assert nvrtc_options(["-lineinfo"], "sm_90") == ["--gpu-architecture=sm_90", "-lineinfo"]
+    assert nvrtc_options(["--gpu-architecture=compute_80"], "sm_90") == [
+        "--gpu-architecture=compute_80"
+    ]
+    assert nvrtc_options(["-arch", "sm_80"], "sm_90") == ["-arch", "sm_80"]
+    assert nvrtc_options(["--offload-arch=sm_89"], "sm_90") == ["--gpu-architecture=sm_89"]
+    with pytest.raises(HipError) as info:
+        nvrtc_options(["--offload-arch=gfx942"], "sm_90")
+    assert info.value.code == E.hipErrorInvalidValue
+
+
+def test_hiprtc_options() -> None:
+    arch = "gfx942:sramecc+:xnack-"
+    assert hiprtc_options([], arch) == [f"--offload-arch={arch}"]
+    assert hiprtc_options(["-O3"], arch) == [f"--offload-arch={arch}", "-O3"]
+    assert hiprtc_options(["--offload-arch=gfx90a"], arch) == ["--offload-arch=gfx90a"]
+    for bad in (["--gpu-architecture=sm_90"], ["--offload-arch=sm_90"], ["-arch=sm_80"]):
+        with pytest.raises(HipError):
+            hiprtc_options(bad, arch)
+
+
+def test_launch_extra_layout() -> None:
+    args = struct.pack("<QbxxxiQ", 0xDEADBEEF, -3, 7, 9)
+    for end in (0, 3):
+        extra = LaunchExtra(args, buffer_pointer=1, buffer_size=2, end=end)
+        words = extra.entries
+        assert words[0] == 1 and words[2] == 2 and words[4] == end
+        assert ctypes.string_at(words[1], len(args)) == args
+        assert ctypes.c_size_t.from_address(words[3]).value == len(args)
+        assert extra.packed() == args
+    empty = LaunchExtra(b"", buffer_pointer=1, buffer_size=2, end=0)
+    assert ctypes.c_size_t.from_address(empty.entries[3]).value == 0
+
+
+def test_host_address() -> None:
+    data = b"hello world"
+    addr, n, keep = host_address(memoryview(data), writable=False)
+    assert n == len(data) and ctypes.string_at(addr, n) == data
+    arr = np.arange(6, dtype=np.float32).reshape(2, 3)
+    addr, n, keep = host_address(arr.data, writable=True)
+    assert n == 24 and ctypes.string_at(addr, n) == arr.tobytes()
+    strided = np.arange(10, dtype=np.int16)[::2]
+    addr, n, keep = host_address(strided.data, writable=False)
+    assert ctypes.string_at(addr, n) == strided.tobytes()
+    with pytest.raises(HipError):
+        host_address(strided.data, writable=True)
+    with pytest.raises(HipError):
+        host_address(memoryview(b"ro"), writable=True)
+    assert host_address(memoryview(b""), writable=False)[1] == 0
+    del keep
+
+
+def test_code_cache_key_and_lru() -> None:
+    k = CodeCache.key
+    assert k("src", ["a", "b"], "sm_90") != k("src", ["ab"], "sm_90")
+    assert k("src", [], "sm_90") != k("src", [], "sm_80")
+    assert k("s", ["x"], "a") == k("s", ["x"], "a")
+    cache = CodeCache(max_entries=2)
+    cache.put("1", b"one")
+    cache.put("2", b"two")
+    assert cache.get("1") == b"one"
+    cache.put("3", b"three")  # evicts "2", the least recently used
+    assert cache.get("2") is None and cache.get("1") == b"one" and cache.get("3") == b"three"
+
+
+class _Ops:
+    """Staging ops on plain host memory with fences the test completes by hand."""
+
+    def __init__(self) -> None:
+        self.live: dict[int, Any] = {}
+        self.fences: list[list[bool]] = []
+
+    def host_alloc(self, size: int) -> int:
+        buf = ctypes.create_string_buffer(size)
+        self.live[ctypes.addressof(buf)] = buf
+        return ctypes.addressof(buf)
+
+    def host_free(self, ptr: int) -> None:
+        del self.live[ptr]
+
+    def fence_after(self, stream: Any) -> Any:
+        fence = [False]
+        self.fences.append(fence)
+        return fence
+
+    def fence_done(self, fence: Any) -> bool:
+        return bool(fence[0])
+
+    def fence_destroy(self, fence: Any) -> None:
+        pass
+
+
+def test_pinned_staging_reuses_only_after_fence() -> None:
+    ops = _Ops()
+    staging = PinnedStaging(ops, max_cached=1 << 20)
+    a = staging.take(1000)
+    assert a.capacity == PinnedStaging.MIN_BLOCK
+    fence = ops.fence_after(None)
+    staging.retire([fence], [a])
+    b = staging.take(1000)
+    assert b.ptr != a.ptr  # a is still being read
+    fence[0] = True
+    staging.reclaim()
+    c = staging.take(10)
+    assert c.ptr == a.ptr  # now recycled
+    big = staging.take(3 << 20)  # over max_cached: freed on return, not kept
+    assert big.capacity == 4 << 20
+    staging.give_back([big, b, c])
+    assert staging.outstanding == 0
+    assert big.ptr not in ops.live
+    staging.close(wait=lambda: None)
+    assert not ops.live
+
+
+# === real "library missing" paths ========================================================
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc)
+    assert "\n" not in text, text
+    return text
+
+
+@needs_hip_python
+def test_hip_backend_unavailable_without_rocm() -> None:
+    from hipr.backends.hip import HipBackend
+
+    try:
+        from hip import hip as real_hip
+
+        real_hip.hipGetDeviceCount()  # type: ignore[no-untyped-call]
+    except RuntimeError:
+        pass
+    else:  # pragma: no cover - a machine with ROCm
+        pytest.skip("ROCm is installed here")
+    with pytest.raises(BackendUnavailable) as info:
+        HipBackend()
+    err = info.value
+    assert err.kind == "backend_unavailable" and err.library == "libamdhip64.so"
+    assert err.code == E.hipErrorInsufficientDriver
+    assert "hip backend unavailable: could not load libamdhip64.so" in _one_line(err)
+    with pytest.raises(BackendUnavailable):
+        load_backend("hip")
+
+
+def test_hip_backend_unavailable_without_hip_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hipr.backends.hip import HipBackend
+
+    monkeypatch.setitem(sys.modules, "hip", None)
+    with pytest.raises(BackendUnavailable) as info:
+        HipBackend()
+    assert info.value.library == "hip-python"
+    assert "hip-python package is not installed" in _one_line(info.value)
+
+
+@needs_cuda_bindings
+def test_cuda_backend_unavailable_without_libcuda() -> None:
+    from cuda.bindings import driver
+
+    from hipr.backends.cuda import CudaBackend
+
+    try:
+        driver.cuInit(0)
+    except RuntimeError:
+        pass
+    else:  # pragma: no cover - a machine with an NVIDIA driver
+        pytest.skip("libcuda is installed here")
+    with pytest.raises(BackendUnavailable) as info:
+        CudaBackend()
+    err = info.value
+    assert err.library == "libcuda.so.1" and err.code == E.hipErrorInsufficientDriver
+    assert "cuda backend unavailable: could not load libcuda.so.1" in _one_line(err)
+
+
+def test_cuda_backend_unavailable_without_cuda_bindings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hipr.backends.cuda import CudaBackend
+
+    monkeypatch.setitem(sys.modules, "cuda", None)
+    monkeypatch.setitem(sys.modules, "cuda.bindings", None)
+    with pytest.raises(BackendUnavailable) as info:
+        CudaBackend()
+    err = info.value
+    assert err.library == "cuda-bindings" and err.kind == "backend_unavailable"
+    assert "cuda-bindings package is not installed" in _one_line(err)
+
+
+def test_cuda_backend_driver_present_but_no_device() -> None:
+    from hipr.backends.cuda import CudaBackend
+
+    drv = SimpleNamespace(cuInit=lambda flags: (100,))
+    with pytest.raises(BackendUnavailable) as info:
+        CudaBackend(_driver=drv, _nvrtc=None)
+    assert info.value.code == E.hipErrorNoDevice
+    assert "CUDA_ERROR_NO_DEVICE" in _one_line(info.value)
+    drv = SimpleNamespace(cuInit=lambda flags: (34,))  # the toolkit's stub libcuda
+    with pytest.raises(BackendUnavailable) as info:
+        CudaBackend(_driver=drv, _nvrtc=None)
+    assert info.value.code == E.hipErrorInsufficientDriver
+
+
+def test_hip_backend_runtime_present_but_no_device() -> None:
+    from hipr.backends.hip import HipBackend
+
+    fake = SimpleNamespace(hipGetDeviceCount=lambda: (100, 0))
+    with pytest.raises(BackendUnavailable) as info:
+        HipBackend(_hip=fake, _hiprtc=None)
+    assert info.value.code == E.hipErrorNoDevice and "sees no AMD GPU" in str(info.value)
+
+
+def test_backend_unavailable_message_is_one_line() -> None:
+    err = BackendUnavailable(
+        message="x backend unavailable:\n  could not\tload libx.so", library="libx.so"
+    )
+    assert err.message == "x backend unavailable: could not load libx.so"
+    assert err.library == "libx.so" and err.code == E.hipErrorNoDevice
+    assert isinstance(err, HipError)
+
+
+# === load_backend ===========================================================================
+
+
+def test_auto_falls_back_to_emulator_and_says_why() -> None:
+    with structlog.testing.capture_logs() as logs:
+        backend = load_backend("auto", device_count=2, total_memory=1 << 24, name="Test GPU")
+    try:
+        assert backend.name == "emulator"
+        assert backend.device_count() == 2
+        assert isinstance(backend, Backend)
+    finally:
+        backend.close()
+    chosen = [entry for entry in logs if entry["event"] == "backend selected"]
+    assert len(chosen) == 1
+    entry = chosen[0]
+    assert entry["backend"] == "emulator" and entry["requested"] == "auto"
+    assert set(entry["skipped"]) == {"hip", "cuda"}
+    assert "hip backend unavailable" in entry["skipped"]["hip"]
+    assert "cuda backend unavailable" in entry["skipped"]["cuda"]
+
+
+def test_explicit_emulator_gets_its_options() -> None:
+    backend = load_backend("emulator", device_count=3, total_memory=1 << 20, name="E")
+    try:
+        assert backend.device_count() == 3
+        assert backend.device_properties(0).name == "E"
+    finally:
+        backend.close()
+
+
+def test_unknown_backend_name() -> None:
+    with pytest.raises(ValueError) as info:
+        load_backend("rocm")
+    for name in BACKEND_NAMES:
+        assert repr(name) in str(info.value)
+
+
+# === both backends on a simulated runtime ================================================
+
+
+class SimError(Exception):
+    """A call the simulation was not written for."""
+
+
+def _signature_arity(doc: str | None, name: str) -> int:
+    """Positional parameters of a binding function, from its docstring's first line."""
+    assert doc, f"{name} has no docstring to check against"
+    first = doc.strip().split("\n", 1)[0]
+    m = re.fullmatch(rf"{name}\((.*)\)", first.strip())
+    assert m, f"unexpected signature line for {name}: {first!r}"
+    inner = m.group(1).strip()
+    if not inner:
+        return 0
+    depth, count = 0, 1
+    for ch in inner:
+        if ch in "[(":
+            depth += 1
+        elif ch in "])":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            count += 1
+    return count
+
+
+class SimStream:
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.queue: list[Callable[[], None]] = []
+        self.capture: list[Callable[[], None]] | None = None
+
+    def __repr__(self) -> str:
+        return f"<SimStream {self.label}>"
+
+
+class SimEvent:
+    def __init__(self) -> None:
+        self.done = False
+
+
+class SimGraph:
+    def __init__(self, ops: list[Callable[[], None]]) -> None:
+        self.ops = ops
+
+
+BUILTIN_KERNEL_RE = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)')
+
+
+class SimGpu:
+    """Device memory, queued stream work and the built-in kernels, in host memory."""
+
+    def __init__(self, total: int = 64 << 20) -> None:
+        self.total = total
+        self.mem: dict[int, bytearray] = {}
+        self.next = 0x7F00_0000_0000
+        self.host: dict[int, Any] = {}
+        self.ptds = SimStream("per-thread")
+        self.streams: list[SimStream] = [self.ptds]
+        self.functions: dict[int, str] = {}
+        self.launches: list[tuple[str, bytes]] = []
+        self.sticky = 0
+        self.calls: list[str] = []
+        self.compiles: list[list[str]] = []
+        #: CUDA refuses argument bytes past a kernel's last parameter; HIP does not.
+        self.strict_param_size = False
+
+    def param_layout(self, fn: int) -> list[tuple[int, int]]:
+        """(offset, size) of each parameter of a built-in kernel."""
+        sizes = {"ptr": (8, 8), "u64": (8, 8), "f32": (4, 4), "f64": (8, 8)}
+        sizes.update({"i8": (1, 1), "i16": (2, 2), "i32": (4, 4), "probe_struct": (24, 8)})
+        layout, end = [], 0
+        for kind in BUILTINS[self.functions[fn]].arg_kinds:
+            size, align = sizes[kind]
+            end += -end % align
+            layout.append((end, size))
+            end += size
+        return layout
+
+    def param_space(self, fn: int) -> int:
+        offset, size = self.param_layout(fn)[-1]
+        return offset + size
+
+    # memory
+    def alloc(self, size: int) -> int:
+        if sum(map(len, self.mem.values())) + size > self.total:
+            raise _Fail(2)
+        ptr = self.next
+        self.next += (size + 0xFFFF) & ~0xFFFF
+        self.mem[ptr] = bytearray(size)
+        return ptr
+
+    def locate(self, ptr: int, n: int) -> tuple[bytearray, int]:
+        for base, buf in self.mem.items():
+            if base <= ptr and ptr + n <= base + len(buf):
+                return buf, ptr - base
+        raise _Fail(700)
+
+    def write(self, ptr: int, data: bytes) -> None:
+        buf, off = self.locate(ptr, len(data))
+        buf[off : off + len(data)] = data
+
+    def read(self, ptr: int, n: int) -> bytes:
+        buf, off = self.locate(ptr, n)
+        return bytes(buf[off : off + n])
+
+    # streams
+    def stream(self, s: Any) -> SimStream:
+        if isinstance(s, SimStream):
+            return s
+        value = _addr(s)
+        assert value == 2, f"only the per-thread default stream may be passed raw: {s!r}"
+        return self.ptds
+
+    def enqueue(self, s: Any, op: Callable[[], None]) -> None:
+        stream = self.stream(s)
+        if stream.capture is not None:
+            stream.capture.append(op)
+        else:
+            stream.queue.append(op)
+
+    def run(self, stream: SimStream) -> None:
+        ops, stream.queue = stream.queue, []
+        for op in ops:
+            try:
+                op()
+            except _Fail as fail:
+                self.sticky = fail.code
+                break
+
+    def run_all(self) -> None:
+        for stream in self.streams:
+            self.run(stream)
+
+    # kernels
+    def kernel(self, fn: int, args: bytes) -> Callable[[], None]:
+        name = self.functions[fn]
+        self.launches.append((name, args))
+
+        def run() -> None:
+            if name in ("fill_f32", "scale_f32"):
+                ptr, value, n = struct.unpack_from("<Qf4xQ", args)
+                old = np.frombuffer(self.read(ptr, 4 * n), np.float32)
+                new = np.full(n, value, np.float32) if name == "fill_f32" else old * value
+                self.write(ptr, new.astype(np.float32).tobytes())
+            elif name == "mixed_args_probe":
+                out, a8, a32, f, d, a16, sa, sb, sc, n = struct.unpack_from(
+                    "<Qb3xif4xdh6xb7xdh6xQ", args
+                )
+                vals = a8 + a32 + f + d + a16 + sa + sb + sc + np.arange(n, dtype=np.float64)
+                self.write(out, vals.tobytes())
+
+        return run
+
+
+class _Fail(Exception):
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+def _read_extra(address: int, end: int) -> bytes:
+    words = [ctypes.c_void_p.from_address(address + 8 * i).value or 0 for i in range(5)]
+    assert words[0] == 1 and words[2] == 2 and words[4] == end, words
+    size = ctypes.c_size_t.from_address(words[3]).value
+    return ctypes.string_at(words[1], size)
+
+
+def _fill_c_buffer(buf: Any, data: bytes) -> None:
+    """Write into the output buffer a binding fills in place (bytes or bytearray)."""
+    if isinstance(buf, bytearray):
+        buf[: len(data)] = data
+        return
+    # cuda-bindings writes through the char* of a bytes object; so does this.
+    address = ctypes.cast(ctypes.c_char_p(buf), ctypes.c_void_p).value
+    assert address is not None
+    ctypes.memmove(address, data, len(data))
+
+
+class SimProgram:
+    def __init__(self, src: bytes, headers: dict[bytes, bytes]) -> None:
+        self.src = src
+        self.headers = headers
+        self.log = b""
+        self.image = b""
+        self.virtual = False
+
+
+def _sim_compile(gpu: SimGpu, prog: SimProgram, options: list[bytes], needs_header: bool) -> int:
+    opts = [o.decode() for o in options]
+    gpu.compiles.append(opts)
+    text = prog.src.decode()
+    if any(o.startswith("--no-such") for o in opts):
+        prog.log = b"error: unknown option"
+        return 5
+    if (
+        needs_header
+        and "#include <hip/hip_runtime.h>" in text
+        and b"hip/hip_runtime.h" not in prog.headers
+    ):
+        prog.log = b"catastrophic error: cannot open source file hip/hip_runtime.h"
+        return 6
+    if "undefined_name" in text:
+        prog.log = b'kernel.hip(2): error: identifier "undefined_name" is undefined\n'
+        return 6
+    prog.log = b""
+    prog.virtual = any("compute_" in o for o in opts)
+    prog.image = b"\x7fELF-sim\n" + prog.src
+    return 0
+
+
+class SimBinding:
+    """A stand-in for one binding module: functions run on ``gpu`` after their arity is
+    checked against the real module's; everything else (enums, structs, constants)
+    comes from the real module."""
+
+    def __init__(self, real: Any, gpu: SimGpu, handlers: dict[str, Callable[..., Any]]) -> None:
+        self._real = real
+        self._gpu = gpu
+        self._handlers = handlers
+
+    def __getattr__(self, name: str) -> Any:
+        handler = self._handlers.get(name)
+        if handler is None:
+            attr = getattr(self._real, name)
+            if callable(attr) and not isinstance(attr, type) and name[:2] in ("cu", "hi", "nv"):
+                raise SimError(f"the simulation does not implement {name}")
+            return attr
+        arity = _signature_arity(getattr(self._real, name).__doc__, name)
+
+        def call(*args: Any) -> tuple[Any, ...]:
+            assert len(args) == arity, f"{name} takes {arity} arguments, got {len(args)}"
+            self._gpu.calls.append(name)
+            try:
+                out = handler(*args)
+            except _Fail as fail:
+                return (fail.code,)
+            return (0, *out) if isinstance(out, tuple) else (0,) if out is None else (0, out)
+
+        return call
+
+
+def _common_handlers(
+    gpu: SimGpu, p: str, end: int, function_handle: Callable[[int], Any]
+) -> dict[str, Callable[..., Any]]:
+    """Handlers whose argument order is the same in both runtimes; ``p`` prefixes names
+    (``cu``/``hip``) where the two spell them alike after the prefix."""
+
+    def sync_all(*_: Any) -> None:
+        gpu.run_all()
+        if gpu.sticky:
+            raise _Fail(gpu.sticky)
+
+    def stream_sync(s: Any) -> None:
+        stream = gpu.stream(s)
+        if stream.capture is not None:
+            raise _Fail(900)
+        gpu.run(stream)
+        if gpu.sticky:
+            raise _Fail(gpu.sticky)
+
+    def htod(dst: int, src: int, n: int, s: Any) -> None:
+        gpu.enqueue(s, lambda: gpu.write(dst, ctypes.string_at(src, n)))
+
+    def dtoh(dst: int, src: int, n: int, s: Any) -> None:
+        def run() -> None:
+            ctypes.memmove(dst, gpu.read(src, n), n)
+
+        gpu.enqueue(s, run)
+
+    def dtod(dst: int, src: int, n: int, s: Any) -> None:
+        gpu.enqueue(s, lambda: gpu.write(dst, gpu.read(src, n)))
+
+    def memset(ptr: int, value: int, n: int, s: Any) -> None:
+        gpu.enqueue(s, lambda: gpu.write(ptr, bytes([value]) * n))
+
+    def free(ptr: int) -> None:
+        gpu.run_all()
+        if int(ptr) not in gpu.mem:
+            raise _Fail(1)
+        del gpu.mem[int(ptr)]
+
+    def host_alloc(size: int, flags: int) -> int:
+        buf = ctypes.create_string_buffer(size)
+        gpu.host[ctypes.addressof(buf)] = buf
+        return ctypes.addressof(buf)
+
+    def host_free(ptr: int) -> None:
+        del gpu.host[int(ptr)]
+
+    def stream_create(flags: int) -> SimStream:
+        assert int(flags) == 1, "streams are created non-blocking"
+        stream = SimStream(f"s{len(gpu.streams)}")
+        gpu.streams.append(stream)
+        return stream
+
+    def stream_destroy(s: SimStream) -> None:
+        gpu.run(s)
+        gpu.streams.remove(s)
+
+    def record(e: SimEvent, s: Any) -> None:
+        e.done = False
+
+        def mark() -> None:
+            e.done = True
+
+        gpu.enqueue(s, mark)
+
+    def event_query(e: SimEvent) -> None:
+        if not e.done:
+            raise _Fail(600)
+
+    def event_sync(e: SimEvent) -> None:
+        gpu.run_all()
+        if gpu.sticky:
+            raise _Fail(gpu.sticky)
+
+    def load(image: bytes) -> Any:
+        if not bytes(image).startswith(b"\x7fELF-sim"):
+            raise _Fail(200)
+        return {"names": BUILTIN_KERNEL_RE.findall(bytes(image).decode(errors="replace"))}
+
+    def get_function(module: dict[str, Any], name: bytes) -> Any:
+        if name.decode() not in module["names"]:
+            raise _Fail(500)
+        address = 0x1000 + len(gpu.functions)
+        gpu.functions[address] = name.decode()
+        return function_handle(address)
+
+    def launch(
+        f: Any,
+        gx: int,
+        gy: int,
+        gz: int,
+        bx: int,
+        by: int,
+        bz: int,
+        shared: int,
+        s: Any,
+        params: Any,
+        extra: int,
+    ) -> None:
+        assert params is None
+        if bx * by * bz > 1024:
+            raise _Fail(1)
+        args = _read_extra(extra, end)
+        if gpu.strict_param_size and len(args) > gpu.param_space(_addr(f)):
+            raise _Fail(701)  # what CUDA answers to bytes past the last parameter
+        gpu.enqueue(s, gpu.kernel(_addr(f), args))
+
+    def begin_capture(s: Any, mode: Any) -> None:
+        assert "RELAXED" in str(mode).upper() or int(mode) == 2
+        gpu.stream(s).capture = []
+
+    def end_capture(s: Any) -> SimGraph:
+        stream = gpu.stream(s)
+        if stream.capture is None:
+            raise _Fail(1)
+        ops, stream.capture = stream.capture, None
+        return SimGraph(ops)
+
+    def graph_launch(g: SimGraph, s: Any) -> None:
+        for op in g.ops:
+            gpu.enqueue(s, op)
+
+    def add_empty(g: SimGraph, deps: Any, n: int) -> object:
+        assert (deps is None) == (n == 0)
+        return object()
+
+    def instantiate(g: SimGraph, flags: int) -> SimGraph:
+        return SimGraph(list(g.ops))
+
+    return {
+        f"{p}StreamSynchronize": stream_sync,
+        f"{p}MemcpyHtoDAsync": htod,
+        f"{p}MemcpyDtoHAsync": dtoh,
+        f"{p}MemcpyDtoDAsync": dtod,
+        f"{p}MemsetD8Async": memset,
+        f"{p}StreamDestroy": stream_destroy,
+        f"{p}StreamQuery": lambda s: None,
+        f"{p}StreamWaitEvent": lambda s, e, flags: None,
+        f"{p}EventRecord": record,
+        f"{p}EventQuery": event_query,
+        f"{p}EventSynchronize": event_sync,
+        f"{p}EventDestroy": lambda e: None,
+        f"{p}EventElapsedTime": lambda a, b: 0.25,
+        f"{p}ModuleLoadData": load,
+        f"{p}ModuleUnload": lambda m: None,
+        f"{p}ModuleGetFunction": get_function,
+        f"{p}StreamBeginCapture": begin_capture,
+        f"{p}StreamEndCapture": end_capture,
+        f"{p}GraphCreate": lambda flags: SimGraph([]),
+        f"{p}GraphDestroy": lambda g: None,
+        f"{p}GraphAddEmptyNode": add_empty,
+        f"{p}GraphLaunch": graph_launch,
+        f"{p}GraphExecDestroy": lambda g: None,
+        "_sync_all": sync_all,
+        "_free": free,
+        "_host_alloc": host_alloc,
+        "_host_free": host_free,
+        "_stream_create": stream_create,
+        "_launch": launch,
+        "_instantiate": instantiate,
+    }
+
+
+def _addr(handle: Any) -> int:
+    if isinstance(handle, int):
+        return handle
+    if hasattr(handle, "as_c_void_p"):
+        return int(handle.as_c_void_p().value or 0)
+    return int(handle)
+
+
+def make_sim_cuda(gpu: SimGpu) -> tuple[SimBinding, SimBinding]:
+    from cuda.bindings import driver, nvrtc
+
+    h = _common_handlers(gpu, "cu", end=0, function_handle=driver.CUfunction)
+    attrs = {
+        "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR": 9,
+        "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR": 0,
+        "CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT": 132,
+        "CU_DEVICE_ATTRIBUTE_WARP_SIZE": 32,
+        "CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK": 1024,
+        "CU_DEVICE_ATTRIBUTE_CLOCK_RATE": 1_980_000,
+        "CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK": 49152,
+    }
+
+    def memset_node(g: SimGraph, deps: Any, n: int, params: Any, ctx: Any) -> object:
+        ptr, value, width = int(params.dst), int(params.value), int(params.width)
+        assert int(params.elementSize) == 1 and int(params.height) == 1
+        g.ops.append(lambda: gpu.write(ptr, bytes([value]) * width))
+        return object()
+
+    def memcpy_node(g: SimGraph, deps: Any, n: int, p: Any, ctx: Any) -> object:
+        dst, src, size = int(p.dstDevice), int(p.srcDevice), int(p.WidthInBytes)
+        assert int(p.Height) == 1 and int(p.Depth) == 1
+        g.ops.append(lambda: gpu.write(dst, gpu.read(src, size)))
+        return object()
+
+    def kernel_node(g: SimGraph, deps: Any, n: int, p: Any) -> object:
+        args = _read_extra(int(p.extra), 0)  # read now: the driver copies at add time
+        if len(args) > gpu.param_space(int(p.func)):
+            raise _Fail(701)
+        g.ops.append(gpu.kernel(int(p.func), args))
+        return object()
+
+    def param_info(f: Any, index: int) -> tuple[int, int]:
+        layout = gpu.param_layout(int(f))
+        if index >= len(layout):
+            raise _Fail(1)
+        return layout[index]
+
+    gpu.strict_param_size = True
+    drv_handlers: dict[str, Callable[..., Any]] = {
+        "cuFuncGetParamInfo": param_info,
+        **{k: v for k, v in h.items() if not k.startswith("_")},
+        "cuInit": lambda flags: None,
+        "cuDeviceGetCount": lambda: 1,
+        "cuDeviceGet": lambda i: driver.CUdevice(i),
+        "cuDevicePrimaryCtxRetain": lambda dev: driver.CUcontext(0xC0),
+        "cuDevicePrimaryCtxRelease": lambda dev: None,
+        "cuCtxSetCurrent": lambda ctx: None,
+        "cuCtxSynchronize": h["_sync_all"],
+        "cuDeviceGetAttribute": lambda attr, dev: attrs[attr.name],
+        "cuDeviceGetName": lambda n, dev: b"Sim H100\0\0\0",
+        "cuDeviceGetPCIBusId": lambda n, dev: b"0000:9a:00.0\0",
+        "cuDeviceTotalMem": lambda dev: gpu.total,
+        "cuMemGetInfo": lambda: (gpu.total - sum(map(len, gpu.mem.values())), gpu.total),
+        "cuMemAlloc": lambda size: driver.CUdeviceptr(gpu.alloc(size)),
+        "cuMemFree": lambda ptr: h["_free"](int(ptr)),
+        "cuMemHostAlloc": h["_host_alloc"],
+        "cuMemFreeHost": h["_host_free"],
+        "cuStreamCreate": h["_stream_create"],
+        "cuStreamIsCapturing": lambda s: driver.CUstreamCaptureStatus(
+            1 if gpu.stream(s).capture is not None else 0
+        ),
+        "cuEventCreate": lambda flags: SimEvent(),
+        "cuLaunchKernel": h["_launch"],
+        "cuGraphAddMemsetNode": memset_node,
+        "cuGraphAddMemcpyNode": memcpy_node,
+        "cuGraphAddKernelNode": kernel_node,
+        "cuGraphInstantiate": h["_instantiate"],
+    }
+
+    def create(src: bytes, name: bytes, n: int, headers: Any, includes: Any) -> SimProgram:
+        assert n == len(headers or []) == len(includes or [])
+        return SimProgram(src, dict(zip(includes or [], headers or [], strict=True)))
+
+    def compile_(prog: SimProgram, n: int, opts: list[bytes]) -> None:
+        assert n == len(opts)
+        code = _sim_compile(gpu, prog, opts, needs_header=True)
+        if code:
+            raise _Fail(code)
+
+    def cubin_size(prog: SimProgram) -> int:
+        if prog.virtual:
+            raise _Fail(3)
+        return len(prog.image)
+
+    rtc_handlers: dict[str, Callable[..., Any]] = {
+        "nvrtcCreateProgram": create,
+        "nvrtcCompileProgram": compile_,
+        "nvrtcGetProgramLogSize": lambda prog: len(prog.log) + 1,
+        "nvrtcGetProgramLog": lambda prog, buf: _fill_c_buffer(buf, prog.log + b"\0"),
+        "nvrtcGetCUBINSize": cubin_size,
+        "nvrtcGetCUBIN": lambda prog, buf: _fill_c_buffer(buf, prog.image),
+        "nvrtcGetPTXSize": lambda prog: len(prog.image) + 1,
+        "nvrtcGetPTX": lambda prog, buf: _fill_c_buffer(buf, prog.image + b"\0"),
+        "nvrtcDestroyProgram": lambda prog: None,
+    }
+    return SimBinding(driver, gpu, drv_handlers), SimBinding(nvrtc, gpu, rtc_handlers)
+
+
+def make_sim_hip(gpu: SimGpu) -> tuple[SimBinding, SimBinding]:
+    from hip import hip, hiprtc
+
+    h = _common_handlers(gpu, "hip", end=3, function_handle=hip.ihipModuleSymbol_t.fromObj)
+    props = SimpleNamespace(
+        name="Sim MI300X",
+        gcnArchName="gfx942:sramecc+:xnack-",
+        totalGlobalMem=gpu.total,
+        multiProcessorCount=304,
+        warpSize=64,
+        maxThreadsPerBlock=1024,
+        clockRate=2_100_000,
+        major=9,
+        minor=4,
+        sharedMemPerBlock=65536,
+    )
+
+    def memset_node(g: SimGraph, deps: Any, n: int, params: Any) -> object:
+        ptr, value, width = _addr(params.dst), int(params.value), int(params.width)
+        g.ops.append(lambda: gpu.write(ptr, bytes([value]) * width))
+        return object()
+
+    def memcpy_node(
+        g: SimGraph, deps: Any, n: int, dst: int, src: int, size: int, kind: Any
+    ) -> object:
+        assert int(kind) == 3  # hipMemcpyDeviceToDevice
+        g.ops.append(lambda: gpu.write(dst, gpu.read(src, size)))
+        return object()
+
+    def kernel_node(g: SimGraph, deps: Any, n: int, p: Any) -> object:
+        args = _read_extra(_addr(p.extra), 3)
+        g.ops.append(gpu.kernel(_addr(p.func), args))
+        assert p.gridDim.x >= 1 and p.blockDim.x >= 1
+        return object()
+
+    hip_handlers: dict[str, Callable[..., Any]] = {
+        **{k: v for k, v in h.items() if not k.startswith("_")},
+        "hipGetDeviceCount": lambda: 1,
+        "hipSetDevice": lambda d: None,
+        "hipDeviceSynchronize": h["_sync_all"],
+        "hipGetDeviceProperties": lambda d: props,
+        "hipDeviceGetPCIBusId": lambda n, d: "0000:c1:00.0",
+        "hipMemGetInfo": lambda: (gpu.total - sum(map(len, gpu.mem.values())), gpu.total),
+        "hipMalloc": gpu.alloc,
+        "hipFree": h["_free"],
+        "hipHostMalloc": h["_host_alloc"],
+        "hipHostFree": h["_host_free"],
+        "hipStreamCreateWithFlags": h["_stream_create"],
+        "hipStreamIsCapturing": lambda s: 1 if gpu.stream(s).capture is not None else 0,
+        "hipEventCreateWithFlags": lambda flags: SimEvent(),
+        "hipModuleLaunchKernel": h["_launch"],
+        "hipGraphAddMemsetNode": memset_node,
+        "hipGraphAddMemcpyNode1D": memcpy_node,
+        "hipGraphAddKernelNode": kernel_node,
+        "hipGraphInstantiateWithFlags": h["_instantiate"],
+    }
+
+    def create(src: bytes, name: bytes, n: int, headers: Any, includes: Any) -> SimProgram:
+        assert n == 0
+        return SimProgram(src, {})
+
+    def compile_(prog: SimProgram, n: int, opts: list[bytes]) -> None:
+        code = _sim_compile(gpu, prog, opts, needs_header=False)
+        if code:
+            raise _Fail(code)
+
+    rtc_handlers: dict[str, Callable[..., Any]] = {
+        "hiprtcCreateProgram": create,
+        "hiprtcCompileProgram": compile_,
+        "hiprtcGetProgramLogSize": lambda prog: len(prog.log) + 1,
+        "hiprtcGetProgramLog": lambda prog, buf: _fill_c_buffer(buf, prog.log + b"\0"),
+        "hiprtcGetCodeSize": lambda prog: len(prog.image),
+        "hiprtcGetCode": lambda prog, buf: _fill_c_buffer(buf, prog.image),
+        "hiprtcDestroyProgram": lambda prog: None,
+    }
+    return SimBinding(hip, gpu, hip_handlers), SimBinding(hiprtc, gpu, rtc_handlers)
+
+
+def _make(kind: str) -> tuple[Any, SimGpu]:
+    gpu = SimGpu()
+    if kind == "cuda":
+        if not HAVE_CUDA_BINDINGS:
+            pytest.skip("cuda-bindings absent")
+        from hipr.backends.cuda import CudaBackend
+
+        drv, rtc = make_sim_cuda(gpu)
+        return CudaBackend(_driver=drv, _nvrtc=rtc), gpu
+    if not HAVE_HIP_PYTHON:
+        pytest.skip("hip-python absent")
+    from hipr.backends.hip import HipBackend
+
+    hip_mod, rtc_mod = make_sim_hip(gpu)
+    return HipBackend(_hip=hip_mod, _hiprtc=rtc_mod), gpu
+
+
+@pytest.fixture(params=["cuda", "hip"])
+def sim(request: pytest.FixtureRequest) -> Any:
+    backend, gpu = _make(str(request.param))
+    backend.bind_thread(0)
+    yield backend, gpu
+    backend.close()
+    assert not gpu.host, "close() left pinned host memory behind"
+
+
+def _fill_args(ptr: int, value: float, n: int) -> bytes:
+    return struct.pack("<Qf4xQ", ptr, value, n)
+
+
+def test_sim_is_a_backend(sim: Any) -> None:
+    backend, _ = sim
+    assert isinstance(backend, Backend)
+
+
+def test_sim_device_properties(sim: Any) -> None:
+    backend, gpu = sim
+    props = backend.device_properties(0)
+    if backend.name == "cuda":
+        assert (props.name, props.arch, props.warp_size) == ("Sim H100", "sm_90", 32)
+        assert props.pci_bus_id == "0000:9a:00.0" and props.clock_rate_khz == 1_980_000
+    else:
+        assert (props.name, props.arch, props.warp_size) == (
+            "Sim MI300X",
+            "gfx942:sramecc+:xnack-",
+            64,
+        )
+        assert props.pci_bus_id == "0000:c1:00.0" and (props.major, props.minor) == (9, 4)
+    assert props.total_memory == gpu.total and props.max_threads_per_block == 1024
+    assert backend.device_count() == 1
+    with pytest.raises(HipError) as info:
+        backend.device_properties(1)
+    assert info.value.code == E.hipErrorInvalidDevice
+    free, total = backend.mem_get_info()
+    assert free == total == gpu.total
+
+
+def test_sim_memory_and_copies(sim: Any) -> None:
+    backend, gpu = sim
+    a = backend.malloc(100)
+    b = backend.malloc(100)
+    assert backend.stats().allocations == 2 and backend.stats().allocated_bytes == 200
+    assert backend.malloc(0) == 0
+    backend.free(0)
+    stream = backend.stream_create()
+    for s in (None, stream):
+        backend.memset(a, 0, 100, s)
+        backend.memcpy_htod(a + 3, memoryview(b"abcde"), s)
+        backend.memcpy_dtod(b + 10, a + 3, 5, s)
+        out = bytearray(7)
+        backend.memcpy_dtoh(memoryview(out), b + 9, s)
+        assert bytes(out) == b"\0abcde\0"
+    backend.memcpy_htod(a, memoryview(b""), stream)  # size 0: nothing to do
+    with pytest.raises(HipError) as info:
+        backend.malloc(gpu.total * 2)
+    assert info.value.code == E.hipErrorOutOfMemory
+    backend.stream_destroy(stream)
+    backend.free(a)
+    backend.free(b)
+    assert backend.stats().is_zero()
+
+
+def test_sim_async_htod_source_may_be_reused_at_once(sim: Any) -> None:
+    backend, gpu = sim
+    stream = backend.stream_create()
+    ptr = backend.malloc(1000)
+    src = bytearray(b"\x11" * 1000)
+    backend.memcpy_htod(ptr, memoryview(src), stream)
+    assert gpu.read(ptr, 1) == b"\0"  # still queued, as on a GPU
+    src[:] = b"\x22" * 1000
+    backend.stream_synchronize(stream)
+    assert gpu.read(ptr, 1000) == b"\x11" * 1000
+    # the pinned block comes back once its fence completed, and is reused
+    backend.memcpy_htod(ptr, memoryview(src), stream)
+    backend.stream_synchronize(stream)
+    assert len(gpu.host) == 1
+    backend.free(ptr)
+    backend.stream_destroy(stream)
+
+
+def test_sim_builtins_launch_with_packed_args(sim: Any) -> None:
+    backend, gpu = sim
+    mod = backend.builtin_module()
+    assert backend.builtin_module() is mod  # once per device
+    fill = backend.module_get_function(mod, "fill_f32")
+    probe = backend.module_get_function(mod, "mixed_args_probe")
+    with pytest.raises(HipError) as info:
+        backend.module_get_function(mod, "nope")
+    assert info.value.code == E.hipErrorNotFound
+    n = 10
+    x = backend.malloc(4 * n)
+    backend.launch(fill, (1, 1, 1), (32, 1, 1), 0, None, _fill_args(x, 2.5, n))
+    out = np.empty(n, np.float32)
+    backend.memcpy_dtoh(out.data, x)
+    assert (out == 2.5).all()
+    d = backend.malloc(8 * n)
+    args = struct.pack("<Qb3xif4xdh6xb7xdh6xQ", d, -7, 1000, 1.5, 0.25, -3, 5, 2.5, -2, n)
+    assert len(args) == 72
+    backend.launch(probe, (1, 1, 1), (64, 1, 1), 0, None, args)
+    got = np.empty(n, np.float64)
+    backend.memcpy_dtoh(got.data, d)
+    assert np.array_equal(got, -7 + 1000 + 1.5 + 0.25 - 3 + 5 + 2.5 - 2 + np.arange(n))
+    assert gpu.launches[-1] == ("mixed_args_probe", args)  # bytes arrived unchanged
+    with pytest.raises(HipError) as info:
+        backend.launch(fill, (1, 1, 1), (2048, 1, 1), 0, None, _fill_args(x, 1.0, n))
+    assert info.value.code == E.hipErrorInvalidValue
+    with pytest.raises(HipError) as info:
+        backend.launch(fill, (0, 1, 1), (32, 1, 1), 0, None, _fill_args(x, 1.0, n))
+    assert info.value.code == E.hipErrorInvalidConfiguration
+    backend.module_unload(mod)  # the shared built-in module stays loaded
+    backend.launch(fill, (1, 1, 1), (32, 1, 1), 0, None, _fill_args(x, 1.0, n))
+    backend.free(x)
+    backend.free(d)
+    assert backend.stats().is_zero()
+
+
+def test_sim_compile(sim: Any) -> None:
+    backend, gpu = sim
+    image = backend.compile(BUILTIN_SOURCE, "k.hip", ["-O3"])
+    assert backend.compile(BUILTIN_SOURCE, "k.hip", ["-O3"]) == image
+    assert len(gpu.compiles) == 1  # the second came from the cache
+    opts = gpu.compiles[0]
+    assert opts[0] == (
+        "--gpu-architecture=sm_90"
+        if backend.name == "cuda"
+        else "--offload-arch=gfx942:sramecc+:xnack-"
+    )
+    mod = backend.module_load(image)
+    assert backend.stats().modules == 1
+    backend.module_get_function(mod, "axpy_f32")
+    backend.module_unload(mod)
+    assert backend.stats().modules == 0
+    with pytest.raises(HipError) as info:
+        backend.module_unload(mod)
+    assert info.value.code == E.hipErrorInvalidHandle
+    broken = (
+        "#include <hip/hip_runtime.h>\n"
+        'extern "C" __global__ void k(float* x) { x[0] = undefined_name; }'
+    )
+    with pytest.raises(HipError) as info:
+        backend.compile(broken, "broken.hip", [])
+    assert info.value.code == E.hipErrorInvalidSource
+    assert 'identifier "undefined_name" is undefined' in info.value.message
+    assert "broken.hip" in info.value.message
+    with pytest.raises(HipError) as info:
+        backend.compile(BUILTIN_SOURCE, "k.hip", ["--no-such-flag"])
+    assert info.value.code == E.hipErrorInvalidValue
+    with pytest.raises(HipError) as info:
+        backend.module_load(b"not an image")
+    assert info.value.code == E.hipErrorInvalidImage
+
+
+def test_sim_cuda_virtual_arch_gives_ptx() -> None:
+    backend, _ = _make("cuda")
+    ptx = backend.compile(BUILTIN_SOURCE, "k.hip", ["--gpu-architecture=compute_90"])
+    assert ptx.endswith(b"\0")
+    backend.close()
+
+
+def test_sim_events_and_streams(sim: Any) -> None:
+    backend, _ = sim
+    s1, s2 = backend.stream_create(), backend.stream_create()
+    e1, e2 = backend.event_create(), backend.event_create()
+    backend.event_record(e1, s1)
+    assert not backend.event_query(e1)  # queued, not yet run
+    backend.stream_wait_event(s2, e1)
+    backend.event_record(e2, s1)
+    backend.event_synchronize(e2)
+    assert backend.event_query(e1) and backend.event_query(e2)
+    assert backend.event_elapsed_ms(e1, e2) == 0.25
+    assert backend.stream_query(s1) and backend.stream_query(None)
+    assert backend.stats().streams == 2 and backend.stats().events == 2
+    for e in (e1, e2):
+        backend.event_destroy(e)
+    for s in (s1, s2):
+        backend.stream_destroy(s)
+    with pytest.raises(HipError) as info:
+        backend.stream_synchronize(s1)
+    assert info.value.code == E.hipErrorInvalidHandle
+    with pytest.raises(HipError) as info:
+        backend.event_record("not an event", None)
+    assert info.value.code == E.hipErrorInvalidHandle
+    assert backend.stats().is_zero()
+
+
+def test_sim_graph_capture_keeps_staged_source(sim: Any) -> None:
+    backend, gpu = sim
+    fill = backend.module_get_function(backend.builtin_module(), "scale_f32")
+    n = 8
+    s = backend.stream_create()
+    a, b = backend.malloc(4 * n), backend.malloc(4 * n)
+    src = bytearray(np.arange(n, dtype=np.float32).tobytes())
+    backend.stream_begin_capture(s)
+    backend.memcpy_htod(a, memoryview(src), s)
+    backend.launch(fill, (1, 1, 1), (32, 1, 1), 0, s, _fill_args(a, 2.0, n))
+    backend.memcpy_dtod(b, a, 4 * n, s)
+    with pytest.raises(HipError) as info:
+        backend.memcpy_dtoh(memoryview(bytearray(4)), a, s)  # cannot complete while capturing
+    assert info.value.code == E.hipErrorStreamCaptureUnsupported
+    graph = backend.stream_end_capture(s)
+    src[:] = b"\0" * len(src)
+    gexec = backend.graph_instantiate(graph)
+    backend.graph_destroy(graph)
+    assert len(gpu.host) == 1  # the staged block lives with the exec
+    backend.graph_launch(gexec, s)
+    backend.graph_launch(gexec, s)
+    backend.stream_synchronize(s)
+    out = np.empty(n, np.float32)
+    backend.memcpy_dtoh(out.data, b)
+    assert np.array_equal(out, np.arange(n, dtype=np.float32) * 2)
+    assert backend.stats().graphs == 0 and backend.stats().graph_execs == 1
+    backend.graph_exec_destroy(gexec)
+    backend.synchronize()
+    backend.free(a)
+    backend.free(b)
+    backend.stream_destroy(s)
+    assert backend.stats().is_zero()
+
+
+def test_sim_graph_capture_on_default_stream(sim: Any) -> None:
+    backend, gpu = sim
+    fill = backend.module_get_function(backend.builtin_module(), "fill_f32")
+    x = backend.malloc(16)
+    backend.stream_begin_capture(None)
+    backend.launch(fill, (1, 1, 1), (32, 1, 1), 0, None, _fill_args(x, 4.0, 4))
+    backend.memset(x, 0, 4)  # recorded, not run, and no synchronise inside a capture
+    backend.memcpy_htod(x + 4, memoryview(b"\1\2\3\4"))
+    graph = backend.stream_end_capture(None)
+    assert gpu.read(x, 16) == b"\0" * 16
+    gexec = backend.graph_instantiate(graph)
+    backend.graph_launch(gexec, None)
+    backend.synchronize()
+    out = gpu.read(x, 16)
+    assert out[:4] == b"\0" * 4 and out[4:8] == b"\1\2\3\4"
+    assert np.frombuffer(out[8:], np.float32).tolist() == [4.0, 4.0]
+    backend.graph_exec_destroy(gexec)
+    backend.graph_destroy(graph)
+    backend.free(x)
+
+
+def test_sim_graph_explicit(sim: Any) -> None:
+    backend, gpu = sim
+    mod = backend.builtin_module()
+    fill = backend.module_get_function(mod, "fill_f32")
+    scale = backend.module_get_function(mod, "scale_f32")
+    n = 6
+    a, b = backend.malloc(4 * n), backend.malloc(4 * n)
+    g = backend.graph_create()
+    n1 = backend.graph_add_memset(g, [], a, 0xFF, 4 * n)
+    n2 = backend.graph_add_kernel(g, [n1], fill, (1, 1, 1), (32, 1, 1), 0, _fill_args(a, 3.0, n))
+    n3 = backend.graph_add_memcpy(g, [n2], b, a, 4 * n)
+    backend.graph_add_kernel(g, [n3], scale, (1, 1, 1), (32, 1, 1), 0, _fill_args(b, 2.0, n))
+    backend.graph_add_memset(g, [n3], b, 0, 0)
+    backend.graph_add_memcpy(g, [], b, a, 0)
+    gexec = backend.graph_instantiate(g)
+    backend.graph_launch(gexec, None)
+    backend.synchronize()
+    assert np.frombuffer(gpu.read(b, 4 * n), np.float32).tolist() == [6.0] * n
+    backend.graph_exec_destroy(gexec)
+    backend.graph_destroy(g)
+    with pytest.raises(HipError):
+        backend.graph_destroy(g)
+    backend.free(a)
+    backend.free(b)
+    assert backend.stats().is_zero()
+
+
+def test_sim_illegal_address_surfaces_at_sync(sim: Any) -> None:
+    backend, _ = sim
+    fill = backend.module_get_function(backend.builtin_module(), "fill_f32")
+    backend.launch(fill, (1, 1, 1), (32, 1, 1), 0, None, _fill_args(0x10, 1.0, 4))  # async
+    with pytest.raises(HipError) as info:
+        backend.synchronize()
+    assert info.value.code == E.hipErrorIllegalAddress
+
+
+def test_sim_tail_padding_is_trimmed_but_junk_is_not(sim: Any) -> None:
+    backend, gpu = sim
+    fill = backend.module_get_function(backend.builtin_module(), "fill_f32")
+    x = backend.malloc(16)
+    padded = _fill_args(x, 5.0, 4) + b"\0" * 8  # a sizeof-style packer's tail
+    backend.launch(fill, (1, 1, 1), (32, 1, 1), 0, None, padded)
+    g = backend.graph_create()
+    backend.graph_add_kernel(g, [], fill, (1, 1, 1), (32, 1, 1), 0, padded)
+    backend.graph_destroy(g)
+    backend.synchronize()
+    assert np.frombuffer(gpu.read(x, 16), np.float32).tolist() == [5.0] * 4
+    junk = _fill_args(x, 5.0, 4) + b"\1" + b"\0" * 7
+    if backend.name == "cuda":
+        with pytest.raises(HipError) as info:
+            backend.launch(fill, (1, 1, 1), (32, 1, 1), 0, None, junk)
+        assert info.value.code == E.hipErrorLaunchOutOfResources
+        assert gpu.launches[-2][1] == _fill_args(x, 5.0, 4)  # trimmed to 24 bytes
+    backend.free(x)
