@@ -99,13 +99,14 @@ class WorkerConnection:
     async def _read_frames(self, on_frame: Callable[[Frame], Any]) -> None:
         """Read until end of stream, handing each frame to ``on_frame``."""
         while True:
+            # Frames may already be buffered behind the handshake: hand them over first.
+            for frame in self._decoder.frames():
+                await on_frame(frame)
             try:
                 data = await self.stream.receive(RECEIVE_SIZE)
             except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
                 return
             self._decoder.feed(data)
-            for frame in self._decoder.frames():
-                await on_frame(frame)
 
     async def receive_data(self, request_id: int) -> tuple[memoryview, bool]:
         """The next continuation chunk of ``request_id`` and whether it is the last."""
@@ -338,6 +339,10 @@ class WorkerConnection:
             else:
                 await self.send_error(frame.opcode, frame.request_id, error)
             return True
+        if frame.opcode == Opcode.GOODBYE:
+            # Free before answering: when the client's close() returns, all is released.
+            with anyio.CancelScope(shield=True):
+                await session.close()
         if not no_reply:
             reply = result if isinstance(result, Reply) else Reply(result)
             await self.send(frame.opcode, frame.request_id, Flags.REPLY, reply.result, reply.bulk)
