@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser(
         "token",
         help="make tenant tokens",
-        description="Tokens for the tenants file: the token is printed once, only its hash is kept.",
+        description="Tokens for the tenants file: a token is printed once; only its hash is kept.",
     )
     token_sub = t.add_subparsers(dest="token_command", metavar="ACTION", required=True)
     new = token_sub.add_parser(

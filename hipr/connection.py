@@ -9,6 +9,7 @@ them bounds the memory one client can make the worker hold.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -149,6 +150,7 @@ class WorkerConnection:
             self._log.info("handshake timed out")
         except ProtocolError as exc:
             self._log.warning("protocol error", error=str(exc))
+            self.worker.observer.protocol_error(exc.kind)
             await self._try_send_error(0, 0, exc)
         except _Closing as closing:
             error = closing.args[0] if closing.args else None
@@ -250,6 +252,7 @@ class WorkerConnection:
             await self._read_frames(on_frame)
         except ProtocolError as exc:
             self._log.warning("protocol error", error=str(exc))
+            self.worker.observer.protocol_error(exc.kind)
             await self._try_send_error(0, 0, exc)
         finally:
             self._frames_in.close()
@@ -291,6 +294,7 @@ class WorkerConnection:
         )
         error: HipError | None = None
         result: Any = None
+        started = time.perf_counter()
         if frame.opcode == Opcode.DATA:
             raise _Closing(
                 ProtocolError(
@@ -333,7 +337,17 @@ class WorkerConnection:
                 error = as_hip_error(exc, name)
         if request.more:
             await request.drain()
+        observer = self.worker.observer
+        observer.request_done(
+            session.tenant,
+            name,
+            "ok" if error is None else error.name,
+            time.perf_counter() - started,
+        )
         if error is not None:
+            quota = error.details.get("quota")
+            if quota:
+                observer.quota_rejected(session.tenant, str(quota))
             if no_reply:
                 session.defer_error(error, name, frame.request_id)
             else:

@@ -19,6 +19,7 @@ from hipr.config import ConfigError, WorkerConfig
 from hipr.connection import WorkerConnection
 from hipr.errors import HipError, QuotaError
 from hipr.handlers.args import Args
+from hipr.observe import NullObserver, WorkerObserver
 from hipr.quotas import QuotaGate, TenantState
 from hipr.session import Session
 from hipr.tenants import Quotas, load_tenants
@@ -45,6 +46,7 @@ class Worker:
         self.handshake_timeout = 10.0
         self.chunk_bytes = max(4096, min(DEFAULT_CHUNK_BYTES, config.max_frame_bytes - 65536))
         self.bound_urls: list[str] = []
+        self.observer: WorkerObserver = NullObserver()
 
     async def open_session(self, hello: Args, stream: anyio.abc.ByteStream, peer: str) -> Session:
         """A new session for a client that sent HELLO, or a HipError refusing it."""
@@ -73,8 +75,11 @@ class Worker:
             partial(self.tenant_sessions, tenant.name),
             self._tenant_state.setdefault(tenant.name, TenantState()),
         )
-        session = Session(self.backend, tenant=tenant.name, peer=peer, gate=gate)
+        session = Session(
+            self.backend, tenant=tenant.name, peer=peer, gate=gate, observer=self.observer
+        )
         self.sessions[session.id] = session
+        self.observer.session_opened(tenant.name)
         return session
 
     def tenant_sessions(self, tenant: str) -> list[Session]:
@@ -98,7 +103,8 @@ class Worker:
 
     def forget(self, session: Session) -> None:
         """Drop a closed session from the registry."""
-        self.sessions.pop(session.id, None)
+        if self.sessions.pop(session.id, None) is not None:
+            self.observer.session_closed(session.tenant)
 
     async def handle_stream(self, stream: anyio.abc.ByteStream) -> None:
         """Serve one accepted connection to its end."""
@@ -118,11 +124,12 @@ class Worker:
         task_status: anyio.abc.TaskStatus[list[str]] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         """Listen on ``urls`` (default: the config's) and serve until cancelled."""
+        tls = self.config.tls
         transport_config = TransportConfig(
-            certfile=self.config.tls.certfile,
-            keyfile=self.config.tls.keyfile,
-            client_ca=self.config.tls.client_ca,
-            require_client_cert=self.config.tls.require_client_cert,
+            certfile=_path_text(tls.certfile),
+            keyfile=_path_text(tls.keyfile),
+            client_ca=_path_text(tls.client_ca),
+            require_client_cert=tls.require_client_cert,
         )
         listeners: list[anyio.abc.Listener[Any]] = []
         urls = list(urls or self.config.listen)
@@ -144,6 +151,10 @@ class Worker:
             with anyio.CancelScope(shield=True):
                 for listener in listeners:
                     await listener.aclose()
+
+
+def _path_text(path: object) -> str | None:
+    return None if path is None else str(path)
 
 
 def _common_name(subject: object) -> str | None:

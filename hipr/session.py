@@ -18,6 +18,7 @@ import structlog
 from hipr.backends.base import Backend
 from hipr.errors import HipError, HipErrorCode
 from hipr.gpu_thread import GpuThread, PendingCall
+from hipr.observe import NullObserver, WorkerObserver
 from hipr.quotas import QuotaGate, TenantState
 from hipr.resources import (
     Allocation,
@@ -60,10 +61,12 @@ class Session:
         tenant: str = ANONYMOUS,
         peer: str = "",
         gate: QuotaGate | None = None,
+        observer: WorkerObserver | None = None,
     ) -> None:
         self.id = secrets.token_hex(8)
         self.tenant = tenant
         self.gate = gate or QuotaGate(tenant, Quotas, lambda: [self], TenantState())
+        self.observer: WorkerObserver = observer or NullObserver()
         self.peer = peer
         self.backend = backend
         self.device = 0

@@ -98,6 +98,7 @@ async def memcpy_htod(session: Session, request: Request) -> Any:
         await request.drain()
         raise
     await _copy_chunks_in(session, request, dst, size)
+    session.observer.bytes_copied(session.tenant, "htod", size)
     return {}
 
 
@@ -108,6 +109,7 @@ async def memcpy_dtoh(session: Session, request: Request) -> Any:
     size = request.args.size("size")
     session.check_range(src, size, "source")
     stream = session.stream(request.args.handle("stream", optional=True))
+    session.observer.bytes_copied(session.tenant, "dtoh", size)
     if size <= DTOH_CHUNK:
         out = bytearray(size)
         await session.gpu(session.backend.memcpy_dtoh, memoryview(out), src, stream)
@@ -172,6 +174,7 @@ async def malloc_htod(session: Session, request: Request) -> Any:
         raise
     try:
         await _copy_chunks_in(session, request, ptr, size)
+        session.observer.bytes_copied(session.tenant, "htod", size)
     except BaseException:
         session.allocations.remove(ptr)
         with anyio.CancelScope(shield=True):

@@ -1,0 +1,67 @@
+"""What the worker reports about itself, for metrics and status pages.
+
+The worker calls a :class:`WorkerObserver` at a few fixed points; the Prometheus
+exporter is one implementation, :class:`NullObserver` the default. Keeping the calls
+here, rather than metrics code in the request path, keeps the hot path one method call.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class WorkerObserver(Protocol):
+    """Receives the worker's events. Calls are made on the event loop; keep them cheap."""
+
+    def request_done(self, tenant: str, opcode: str, outcome: str, seconds: float) -> None:
+        """A request finished: ``outcome`` is ``ok`` or the HIP error name."""
+        ...
+
+    def bytes_copied(self, tenant: str, direction: str, size: int) -> None:
+        """``size`` bytes crossed the link, ``direction`` ``htod`` or ``dtoh``."""
+        ...
+
+    def session_opened(self, tenant: str) -> None:
+        """A session started."""
+        ...
+
+    def session_closed(self, tenant: str) -> None:
+        """A session ended and its resources were freed."""
+        ...
+
+    def session_resumed(self, tenant: str) -> None:
+        """A detached session was resumed on a new connection."""
+        ...
+
+    def quota_rejected(self, tenant: str, quota: str) -> None:
+        """A request was refused by a quota."""
+        ...
+
+    def protocol_error(self, kind: str) -> None:
+        """A peer broke the protocol (bad magic, oversized frame, bad handshake ...)."""
+        ...
+
+
+class NullObserver:
+    """Observes nothing."""
+
+    def request_done(self, tenant: str, opcode: str, outcome: str, seconds: float) -> None:
+        """Ignored."""
+
+    def bytes_copied(self, tenant: str, direction: str, size: int) -> None:
+        """Ignored."""
+
+    def session_opened(self, tenant: str) -> None:
+        """Ignored."""
+
+    def session_closed(self, tenant: str) -> None:
+        """Ignored."""
+
+    def session_resumed(self, tenant: str) -> None:
+        """Ignored."""
+
+    def quota_rejected(self, tenant: str, quota: str) -> None:
+        """Ignored."""
+
+    def protocol_error(self, kind: str) -> None:
+        """Ignored."""

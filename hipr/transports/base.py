@@ -1,0 +1,186 @@
+"""The transport plugin interface: URLs, listener settings and the ``Transport`` protocol.
+
+A transport turns a URL into an anyio ``Listener`` of byte streams (worker side) or one
+``ByteStream`` (client side). Nothing above this layer knows which transport it has, so
+this module knows nothing of the wire protocol either: bytes in, bytes out.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, runtime_checkable
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from anyio import BrokenResourceError, TypedAttributeSet, typed_attribute
+from anyio.abc import ByteStream, Listener
+
+from hipr.errors import HipConnectionError
+
+__all__ = [
+    "Transport",
+    "TransportAttribute",
+    "TransportConfig",
+    "TransportFailedError",
+    "TransportUrl",
+    "format_host_port",
+    "parse_url",
+    "query_values",
+]
+
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*$")
+
+
+@dataclass(frozen=True)
+class TransportUrl:
+    """A transport URL taken apart, e.g. ``tcp://127.0.0.1:18515`` or ``ssh://me@gpu01/run/w.sock``.
+
+    ``host`` has IPv6 brackets removed (``[::1]`` gives ``"::1"``); ``port`` and ``user``
+    are ``None`` when absent; ``path`` is percent-decoded and ``""`` when absent; ``query``
+    keeps the last value of a repeated key (``raw`` still has them all); ``raw`` is the
+    string that was parsed.
+    """
+
+    scheme: str
+    host: str
+    port: int | None
+    path: str
+    user: str | None
+    query: dict[str, str] = field(default_factory=dict)
+    raw: str = ""
+
+    def host_port(self, default_host: str, default_port: int) -> tuple[str, int]:
+        """``(host, port)`` with the transport's defaults filled in."""
+        return (self.host or default_host, default_port if self.port is None else self.port)
+
+    def __str__(self) -> str:
+        return self.raw
+
+
+def parse_url(url: str) -> TransportUrl:
+    """Parse a transport URL; a malformed one raises :class:`ValueError` saying what is wrong.
+
+    Only the generic shape is checked here (scheme, port number, no password, no
+    fragment); each transport checks what it needs of host and path itself.
+    """
+    if not isinstance(url, str):
+        raise ValueError(f"a transport URL must be a string, not {type(url).__name__}")
+    text = url.strip()
+    if "://" not in text:
+        raise ValueError(
+            f"malformed transport URL {url!r}: expected scheme://..., "
+            "e.g. tcp://127.0.0.1:18515, unix:///run/hipr/worker.sock, tls://gpu01:18516 "
+            "or ssh://user@gpu01/run/hipr/worker.sock"
+        )
+    scheme_text = text.split("://", 1)[0]
+    if not _SCHEME.match(scheme_text):
+        raise ValueError(f"malformed transport URL {url!r}: bad scheme {scheme_text!r}")
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+        hostname = parts.hostname
+    except ValueError as exc:
+        # urllib's own messages ("Port out of range 0-65535", "Invalid IPv6 URL") are
+        # clear enough once they name the URL they are about.
+        raise ValueError(f"malformed transport URL {url!r}: {exc}") from None
+    if parts.password is not None:
+        raise ValueError(
+            f"malformed transport URL {url!r}: passwords do not belong in URLs "
+            "(they end up in logs); use keys, certificates or tokens"
+        )
+    if parts.fragment:
+        raise ValueError(f"malformed transport URL {url!r}: unexpected '#{parts.fragment}'")
+    netloc_host = parts.netloc.rpartition("@")[2]
+    if netloc_host.startswith("[") and not netloc_host.partition("]")[0][1:]:
+        raise ValueError(f"malformed transport URL {url!r}: empty IPv6 address")
+    if parts.netloc.endswith(":"):
+        raise ValueError(f"malformed transport URL {url!r}: empty port")
+    try:
+        query_pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=True)
+    except ValueError:
+        if parts.query:
+            raise ValueError(
+                f"malformed transport URL {url!r}: bad query {parts.query!r}, "
+                "expected key=value&key=value"
+            ) from None
+        query_pairs = []
+    return TransportUrl(
+        scheme=scheme_text.lower(),
+        host=unquote(hostname or ""),
+        port=port,
+        path=unquote(parts.path),
+        user=unquote(parts.username) if parts.username else None,
+        query=dict(query_pairs),
+        raw=text,
+    )
+
+
+def query_values(url: TransportUrl, key: str) -> list[str]:
+    """Every value of a query key, in order (``url.query`` keeps only the last)."""
+    query = urlsplit(url.raw).query
+    return [v for k, v in parse_qsl(query, keep_blank_values=True) if k == key]
+
+
+def format_host_port(host: str, port: int) -> str:
+    """``host:port``, with IPv6 addresses in brackets as URLs write them."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@dataclass(frozen=True)
+class TransportConfig:
+    """Listener settings of the worker, shared by every transport it listens on.
+
+    The TLS fields apply to ``tls://`` listeners: ``certfile``/``keyfile`` are the
+    worker's certificate chain and key (PEM files), ``client_ca`` the CA (file or PEM
+    text) that client certificates must chain to, ``require_client_cert`` turns on
+    mutual TLS, and ``min_version`` is ``"1.2"`` or ``"1.3"``. ``unix_socket_mode`` is
+    the permission of ``unix://`` sockets. ``extra`` carries settings of third-party
+    transports, keyed as they document.
+    """
+
+    certfile: str | None = None
+    keyfile: str | None = None
+    client_ca: str | None = None
+    require_client_cert: bool = False
+    min_version: str = "1.2"
+    handshake_timeout: float = 10.0
+    unix_socket_mode: int = 0o660
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class TransportFailedError(HipConnectionError, BrokenResourceError):
+    """An open stream's transport failed and the transport knows why (a TLS alert, ssh's
+    own message).
+
+    It is both a :class:`~hipr.errors.HipConnectionError`, so users see the reason, and
+    anyio's ``BrokenResourceError``, so code that treats a broken stream as a dropped
+    connection (and reconnects) needs no special case.
+    """
+
+
+class TransportAttribute(TypedAttributeSet):
+    """Typed attributes a transport may put on its streams (anyio's ``stream.extra``)."""
+
+    #: how the stream is described in logs, when the transport knows better than the
+    #: socket (e.g. ``"ssh me@gpu01:22 -> /run/hipr/worker.sock"``)
+    description: str = typed_attribute()
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """What a transport plugin provides; registered in the ``hipr.transports`` entry points.
+
+    The class is instantiated with no arguments. ``listen`` may raise :class:`ValueError`
+    for a URL or config it cannot serve; ``connect`` raises
+    :class:`hipr.errors.HipConnectionError` when the peer cannot be reached.
+    """
+
+    scheme: ClassVar[str]
+
+    async def listen(self, url: TransportUrl, config: TransportConfig) -> Listener[ByteStream]:
+        """Start listening at ``url``; the listener's ``serve`` hands over each new stream."""
+        ...
+
+    async def connect(self, url: TransportUrl, **options: Any) -> ByteStream:
+        """Open one stream to ``url``; ``options`` are transport-specific (``ca=``, ...)."""
+        ...

@@ -1,0 +1,410 @@
+"""``ssh://[user@]host[:port]/remote/worker.sock`` or ``ssh://host?target=127.0.0.1:18515``.
+
+A client-only transport over the system's OpenSSH client, so the user's
+``~/.ssh/config``, keys, agent, ``ProxyJump`` and known_hosts apply exactly as they do
+for ``ssh`` itself. hipr starts one ``ssh`` process per connection and owns it: closing
+the stream ends the process.
+
+How the bytes travel: ``ssh -N -L <private socket>:<remote target>`` forwards a local
+Unix socket, made in a fresh 0700 directory, to the worker's Unix socket (OpenSSH's
+``direct-streamlocal`` channel, OpenSSH >= 6.7 on both ends) or to its loopback TCP
+port. hipr connects to that local socket once and removes it (and its directory) at
+once, so no port or socket is left for anyone else to use. Not ``ssh -W``: ``-W`` takes
+only ``host:port``, and OpenSSH (9.2 checked) silently ignores a Unix socket path there
+rather than failing, and a remote ``nc -U``/``socat`` would need more than sshd on the
+GPU node. The local socket appearing is also ssh's positive signal that it
+authenticated and set the forward up, so ``connect`` either returns a working stream
+or raises ssh's own message ("Permission denied (publickey)", "Host key verification
+failed", ...) as a :class:`~hipr.errors.HipConnectionError`; it never waits on a
+prompt (``BatchMode=yes``).
+
+A forward the remote end refuses (no worker listening at the target) or an ssh that
+dies with a message mid-session surfaces from ``receive``/``send`` as
+:class:`~hipr.transports.base.TransportFailedError` (also anyio's
+``BrokenResourceError``); an ssh process that is killed silently is an ordinary end
+of stream. Either way the client sees a dropped transport and may reconnect.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from typing import IO, Any, ClassVar
+
+import anyio
+from anyio.abc import ByteStream, Listener, Process, SocketStream
+
+from hipr.errors import HipConnectionError
+from hipr.transports._common import DEFAULT_CONNECT_TIMEOUT, as_timeout, merge_options
+from hipr.transports.base import (
+    TransportAttribute,
+    TransportConfig,
+    TransportFailedError,
+    TransportUrl,
+    format_host_port,
+    query_values,
+)
+from hipr.transports.tcp import DEFAULT_HOST, DEFAULT_PORT
+
+__all__ = ["SshStream", "SshTransport", "ssh_command"]
+
+_CONNECT_OPTIONS = frozenset(
+    {
+        "identity",
+        "ssh_config",
+        "known_hosts",
+        "options",
+        "option",
+        "connect_timeout",
+        "timeout",
+        "target",
+        "ssh_command",
+    }
+)
+
+#: stderr kept for error messages: ssh's messages are short, a remote banner may not be
+_STDERR_TAIL = 4096
+
+#: how long ssh gets to exit after SIGTERM before it is killed
+_TERMINATE_GRACE = 2.0
+
+
+def _target(url: TransportUrl, opts: Mapping[str, Any]) -> str:
+    """The forward's remote end in ``-L`` syntax: a socket path or ``host:port``."""
+    path = url.path if url.path not in ("", "/") else ""
+    target = opts.get("target")
+    if path and target:
+        raise ValueError(
+            f"{url.raw!r}: give the worker's socket path or ?target=host:port, not both"
+        )
+    if path:
+        return path
+    if not target:
+        return format_host_port(DEFAULT_HOST, DEFAULT_PORT)
+    host, sep, port = str(target).rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(
+            f"ssh target {target!r} must be host:port (e.g. 127.0.0.1:18515) or the URL's "
+            "path must be the worker's socket, e.g. ssh://gpu01/run/hipr/worker.sock"
+        )
+    return format_host_port(host, int(port))
+
+
+def _extra_options(url: TransportUrl, call: Mapping[str, Any]) -> list[str]:
+    """Extra ``-o`` options: the call's ``options`` (str or list), else the URL's."""
+    given = [call[k] for k in ("options", "option") if call.get(k) is not None]
+    extra: list[str] = []
+    if given:
+        for value in given:
+            extra.extend([value] if isinstance(value, str) else list(value))
+    else:
+        extra = query_values(url, "option") + query_values(url, "options")
+    for option in extra:
+        if not isinstance(option, str) or ("=" not in option and " " not in option):
+            raise ValueError(f"ssh option {option!r} must look like Name=value")
+    return extra
+
+
+def ssh_command(
+    ssh: str,
+    url: TransportUrl,
+    local_socket: str,
+    target: str,
+    *,
+    identity: str | None = None,
+    ssh_config: str | None = None,
+    known_hosts: str | None = None,
+    options: Sequence[str] = (),
+    connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
+) -> list[str]:
+    """The ssh argv that forwards ``local_socket`` to ``target`` on the URL's host."""
+    argv = [ssh, "-N", "-T", "-e", "none"]
+    if ssh_config:
+        argv += ["-F", os.fspath(ssh_config)]
+    # ssh keeps the first value it is given for an option: the caller's own options go
+    # first so they can override any default below.
+    for option in options:
+        argv += ["-o", option]
+    if identity:
+        argv += ["-i", os.fspath(identity), "-o", "IdentitiesOnly=yes"]
+    if known_hosts:
+        argv += ["-o", f"UserKnownHostsFile={os.fspath(known_hosts)}"]
+    if connect_timeout:
+        argv += ["-o", f"ConnectTimeout={max(1, math.ceil(connect_timeout))}"]
+    argv += [
+        # Never prompt: a password or host-key question would hang a program forever.
+        "-o", "BatchMode=yes",
+        # Fail at once, with ssh's reason, when the forward cannot be set up.
+        "-o", "ExitOnForwardFailure=yes",
+        # Own the connection: a shared master would outlive this process (ControlPersist)
+        # and keep the tunnel's lifetime out of hipr's hands.
+        "-o", "ControlMaster=no",
+        "-o", "ControlPath=none",
+        # The local socket is for this process only.
+        "-o", "StreamLocalBindMask=0177",
+        # Notice a dead network within about a minute, as a dropped transport.
+        "-o", "ServerAliveInterval=15",
+        "-o", "ServerAliveCountMax=4",
+    ]  # fmt: skip
+    if url.port is not None:
+        argv += ["-p", str(url.port)]
+    if url.user:
+        argv += ["-l", url.user]
+    argv += ["-L", f"{local_socket}:{target}", "--", url.host]
+    return argv
+
+
+def _read_tail(errfile: IO[bytes], start: int = 0) -> str:
+    """ssh's stderr from ``start`` on (its last few KiB), as clean text."""
+    try:
+        errfile.flush()
+        end = errfile.seek(0, os.SEEK_END)
+        errfile.seek(max(start, end - _STDERR_TAIL))
+        data = errfile.read()
+    except (OSError, ValueError):
+        return ""
+    lines = [line.strip() for line in data.decode(errors="replace").splitlines()]
+    return "\n".join(line for line in lines if line)
+
+
+def _hint(message: str) -> str:
+    lowered = message.lower()
+    if "permission denied" in lowered:
+        return " (check identity= or your ssh keys/agent, and the remote authorized_keys)"
+    if "host key verification failed" in lowered:
+        return (
+            " (the host key is unknown or changed: connect once with plain `ssh` to check "
+            "and record it, or pass known_hosts=)"
+        )
+    if "could not resolve hostname" in lowered:
+        return " (check the host name)"
+    if "connection refused" in lowered and "open failed" not in lowered:
+        return " (is sshd running there, on that port?)"
+    if "open failed" in lowered or "connect failed" in lowered:
+        return " (is `hipr worker` listening at that target on the remote host?)"
+    return ""
+
+
+class SshStream(ByteStream):
+    """A byte stream through an ssh forward; owns the ``ssh`` process behind it."""
+
+    def __init__(
+        self,
+        stream: SocketStream,
+        process: Process,
+        errfile: IO[bytes],
+        description: str,
+    ) -> None:
+        self._stream = stream
+        self._process = process
+        self._errfile = errfile
+        self._stderr_start = errfile.seek(0, os.SEEK_END)
+        self.description = description
+        self._closed = False
+
+    @property
+    def process(self) -> Process:
+        """The ``ssh`` process carrying this stream."""
+        return self._process
+
+    def _failure(self) -> TransportFailedError | None:
+        """ssh's reason, when it printed one after the tunnel was set up."""
+        message = _read_tail(self._errfile, self._stderr_start)
+        if not message:
+            return None
+        return TransportFailedError(
+            message=f"{self.description}: the tunnel failed: {message}{_hint(message)}"
+        )
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        """Bytes from the worker; ``EndOfStream`` when the tunnel closed."""
+        try:
+            return await self._stream.receive(max_bytes)
+        except (anyio.EndOfStream, anyio.BrokenResourceError) as exc:
+            failure = self._failure()
+            if failure is not None:
+                raise failure from exc
+            raise
+
+    async def send(self, item: bytes) -> None:
+        """Send all of ``item`` to the worker."""
+        try:
+            await self._stream.send(item)
+        except anyio.BrokenResourceError as exc:
+            failure = self._failure()
+            if failure is not None:
+                raise failure from exc
+            raise
+
+    async def send_eof(self) -> None:
+        """Half-close: the worker sees end of stream, replies still arrive."""
+        await self._stream.send_eof()
+
+    async def aclose(self) -> None:
+        """Close the stream and end the ssh process (SIGTERM, then SIGKILL), reaping it."""
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._stream.aclose()
+            finally:
+                await _end_process(self._process)
+                self._errfile.close()
+
+    def __del__(self) -> None:
+        # A stream dropped without aclose() must not leave an ssh -N running forever.
+        if not getattr(self, "_closed", True) and self._process.returncode is None:
+            with contextlib.suppress(Exception):
+                self._process.kill()
+
+    @property
+    def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
+        """Only the description: the local socket's peer is ssh, not the worker."""
+        return {TransportAttribute.description: lambda: self.description}
+
+
+async def _end_process(process: Process) -> None:
+    """Terminate, give ssh a moment to exit cleanly, then kill; always reap."""
+    with anyio.CancelScope(shield=True):
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.terminate()
+            with anyio.move_on_after(_TERMINATE_GRACE):
+                await process.wait()
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
+        await process.aclose()
+
+
+def _is_socket(path: str) -> bool:
+    try:
+        return stat.S_ISSOCK(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+class SshTransport:
+    """``ssh://`` (client only): the OpenSSH client forwards to the worker's socket or port.
+
+    Connect options (call keyword or URL query): ``identity`` (key file: ``-i`` with
+    ``IdentitiesOnly=yes``), ``ssh_config`` (``-F`` file), ``known_hosts``
+    (``UserKnownHostsFile``), ``options`` (extra ``-o Name=value`` strings; in a query,
+    repeat ``option=``), ``connect_timeout`` (ssh's ``ConnectTimeout``, default 10 s),
+    ``timeout`` (for the whole connect, authentication included; default
+    ``connect_timeout`` + 20 s), ``target`` (``host:port`` on the remote side when the
+    URL has no socket path; default 127.0.0.1:18515), ``ssh_command`` (the client binary,
+    default ``ssh`` on PATH).
+    """
+
+    scheme: ClassVar[str] = "ssh"
+
+    async def listen(self, url: TransportUrl, config: TransportConfig) -> Listener[ByteStream]:
+        """Refused: sshd is the listener; the worker listens on unix:// or tcp://."""
+        raise ValueError(
+            f"cannot listen on {url.raw!r}: ssh:// is client-only; run the worker on a Unix "
+            "socket (e.g. --listen unix:///run/hipr/worker.sock) and connect with "
+            "ssh://host/run/hipr/worker.sock"
+        )
+
+    async def connect(self, url: TransportUrl, **options: Any) -> ByteStream:
+        """Start ssh, wait until the forward is up, and connect through it."""
+        if not url.host:
+            raise ValueError(f"{url.raw!r}: an ssh:// URL needs a host, e.g. ssh://me@gpu01/...")
+        opts = merge_options(url, options, _CONNECT_OPTIONS)
+        target = _target(url, opts)
+        connect_timeout = as_timeout(
+            opts.get("connect_timeout", DEFAULT_CONNECT_TIMEOUT), "connect_timeout"
+        )
+        timeout = as_timeout(opts.get("timeout", (connect_timeout or 10) + 20), "timeout")
+        ssh = shutil.which(str(opts.get("ssh_command", "ssh")))
+        if ssh is None:
+            raise HipConnectionError(
+                message="ssh transport needs the OpenSSH client: "
+                f"`{opts.get('ssh_command', 'ssh')}` not found on PATH"
+            )
+        host = url.host if url.port is None else format_host_port(url.host, url.port)
+        dest = f"{url.user}@{host}" if url.user else host
+        description = f"ssh {dest} -> {target}"
+
+        tmpdir = tempfile.mkdtemp(prefix="hipr-ssh-")  # mode 0700: ours alone
+        local = os.path.join(tmpdir, "s")
+        argv = ssh_command(
+            ssh,
+            url,
+            local,
+            target,
+            identity=opts.get("identity"),
+            ssh_config=opts.get("ssh_config"),
+            known_hosts=opts.get("known_hosts"),
+            options=_extra_options(url, options),
+            connect_timeout=connect_timeout,
+        )
+        # stderr goes to an unlinked temporary file, not a pipe: nothing has to drain it
+        # for the life of the tunnel, and it is there to read when something fails.
+        errfile = tempfile.TemporaryFile()  # noqa: SIM115 - the returned stream owns it
+        process: Process | None = None
+        try:
+            process = await anyio.open_process(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=errfile,
+                # Out of the terminal's process group: a Ctrl-C meant for the program
+                # must not kill the tunnel before the program has closed it.
+                start_new_session=True,
+            )
+            stream = await self._wait_and_connect(process, local, errfile, description, timeout)
+            return SshStream(stream, process, errfile, description)
+        except BaseException:
+            if process is not None:
+                await _end_process(process)
+            errfile.close()
+            raise
+        finally:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+
+    @staticmethod
+    async def _wait_and_connect(
+        process: Process,
+        local: str,
+        errfile: IO[bytes],
+        description: str,
+        time_limit: float | None,
+    ) -> SocketStream:
+        # The forward's socket appears once ssh has authenticated and bound it; polling
+        # for it is cheap next to an ssh handshake and needs no parsing of ssh's logs.
+        delay = 0.005
+        with anyio.move_on_after(time_limit):
+            while not _is_socket(local):
+                if process.returncode is not None:
+                    message = _read_tail(errfile) or f"ssh exited with status {process.returncode}"
+                    raise HipConnectionError(
+                        message=f"{description}: could not connect: {message}{_hint(message)}"
+                    )
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 0.05)
+            try:
+                stream = await anyio.connect_unix(local)
+            except OSError as exc:
+                raise HipConnectionError(
+                    message=f"{description}: could not use the local end of the tunnel: {exc}"
+                ) from exc
+            # Connected: remove the socket so nothing else can use this tunnel.
+            with contextlib.suppress(OSError):
+                os.unlink(local)
+            return stream
+        message = _read_tail(errfile)
+        raise HipConnectionError(
+            message=f"{description}: could not connect: ssh did not finish connecting within "
+            f"{time_limit or 0:g} s" + (f": {message}" if message else "")
+        )

@@ -1,0 +1,99 @@
+"""``tcp://host:port``: plain TCP, the default transport on a trusted network.
+
+The defaults (127.0.0.1, port 18515) keep a worker off the network until its URL says
+otherwise. Requests and replies are small frames that wait on each other, so Nagle's
+algorithm is off (TCP_NODELAY) on both ends: it would hold each small write back for
+the previous one's ACK and add up to tens of milliseconds a call.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from typing import Any, ClassVar
+
+import anyio
+from anyio.abc import ByteStream, Listener, SocketAttribute, SocketStream
+
+from hipr.transports._common import (
+    connect_error,
+    connect_timeout_error,
+    connect_timeout_option,
+    merge_options,
+)
+from hipr.transports.base import TransportConfig, TransportUrl, format_host_port
+
+__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "TcpTransport", "open_tcp_stream"]
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 18515
+
+_CONNECT_OPTIONS = frozenset({"connect_timeout"})
+
+
+def check_no_path(url: TransportUrl) -> None:
+    """TCP-based URLs name a host and port only; a path is most likely a typo."""
+    if url.path not in ("", "/"):
+        raise ValueError(
+            f"{url.raw!r}: {url.scheme}:// URLs take no path (did you mean unix://{url.path}?)"
+        )
+
+
+def set_nodelay(stream: SocketStream) -> None:
+    """Turn Nagle off (see the module docstring); harmless where anyio already did."""
+    sock = stream.extra(SocketAttribute.raw_socket, None)
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+async def open_tcp_stream(
+    host: str, port: int, target: str, time_limit: float | None
+) -> SocketStream:
+    """Connect to ``host:port``; failures become ``HipConnectionError`` naming ``target``."""
+    try:
+        with anyio.fail_after(time_limit):
+            stream = await anyio.connect_tcp(host, port)
+    except TimeoutError:
+        raise connect_timeout_error(target, time_limit or 0) from None
+    except OSError as exc:
+        raise connect_error(target, exc) from exc
+    set_nodelay(stream)
+    return stream
+
+
+async def create_tcp_listener(url: TransportUrl, default_port: int) -> Listener[SocketStream]:
+    """A TCP listener for ``url``, with an error that names the URL when the bind fails."""
+    check_no_path(url)
+    host, port = url.host_port(DEFAULT_HOST, default_port)
+    try:
+        # anyio turns TCP_NODELAY on for every accepted socket, on trio and asyncio.
+        return await anyio.create_tcp_listener(local_host=host, local_port=port)
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        if exc.errno == errno.EADDRINUSE:
+            why += " (is another worker already listening there?)"
+        raise OSError(
+            exc.errno, f"cannot listen on {url.scheme}://{format_host_port(host, port)}: {why}"
+        ) from exc
+
+
+class TcpTransport:
+    """``tcp://[host][:port]`` (default ``127.0.0.1:18515``); IPv6 as ``tcp://[::1]:18515``.
+
+    Connect option: ``connect_timeout`` (seconds, default 10; also from the URL query).
+    """
+
+    scheme: ClassVar[str] = "tcp"
+
+    async def listen(self, url: TransportUrl, config: TransportConfig) -> Listener[ByteStream]:
+        """Listen on the URL's address; ``tcp://0.0.0.0:18515`` listens on every interface."""
+        return await create_tcp_listener(url, DEFAULT_PORT)
+
+    async def connect(self, url: TransportUrl, **options: Any) -> ByteStream:
+        """Connect, with a message that says what to check when the worker is not there."""
+        check_no_path(url)
+        opts = merge_options(url, options, _CONNECT_OPTIONS)
+        timeout = connect_timeout_option(opts)
+        host, port = url.host_port(DEFAULT_HOST, DEFAULT_PORT)
+        target = f"tcp://{format_host_port(host, port)}"
+        return await open_tcp_stream(host, port, target, timeout)
