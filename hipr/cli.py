@@ -145,6 +145,16 @@ def build_parser() -> argparse.ArgumentParser:
     new.add_argument("tenant", help="tenant name, as in [tenants.NAME]")
     new.add_argument("--json", action="store_true", help="print JSON instead of text")
     new.set_defaults(func=cmd_token_new, client=False)
+
+    from hipr.completion import add_completion_parser
+    from hipr.status_view import add_status_parser
+
+    add_status_parser(sub)
+    add_completion_parser(sub)
+
+    from hipr.bench import add_bench_parser
+
+    add_bench_parser(sub)
     return parser
 
 
@@ -164,13 +174,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
         "log_format": args.log_format,
     }
     config = load_config(args.config, overrides, environ=os.environ)
-    configure_logging(config.log_level, config.log_format)
+    configure_logging(config.log_level, config.log_format, levels=config.log_levels)
     get_logger("hipr.cli").debug("config loaded", file=args.config, config=config)
 
     # Imported late: the worker pulls in backends that the client commands never need.
     from hipr.server import run_worker
 
-    anyio.run(run_worker, config, backend="trio")
+    anyio.run(run_worker, config, args.config, backend="trio")
     return EXIT_OK
 
 
@@ -346,6 +356,40 @@ def _fail(message: object, code: int) -> int:
     return code
 
 
+#: What a user can do about a quota refusal, by quota.
+_QUOTA_ACTIONS = {
+    "max_clients": "the worker is full; try again later",
+    "max_sessions": "close another session of this tenant, or ask the operator to raise it",
+    "max_device_memory": "free device memory, or ask the operator to raise it",
+    "max_request_rate": "slow down, or ask the operator to raise it",
+}
+_SIZE_QUOTAS = frozenset({"max_device_memory", "max_inflight_bytes", "max_frame_bytes"})
+
+
+def explain(exc: HipError) -> str:
+    """The error's message with what to do about it: which token to check, which side to
+    upgrade, which quota refused and its limit."""
+    from hipr.errors import AuthError, VersionMismatchError
+
+    text = str(exc)
+    details = exc.details or {}
+    if isinstance(exc, AuthError) and not details.get("admin") and "--token" not in text:
+        return f"{text}; check the token (HIPR_TOKEN or --token)"
+    if isinstance(exc, VersionMismatchError):
+        mine = f"this client is {version_string()}"
+        if "upgrade the older side" not in text:
+            return f"{text}; {mine}: upgrade the older side"
+        return f"{text} ({mine})"
+    quota = details.get("quota")
+    if quota:
+        limit = details.get("limit")
+        shown = human_size(limit) if quota in _SIZE_QUOTAS and isinstance(limit, int) else limit
+        what = f"quota {quota} = {shown}" if limit is not None else f"quota {quota}"
+        action = _QUOTA_ACTIONS.get(str(quota), "ask the worker's operator to raise it")
+        return f"{text} [{what}: {action}]"
+    return text
+
+
 def _exit_code(exc: BaseException, client: bool) -> int | None:
     """The exit code and message for a failure the user should see, or None to re-raise."""
     if isinstance(exc, KeyboardInterrupt):
@@ -355,7 +399,7 @@ def _exit_code(exc: BaseException, client: bool) -> int | None:
     if isinstance(exc, HipConnectionError):
         return _fail(exc, EXIT_CONNECTION)
     if isinstance(exc, HipError):
-        return _fail(exc, EXIT_HIP_ERROR)
+        return _fail(explain(exc), EXIT_HIP_ERROR)
     if isinstance(exc, OSError):
         # A client's raw socket error is a connection error; a worker's (address in
         # use, permission denied) is a failure to start.

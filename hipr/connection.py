@@ -42,11 +42,18 @@ RECEIVE_SIZE = 1 << 18
 #: Frames read ahead of the executor: overlap for pipelined copies, bounded memory.
 READ_AHEAD_FRAMES = 4
 #: Requests whose reply never reports a pending fire-and-forget error.
-_NOT_SYNCHRONISING = {Opcode.PING, Opcode.GOODBYE}
+_NOT_SYNCHRONISING = {Opcode.PING, Opcode.GOODBYE, Opcode.BARRIER}
 
 
 class _Closing(Exception):
     """The connection must end (after a fatal protocol error or a goodbye)."""
+
+
+class _LinkLost(Exception):
+    """The link died under a request; the request did not complete and will be resent."""
+
+
+_LINK_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, _LinkLost, OSError)
 
 
 class WorkerConnection:
@@ -72,6 +79,12 @@ class WorkerConnection:
         self._log = log.bind(peer=peer)
         #: Request bytes read but not yet taken by the executor (max_inflight_bytes).
         self._inflight = 0
+        #: True when the session must be freed at the end, not kept for a RESUME.
+        self._ends_session = False
+        self._draining = False
+        self._streamed_reply = False
+        self._last_received = time.monotonic()
+        self._done = anyio.Event()
 
     # --- sending -------------------------------------------------------------------
     async def send(
@@ -94,7 +107,12 @@ class WorkerConnection:
 
     async def send_chunk(self, request_id: int, opcode: int, bulk: memoryview | bytes) -> None:
         """Part of a reply's bulk data (RequestLink)."""
+        self._streamed_reply = True
         await self.send(opcode, request_id, Flags.REPLY | Flags.MORE, None, bulk)
+
+    async def _send_bytes(self, data: bytes) -> None:
+        async with self._send_lock:
+            await self.stream.send(data)
 
     # --- receiving -----------------------------------------------------------------
     async def _read_frames(self, on_frame: Callable[[Frame], Any]) -> None:
@@ -107,6 +125,7 @@ class WorkerConnection:
                 data = await self.stream.receive(RECEIVE_SIZE)
             except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
                 return
+            self._last_received = time.monotonic()
             self._decoder.feed(data)
 
     async def receive_data(self, request_id: int) -> tuple[memoryview, bool]:
@@ -114,9 +133,7 @@ class WorkerConnection:
         try:
             frame = await self._next_frame()
         except anyio.EndOfStream:
-            raise HipError(
-                HipErrorCode.hipErrorInvalidValue, "connection closed in the middle of a copy"
-            ) from None
+            raise _LinkLost from None
         if frame.opcode != Opcode.DATA or frame.request_id != request_id:
             raise _Closing(
                 ProtocolError(
@@ -142,17 +159,36 @@ class WorkerConnection:
             if tenant_frame_limit is not None:
                 self._decoder.max_payload = min(self._decoder.max_payload, tenant_frame_limit)
             self._log.info("session started")
+            # Caught inside the task group: leaving it would wrap them in an ExceptionGroup.
+            ending: BaseException | None = None
             async with anyio.create_task_group() as tg:
+                self._reader_scope = tg.cancel_scope
                 tg.start_soon(self._reader, tg.cancel_scope)
-                await self._executor()
+                tg.start_soon(self._heartbeat)
+                try:
+                    await self._executor()
+                except (_Closing, *_LINK_ERRORS) as exc:
+                    ending = exc
                 tg.cancel_scope.cancel()
+            if ending is not None:
+                raise ending
+            if self._draining:
+                self._ends_session = True
+                with anyio.move_on_after(2), contextlib.suppress(*_LINK_ERRORS):
+                    await self.send(
+                        Opcode.GOODBYE, 0, Flags.NONE, {"reason": "the worker is shutting down"}
+                    )
         except TimeoutError:
             self._log.info("handshake timed out")
+        except _LINK_ERRORS as exc:
+            self._log.info("link lost", error=repr(exc))
         except ProtocolError as exc:
+            self._ends_session = True
             self._log.warning("protocol error", error=str(exc))
             self.worker.observer.protocol_error(exc.kind)
             await self._try_send_error(0, 0, exc)
         except _Closing as closing:
+            self._ends_session = True
             error = closing.args[0] if closing.args else None
             if isinstance(error, HipError):
                 self._log.warning("closing connection", error=str(error))
@@ -162,16 +198,60 @@ class WorkerConnection:
                 await self._finish()
 
     async def _finish(self) -> None:
-        if self.session is not None:
-            if self._inflight:
-                self.session.gate.release_inflight(self._inflight)
-                self._inflight = 0
-            try:
-                await self.session.close()
-            finally:
-                self.worker.forget(self.session)
-                self._log.info("session ended")
-        await self.stream.aclose()
+        try:
+            session = self.session
+            if session is not None:
+                if self._inflight:
+                    session.gate.release_inflight(self._inflight)
+                    self._inflight = 0
+                if session.connection is self:
+                    session.connection = None
+                    if self._ends_session or self.worker.draining:
+                        try:
+                            await session.close()
+                        finally:
+                            self.worker.forget(session)
+                            self._log.info("session ended")
+                    else:
+                        self.worker.detach(session)
+                        self._log.info("session detached; waiting for a resume")
+            await anyio.aclose_forcefully(self.stream)
+        finally:
+            self._done.set()
+
+    @property
+    def finished(self) -> anyio.Event:
+        """Set once the connection has ended and let go of its session."""
+        return self._done
+
+    async def abandon(self) -> None:
+        """Let go of the session for a RESUME on another connection: drop this link, let
+        the request under way finish (its reply is kept for the resent request), return
+        once the session is free."""
+        await anyio.aclose_forcefully(self.stream)
+        await self._done.wait()
+
+    def drain(self) -> None:
+        """Worker shutdown: finish the request under way, then say goodbye and close."""
+        self._draining = True
+        scope = getattr(self, "_reader_scope", None)
+        if scope is not None:
+            scope.cancel()
+
+    async def _heartbeat(self) -> None:
+        config = self.worker.config
+        period = max(0.01, min(config.heartbeat_interval, config.heartbeat_timeout) / 4)
+        while True:
+            await anyio.sleep(period)
+            silent = time.monotonic() - self._last_received
+            if silent >= config.heartbeat_timeout:
+                self._log.warning("link silent; treating it as dead", seconds=round(silent, 1))
+                # Closing (not cancelling) lets the request under way finish cleanly.
+                await anyio.aclose_forcefully(self.stream)
+                return
+            if silent >= config.heartbeat_interval:
+                with contextlib.suppress(*_LINK_ERRORS):
+                    await self.send(Opcode.PING, 0, Flags.NONE)
 
     async def _try_send_error(self, opcode: int, request_id: int, error: HipError) -> None:
         with anyio.move_on_after(2):
@@ -198,7 +278,10 @@ class WorkerConnection:
             self._log.warning("version mismatch", client=version_text(frame.header.version))
             await self._try_send_error(frame.opcode, frame.request_id, error)
             return None
+        if frame.opcode == Opcode.RESUME and frame.error is None:
+            return await self._resume(frame)
         if frame.opcode != Opcode.HELLO:
+            self._ends_session = True
             await self._try_send_error(
                 frame.opcode,
                 frame.request_id,
@@ -226,7 +309,10 @@ class WorkerConnection:
             "tenant": session.tenant,
             "max_frame_bytes": self.worker.config.max_frame_bytes,
             "chunk_bytes": self.worker.chunk_bytes,
+            "heartbeat_interval": self.worker.config.heartbeat_interval,
+            "resume_token": session.resume_token,
         }
+        session.connection = self
         try:
             await self.send(Opcode.HELLO, frame.request_id, Flags.REPLY, reply)
         except BaseException:
@@ -240,7 +326,9 @@ class WorkerConnection:
     async def _reader(self, scope: anyio.CancelScope) -> None:
         async def on_frame(frame: Frame) -> None:
             if frame.opcode == Opcode.PING and not frame.flags & Flags.MORE:
-                await self.send(Opcode.PING, frame.request_id, Flags.REPLY, {})
+                # Answered at once, out of order: a heartbeat must not wait for the GPU.
+                if Flags.REPLY not in frame.flags:
+                    await self.send(Opcode.PING, frame.request_id, Flags.REPLY, {})
                 return
             assert self.session is not None
             size = frame.header.payload_length
@@ -267,12 +355,13 @@ class WorkerConnection:
         return frame
 
     async def _executor(self) -> None:
-        while True:
+        while not self._draining:
             try:
                 frame = await self._next_frame()
             except anyio.EndOfStream:
                 return
             if not await self._execute(frame):
+                self._ends_session = True
                 return
 
     async def _execute(self, frame: Frame) -> bool:
@@ -295,6 +384,9 @@ class WorkerConnection:
         error: HipError | None = None
         result: Any = None
         started = time.perf_counter()
+        request_id = frame.request_id
+        if 0 < request_id <= session.last_executed_id and await self._replay(frame, request):
+            return True
         if frame.opcode == Opcode.DATA:
             raise _Closing(
                 ProtocolError(
@@ -330,13 +422,15 @@ class WorkerConnection:
                 result = await spec.fn(session, request)
             except HipError as exc:
                 error = exc
-            except _Closing:
-                raise
+            except (_Closing, _LinkLost, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                raise  # the connection is ending: not a handler bug
             except Exception as exc:  # a handler bug must not take the worker down
                 self._log.exception("handler failed", opcode=name)
                 error = as_hip_error(exc, name)
         if request.more:
             await request.drain()
+        if request_id:
+            session.last_executed_id = request_id
         observer = self.worker.observer
         observer.request_done(
             session.tenant,
@@ -351,7 +445,7 @@ class WorkerConnection:
             if no_reply:
                 session.defer_error(error, name, frame.request_id)
             else:
-                await self.send_error(frame.opcode, frame.request_id, error)
+                await self._reply(session, frame, Flags.REPLY | Flags.ERROR, error.to_wire(), b"")
             return True
         if frame.opcode == Opcode.GOODBYE:
             # Free before answering: when the client's close() returns, all is released.
@@ -359,8 +453,69 @@ class WorkerConnection:
                 await session.close()
         if not no_reply:
             reply = result if isinstance(result, Reply) else Reply(result)
-            await self.send(frame.opcode, frame.request_id, Flags.REPLY, reply.result, reply.bulk)
+            await self._reply(session, frame, Flags.REPLY, reply.result, reply.bulk)
         return frame.opcode != Opcode.GOODBYE
+
+    async def _reply(
+        self, session: Session, frame: Frame, flags: Flags, result: Any, bulk: Any
+    ) -> None:
+        """Send a final reply, kept first in the session's reply cache so that the same
+        request resent after a dropped link gets the same answer without running again."""
+        data = b"".join(encode_frame_parts(frame.opcode, frame.request_id, flags, result, bulk))
+        if frame.request_id and not self._streamed_reply:
+            session.replies.put(frame.request_id, data)
+        self._streamed_reply = False
+        await self._send_bytes(data)
+
+    async def _replay(self, frame: Frame, request: Request) -> bool:
+        """Answer a request that already ran; False when it must run again instead."""
+        assert self.session is not None
+        if request.more:
+            await request.drain()
+        if request.no_reply:
+            return True
+        cached = self.session.replies.get(frame.request_id)
+        if cached is not None:
+            await self._send_bytes(cached)
+            return True
+        if frame.opcode == Opcode.MEMCPY_DTOH and frame.request_id == self.session.last_executed_id:
+            return False  # a read with nothing run after it: reading again gives the same bytes
+        await self.send_error(
+            frame.opcode,
+            frame.request_id,
+            HipError(
+                HipErrorCode.hipErrorUnknown,
+                f"the reply to request {frame.request_id} was lost with the link and is too "
+                "large to keep; the request ran once: repeat the call to read its result",
+            ),
+        )
+        return True
+
+    async def _resume(self, frame: Frame) -> Session | None:
+        try:
+            args = Args(frame.args, "RESUME")
+            session = await self.worker.resume(args, self)
+        except HipError as exc:
+            self._log.warning("resume refused", error=str(exc))
+            await self._try_send_error(frame.opcode, frame.request_id, exc)
+            return None
+        reply = {
+            "protocol": PROTOCOL_VERSION,
+            "worker_version": __version__,
+            "backend": self.worker.backend.name,
+            "session_id": session.id,
+            "last_executed_id": session.last_executed_id,
+            "chunk_bytes": self.worker.chunk_bytes,
+        }
+        try:
+            await self.send(Opcode.RESUME, frame.request_id, Flags.REPLY, reply)
+        except BaseException:
+            session.connection = None
+            self.worker.detach(session)
+            raise
+        self.worker.observer.session_resumed(session.tenant)
+        self._log.info("session resumed", session=session.id)
+        return session
 
 
 def _over_rate(session: Session) -> HipError | None:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hmac
 import ipaddress
+import logging
 import signal
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -14,11 +19,13 @@ import anyio.abc
 import structlog
 
 import hipr.handlers  # noqa: F401  (registers every handler)
+from hipr import systemd
 from hipr.backends.base import Backend
-from hipr.config import ConfigError, WorkerConfig
+from hipr.config import ConfigError, WorkerConfig, load_config
 from hipr.connection import WorkerConnection
-from hipr.errors import HipError, QuotaError
+from hipr.errors import AuthError, HipError, QuotaError, SessionLostError
 from hipr.handlers.args import Args
+from hipr.metrics import MetricsServer, start_metrics_server
 from hipr.observe import NullObserver, WorkerObserver
 from hipr.quotas import QuotaGate, TenantState
 from hipr.session import Session
@@ -47,6 +54,13 @@ class Worker:
         self.chunk_bytes = max(4096, min(DEFAULT_CHUNK_BYTES, config.max_frame_bytes - 65536))
         self.bound_urls: list[str] = []
         self.observer: WorkerObserver = NullObserver()
+        self.connections: set[WorkerConnection] = set()
+        #: Set by :meth:`shutdown`: sessions then end instead of waiting for a resume.
+        self.draining = False
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._listen_scope: anyio.CancelScope | None = None
+        #: Unix time the worker was made (uptime on status pages and metrics).
+        self.started_at = time.time()
 
     async def open_session(self, hello: Args, stream: anyio.abc.ByteStream, peer: str) -> Session:
         """A new session for a client that sent HELLO, or a HipError refusing it."""
@@ -101,6 +115,104 @@ class Worker:
             return
         log.info("tenants reloaded", tenants=sorted(self.tenants.tenants))
 
+    def detach(self, session: Session) -> None:
+        """The session's link dropped: keep it ``resume_grace`` seconds for a RESUME."""
+        grace = self.config.resume_grace
+        if self._task_group is None or grace <= 0:
+            self._spawn_close(session)
+            return
+        session.detach_epoch += 1
+        self._task_group.start_soon(self._expire, session, session.detach_epoch)
+
+    async def _expire(self, session: Session, epoch: int) -> None:
+        await anyio.sleep(self.config.resume_grace)
+        if session.connection is None and session.detach_epoch == epoch and not session.closed:
+            log.info("resume grace passed; freeing the session", session=session.id)
+            await self._close_session(session)
+
+    def _spawn_close(self, session: Session) -> None:
+        if self._task_group is not None:
+            self._task_group.start_soon(self._close_session, session)
+
+    async def _close_session(self, session: Session) -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                await session.close()
+            finally:
+                self.forget(session)
+
+    async def resume(self, args: Args, connection: WorkerConnection) -> Session:
+        """The detached (or still attached, to a dead link) session a RESUME names."""
+        session_id = args.text("session_id", max_length=64)
+        token = args.text("resume_token", max_length=256)
+        session = self.sessions.get(session_id)
+        if session is None or session.closed or self.draining:
+            raise SessionLostError(
+                message=f"session {session_id} no longer exists on this worker: the worker "
+                f"restarted, or the resume grace of {self.config.resume_grace:g} s passed"
+            )
+        if not hmac.compare_digest(token.encode(), session.resume_token.encode()):
+            raise AuthError(message="wrong resume token for this session")
+        previous = session.connection
+        if isinstance(previous, WorkerConnection):
+            # The client saw the link die before we did: take the session over.
+            await previous.abandon()
+        if session.closed:
+            raise SessionLostError(message=f"session {session_id} ended while resuming")
+        session.connection = connection
+        return session
+
+    async def shutdown(self, timeout: float | None = None) -> None:
+        """Stop accepting; let each session finish the request under way; tell clients;
+        free everything. Bounded by ``timeout`` (default: the config's)."""
+        self.draining = True
+        if self._listen_scope is not None:
+            self._listen_scope.cancel()
+        with anyio.move_on_after(self.config.shutdown_timeout if timeout is None else timeout):
+            draining = list(self.connections)
+            for connection in draining:
+                connection.drain()
+            for connection in draining:
+                await connection.finished.wait()
+        for session in list(self.sessions.values()):
+            if session.connection is None:
+                await self._close_session(session)
+
+    def reload(self, config_path: Path | None) -> None:
+        """SIGHUP: re-read the tenants (and, from ``config_path``, the settings that can
+        change live: tenants_file, max_clients, log level). Sessions stay."""
+        if config_path is not None:
+            try:
+                fresh = load_config(config_path)
+            except ConfigError as exc:
+                log.error("config reload failed; keeping the running config", error=str(exc))
+                return
+            if fresh.listen != self.config.listen or fresh.backend != self.config.backend:
+                log.warning("listen and backend changes need a restart; kept as they were")
+            self.config = dataclasses.replace(
+                self.config,
+                tenants_file=fresh.tenants_file,
+                max_clients=fresh.max_clients,
+                log_level=fresh.log_level,
+                resume_grace=fresh.resume_grace,
+            )
+            logging.getLogger().setLevel(fresh.log_level.upper())
+        self.reload_tenants()
+
+    async def serve_sockets(
+        self,
+        activated: Sequence[tuple[int, str]],
+        *,
+        task_status: anyio.abc.TaskStatus[list[str]] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Serve listening sockets handed over by systemd socket activation."""
+        check_token_exposure(self.config, self.tenants.anonymous, [])
+        listeners: list[anyio.abc.Listener[Any]] = []
+        for fd, name in activated:
+            listeners.append(await anyio.abc.SocketListener.from_socket(fd))
+            self.bound_urls.append(f"fd://{fd} ({name})")
+        await self._serve_listeners(listeners, task_status)
+
     def forget(self, session: Session) -> None:
         """Drop a closed session from the registry."""
         if self.sessions.pop(session.id, None) is not None:
@@ -112,10 +224,17 @@ class Worker:
             peer = peer_description(stream)
         except Exception:
             peer = "unknown"
+        if self.draining:
+            await anyio.aclose_forcefully(stream)
+            return
+        connection = WorkerConnection(self, stream, peer)
+        self.connections.add(connection)
         try:
-            await WorkerConnection(self, stream, peer).run()
+            await connection.run()
         except Exception:  # one connection's failure never reaches the listener
             log.exception("connection task failed", peer=peer)
+        finally:
+            self.connections.discard(connection)
 
     async def serve(
         self,
@@ -141,12 +260,29 @@ class Worker:
                 listener = await transport_listen(url, transport_config)
                 listeners.append(listener)
                 self.bound_urls.append(_bound_url(url, listener))
-            for url in self.bound_urls:
-                log.info("listening", url=url, backend=self.backend.name)
-            async with anyio.create_task_group() as tg:
+        except BaseException:
+            with anyio.CancelScope(shield=True):
                 for listener in listeners:
-                    tg.start_soon(listener.serve, self.handle_stream, tg)
-                task_status.started(list(self.bound_urls))
+                    await listener.aclose()
+            raise
+        await self._serve_listeners(listeners, task_status)
+
+    async def _serve_listeners(
+        self,
+        listeners: list[anyio.abc.Listener[Any]],
+        task_status: anyio.abc.TaskStatus[list[str]],
+    ) -> None:
+        for url in self.bound_urls:
+            log.info("listening", url=url, backend=self.backend.name)
+        try:
+            async with anyio.create_task_group() as tg:
+                self._task_group = tg
+                async with anyio.create_task_group() as listening:
+                    self._listen_scope = listening.cancel_scope
+                    for listener in listeners:
+                        listening.start_soon(listener.serve, self.handle_stream, tg)
+                    task_status.started(list(self.bound_urls))
+                # Listening stopped (shutdown): connections and grace timers carry on.
         finally:
             with anyio.CancelScope(shield=True):
                 for listener in listeners:
@@ -222,23 +358,61 @@ def load_configured_backend(config: WorkerConfig) -> Backend:
     return load_backend(config.backend, **emulator_options)
 
 
-async def run_worker(config: WorkerConfig) -> None:
-    """Run the worker until SIGINT or SIGTERM."""
+async def run_worker(config: WorkerConfig, config_path: Path | None = None) -> None:
+    """Run the worker until SIGINT or SIGTERM (which drain it); SIGHUP reloads.
+
+    Under systemd it reports readiness and status (``Type=notify``), pings the
+    watchdog, and serves sockets passed by socket activation instead of ``listen``.
+    """
     try:
         backend = load_configured_backend(config)
     except HipError as exc:
         log.error("backend unavailable", error=str(exc))
         raise
     log.info("backend selected", backend=backend.name, devices=backend.device_count())
+    metrics: MetricsServer | None = None
+    worker = Worker(config, backend)
     try:
         async with anyio.create_task_group() as tg:
-            worker = Worker(config, backend)
-            await tg.start(worker.serve)
-            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            if config.metrics_listen is not None:
+                metrics = start_metrics_server(worker, config.metrics_listen)
+            activated = systemd.listen_fds()
+            if activated:
+                urls = await tg.start(worker.serve_sockets, activated)
+            else:
+                urls = await tg.start(worker.serve)
+            systemd.notify(f"READY=1\nSTATUS=serving on {', '.join(urls)}")
+            if (interval := systemd.watchdog_interval()) is not None:
+                tg.start_soon(_watchdog, interval)
+            tg.start_soon(_status_reporter, worker)
+            with anyio.open_signal_receiver(
+                signal.SIGTERM, signal.SIGINT, signal.SIGHUP
+            ) as signals:
                 async for signum in signals:
+                    if signum == signal.SIGHUP:
+                        systemd.notify("RELOADING=1")
+                        worker.reload(config_path)
+                        systemd.notify("READY=1")
+                        continue
                     log.info("stopping", signal=signal.Signals(signum).name)
+                    systemd.notify("STOPPING=1\nSTATUS=draining")
+                    await worker.shutdown()
                     tg.cancel_scope.cancel()
                     break
     finally:
+        if metrics is not None:
+            metrics.close()
         backend.close()
         log.info("stopped")
+
+
+async def _watchdog(interval: float) -> None:
+    while True:
+        systemd.notify("WATCHDOG=1")
+        await anyio.sleep(interval)
+
+
+async def _status_reporter(worker: Worker) -> None:
+    while True:
+        await anyio.sleep(10)
+        systemd.notify(f"STATUS={len(worker.sessions)} sessions, {len(worker.connections)} links")

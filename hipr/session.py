@@ -20,6 +20,7 @@ from hipr.errors import HipError, HipErrorCode
 from hipr.gpu_thread import GpuThread, PendingCall
 from hipr.observe import NullObserver, WorkerObserver
 from hipr.quotas import QuotaGate, TenantState
+from hipr.replay import ReplyCache
 from hipr.resources import (
     Allocation,
     AllocationTable,
@@ -80,6 +81,15 @@ class Session:
         self.graph_execs: HandleTable[Any] = HandleTable("graph exec")
         self.capturing_streams: set[int] = set()
         self.builtin_module_id: int | None = None
+        #: Proves ownership on RESUME; given to the client at HELLO, never logged.
+        self.resume_token = secrets.token_urlsafe(32)
+        #: The highest request id run: a resent request at or below it is not rerun.
+        self.last_executed_id = 0
+        self.replies = ReplyCache()
+        #: The connection serving the session, or None while it waits to be resumed.
+        self.connection: object | None = None
+        #: Counts detaches, so that a grace timer knows whether its detach is the latest.
+        self.detach_epoch = 0
         self.log = log.bind(session=self.id, tenant=tenant, peer=peer)
         self._gpu = GpuThread(name=f"hipr-gpu-{self.id}")
         self._gpu.post(backend.bind_thread, 0, on_error=self._record_bind_error)

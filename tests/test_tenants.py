@@ -118,7 +118,9 @@ def test_bad_files_name_the_key_and_file(tmp_path: Path, body: str, message: str
 
 def test_one_token_hash_cannot_belong_to_two_tenants(tmp_path: Path) -> None:
     digest = token_hash(ALICE)
-    path = write(tmp_path, f'[tenants.a]\ntokens = ["{digest}"]\n[tenants.b]\ntokens = ["{digest}"]')
+    path = write(
+        tmp_path, f'[tenants.a]\ntokens = ["{digest}"]\n[tenants.b]\ntokens = ["{digest}"]'
+    )
     with pytest.raises(ConfigError, match="also belongs to a"):
         load_tenants(path)
 

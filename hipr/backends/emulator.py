@@ -462,6 +462,8 @@ class EmulatorBackend:
         self._graphs: set[_Graph] = set()
         self._graph_execs: set[_GraphExec] = set()
         self._pending: dict[int, HipError] = {}
+        #: One built-in module per device, shared by every session as on a GPU backend.
+        self._builtin: dict[int, _Module] = {}
 
     def __repr__(self) -> str:
         return (
@@ -712,8 +714,9 @@ class EmulatorBackend:
         alloc.buf[offset : offset + view.nbytes] = np.frombuffer(view, dtype=np.uint8)
 
     def memcpy_dtoh(self, dst: memoryview, src: int, stream: Handle | None = None) -> None:
-        """Copy ``dst.nbytes`` device bytes into the writable host buffer ``dst``."""
-        s, _device = self._stream_or_null(stream)
+        """Copy ``dst.nbytes`` device bytes into the writable host buffer ``dst``. It waits
+        for the device, so it raises (and clears) a pending kernel fault, as HIP does."""
+        s, device = self._stream_or_null(stream)
         view = memoryview(dst)
         if view.readonly or not view.contiguous:
             raise _fail(
@@ -722,6 +725,7 @@ class EmulatorBackend:
             )
         if s is not None and s.capture is not None:
             raise self._capture_unsupported(s, "memcpy_dtoh (a synchronous copy to the host)")
+        self._raise_pending(device)
         alloc, offset = self._range(src, view.nbytes, "memcpy_dtoh source")
         np.frombuffer(view, dtype=np.uint8)[...] = alloc.buf[offset : offset + view.nbytes]
 
@@ -891,11 +895,16 @@ class EmulatorBackend:
         return function
 
     def builtin_module(self) -> _Module:
-        """A module of the current device holding :data:`hipr.kernels.builtins.BUILTINS`."""
-        module = _Module(self._current(), dict(BUILTINS))
+        """The module of the current device holding :data:`hipr.kernels.builtins.BUILTINS`:
+        loaded once per device and shared (sessions never unload it), loaded again only
+        after an explicit unload."""
+        device = self._current()
         with self._lock:
             self._check_open()
-            self._modules.add(module)
+            module = self._builtin.get(device)
+            if module is None or module not in self._modules:
+                module = self._builtin[device] = _Module(device, dict(BUILTINS))
+                self._modules.add(module)
         return module
 
     def _kernel_op(
@@ -1127,7 +1136,10 @@ class EmulatorBackend:
                 allocated_bytes=self._allocated_bytes,
                 streams=len(self._streams),
                 events=len(self._events),
-                modules=len(self._modules),
+                # The shared built-in modules belong to the backend, not to a session,
+                # as on cuda and hip: counting them would read as a leak.
+                modules=len(self._modules)
+                - sum(m in self._modules for m in self._builtin.values()),
                 graphs=len(self._graphs),
                 graph_execs=len(self._graph_execs),
             )
@@ -1147,6 +1159,7 @@ class EmulatorBackend:
             self._graphs.clear()
             self._graph_execs.clear()
             self._pending.clear()
+            self._builtin.clear()
 
 
 if TYPE_CHECKING:

@@ -9,12 +9,15 @@ from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 import anyio
+import anyio.abc
 
 from hipr._version import __version__
 from hipr.backends.base import DeviceProperties
-from hipr.client.connection import Buffer, ClientConnection, _bytes_view
+from hipr.client.connection import Buffer, ClientConnection, EventCallback, LinkOptions
+from hipr.client.connection import _view as _bytes_view
 from hipr.client.objects import DevicePtr, Event, Function, Graph, Module, Stream, handle_id
-from hipr.errors import HipConnectionError, HipError, HipTimeoutError, ProtocolError, invalid_value
+from hipr.client.timeouts import with_timeouts
+from hipr.errors import HipError, ProtocolError, SessionLostError, invalid_value
 from hipr.protocol.codec import DEFAULT_MAX_PAYLOAD
 from hipr.protocol.header import PROTOCOL_VERSION
 from hipr.protocol.opcodes import Opcode
@@ -22,6 +25,7 @@ from hipr.protocol.opcodes import Opcode
 DEFAULT_URL = "tcp://127.0.0.1:18515"
 
 
+@with_timeouts
 class AsyncGpu:
     """A remote device. Every method is a coroutine; handles it returns are bound to
     this session. The same names exist, synchronous, on :func:`hipr.connect`'s object."""
@@ -32,6 +36,11 @@ class AsyncGpu:
         self.session_id: str = str(hello.get("session_id", ""))
         self._properties: dict[int, DeviceProperties] = {}
         self._device_count: int | None = None
+
+    @property
+    def lost(self) -> bool:
+        """True once the session is gone for good (its handles are then invalid)."""
+        return isinstance(self._conn.broken, SessionLostError)
 
     # --- plumbing ------------------------------------------------------------------
     async def _call(self, opcode: Opcode, args: Any = None, data: Buffer = b"") -> Any:
@@ -50,6 +59,14 @@ class AsyncGpu:
         start = time.perf_counter()
         await self._call(Opcode.PING)
         return time.perf_counter() - start
+
+    async def admin_status(self, admin_token: str | None = None) -> dict[str, Any]:
+        """The worker's status: sessions, tenants with memory against quota, uptime,
+        backend, devices (see docs/protocol.md, ADMIN_STATUS). Needs the worker's admin
+        token; ``admin_token`` defaults to ``$HIPR_ADMIN_TOKEN``."""
+        if admin_token is None:
+            admin_token = os.environ.get("HIPR_ADMIN_TOKEN", "")
+        return dict(await self._call(Opcode.ADMIN_STATUS, {"admin_token": admin_token}))
 
     # --- devices -------------------------------------------------------------------
     async def device_count(self) -> int:
@@ -143,22 +160,14 @@ class AsyncGpu:
         target = memoryview(bytearray(size)) if out is None else _bytes_view(out)
         if target.readonly or target.nbytes < size:
             raise invalid_value(f"out must be a writable buffer of at least {size} bytes")
-        offset = 0
-
-        def sink(chunk: memoryview) -> None:
-            nonlocal offset
-            if offset + chunk.nbytes > size:
-                raise ProtocolError(message="the worker sent more bytes than asked for")
-            target[offset : offset + chunk.nbytes] = chunk
-            offset += chunk.nbytes
-
+        sink = _IntoBuffer(target, size)
         await self._conn.request(
             Opcode.MEMCPY_DTOH,
             {"src": int(src), "size": size, "stream": handle_id(stream)},
             sink=sink,
         )
-        if offset != size:
-            raise ProtocolError(message=f"the worker sent {offset} of {size} bytes")
+        if sink.offset != size:
+            raise ProtocolError(message=f"the worker sent {sink.offset} of {size} bytes")
         return bytes(target) if out is None else out
 
     async def memcpy_dtod(
@@ -233,6 +242,24 @@ class AsyncGpu:
         await self._conn.aclose()
 
 
+class _IntoBuffer:
+    """Writes a reply's chunks into the caller's buffer; restartable for a replayed reply."""
+
+    def __init__(self, target: memoryview, size: int) -> None:
+        self.target = target
+        self.size = size
+        self.offset = 0
+
+    def write(self, chunk: memoryview) -> None:
+        if self.offset + chunk.nbytes > self.size:
+            raise ProtocolError(message="the worker sent more bytes than asked for")
+        self.target[self.offset : self.offset + chunk.nbytes] = chunk
+        self.offset += chunk.nbytes
+
+    def reset(self) -> None:
+        self.offset = 0
+
+
 def _check_size(size: object) -> None:
     if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size < 2**63:
         raise invalid_value(f"size must be an int in [0, 2**63), got {size!r}")
@@ -260,45 +287,41 @@ async def aconnect(
     *,
     token: str | None = None,
     timeout: float = 30.0,
+    on_event: EventCallback | None = None,
+    link: LinkOptions | None = None,
     **transport_options: Any,
 ) -> AsyncIterator[AsyncGpu]:
     """Connect to a worker; the session lives for the ``async with`` block.
 
-    ``token`` defaults to ``$HIPR_TOKEN``. ``transport_options`` go to the transport
-    (e.g. ``ca=``, ``cert=``, ``key=`` for TLS; ``identity=`` for SSH).
+    ``token`` defaults to ``$HIPR_TOKEN``. ``on_event(kind, details)`` hears about
+    ``disconnected``, ``reconnecting``, ``resumed`` and ``session_lost``; ``link`` sets
+    heartbeats, reconnection and batching (:class:`LinkOptions`); ``timeout`` bounds
+    connecting. ``transport_options`` go to the transport (``ca=``, ``cert=``, ``key=``
+    for TLS; ``identity=`` for SSH).
     """
     from hipr.transports import connect as transport_connect
 
     token = token if token is not None else os.environ.get("HIPR_TOKEN")
-    with anyio.fail_after(timeout):
-        stream = await transport_connect(url, **transport_options)
-    connection = ClientConnection(stream, url, DEFAULT_MAX_PAYLOAD)
+    options = link or LinkOptions(connect_timeout=timeout)
+
+    async def connector() -> anyio.abc.ByteStream:
+        return await transport_connect(url, **transport_options)
+
+    connection = ClientConnection(url, connector, DEFAULT_MAX_PAYLOAD, options, on_event)
+    hello_args: dict[str, Any] = {"client": f"hipr-py/{__version__}"}
+    if token:
+        hello_args["token"] = token
+    hello = await connection.open(hello_args)
+    if hello.get("protocol", 0) >> 8 != PROTOCOL_VERSION >> 8:
+        await connection.aclose()
+        raise ProtocolError(message=f"unexpected HELLO reply from {url}: {hello!r:.200}")
+    hello.pop("resume_token", None)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(connection.reader)
+        tg.start_soon(connection.run)
+        gpu = AsyncGpu(connection, hello)
         try:
-            hello_args: dict[str, Any] = {"client": f"hipr-py/{__version__}"}
-            if token:
-                hello_args["token"] = token
-            try:
-                hello, _ = await connection.request(Opcode.HELLO, hello_args, timeout=timeout)
-            except HipTimeoutError:
-                raise HipConnectionError(
-                    message=f"{url} accepted the connection but did not answer HELLO within "
-                    f"{timeout} s: is it a hipr worker?"
-                ) from None
-            if (
-                not isinstance(hello, dict)
-                or hello.get("protocol", 0) >> 8 != PROTOCOL_VERSION >> 8
-            ):
-                raise ProtocolError(message=f"unexpected HELLO reply from {url}: {hello!r:.200}")
-            connection.chunk_bytes = int(hello.get("chunk_bytes", connection.chunk_bytes))
-            gpu = AsyncGpu(connection, hello)
-            try:
-                yield gpu
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await gpu.close()
+            yield gpu
         finally:
             with anyio.CancelScope(shield=True):
-                await connection.aclose()
+                await gpu.close()
             tg.cancel_scope.cancel()

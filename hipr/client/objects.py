@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hipr.errors import HipError, HipErrorCode, invalid_value
+from hipr.client.timeouts import with_timeouts
+from hipr.errors import HipError, HipErrorCode, SessionLostError, invalid_value
 from hipr.kernels.args import pack_args
 from hipr.protocol.opcodes import Opcode
 
@@ -74,6 +75,10 @@ class _Handle:
         self._session = gpu.session_id
 
     def _check(self) -> int:
+        if self._gpu.lost:
+            raise SessionLostError(
+                message=f"this {self.kind} belonged to session {self._session}, which is lost"
+            )
         if self._session != self._gpu.session_id:
             raise HipError(
                 HipErrorCode.hipErrorInvalidHandle,
@@ -90,6 +95,7 @@ def handle_id(obj: _Handle | None) -> int | None:
     return None if obj is None else obj._check()
 
 
+@with_timeouts
 class Stream(_Handle):
     """A stream: work issued on it runs in order."""
 
@@ -124,6 +130,7 @@ class Stream(_Handle):
         await self._gpu._post(Opcode.STREAM_DESTROY, {"stream": self._check()})
 
 
+@with_timeouts
 class Event(_Handle):
     """An event: a point in a stream's work, with timing."""
 
@@ -173,6 +180,7 @@ def launch_args(
     }
 
 
+@with_timeouts
 class Function(_Handle):
     """A kernel of a loaded module."""
 
@@ -203,6 +211,7 @@ class Function(_Handle):
         return f"<Function {self.name!r}>"
 
 
+@with_timeouts
 class Module(_Handle):
     """A loaded code object."""
 
@@ -230,6 +239,7 @@ def _deps(dependencies: Sequence[GraphNode]) -> list[int]:
     return [node._check() for node in dependencies]
 
 
+@with_timeouts
 class Graph(_Handle):
     """A graph of GPU work, built explicitly or captured from a stream."""
 
@@ -296,6 +306,7 @@ class Graph(_Handle):
         await self._gpu._post(Opcode.GRAPH_DESTROY, {"graph": self._check()})
 
 
+@with_timeouts
 class GraphExec(_Handle):
     """An instantiated graph, ready to launch any number of times."""
 

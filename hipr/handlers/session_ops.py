@@ -42,3 +42,9 @@ async def goodbye(session: Session, request: Request) -> Any:
 async def sync_errors(session: Session, request: Request) -> Any:
     """Reports a pending fire-and-forget error (the dispatcher does) or replies ``{}``."""
     return {}
+
+
+@handler(Opcode.BARRIER)
+async def barrier(session: Session, request: Request) -> Any:
+    """Replies ``{}`` once every earlier request has run; reports no pending error."""
+    return {}

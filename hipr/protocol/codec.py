@@ -30,6 +30,8 @@ ARGS_LENGTH = struct.Struct("<I")
 #: A payload limit for peers that set none; the worker's config usually lowers it.
 DEFAULT_MAX_PAYLOAD = 64 * 1024 * 1024 + 64 * 1024
 _EMPTY = memoryview(b"")
+#: Payloads at least this large are assembled in place as they arrive (bulk chunks).
+LARGE_PAYLOAD = 64 * 1024
 
 
 @dataclass(slots=True)
@@ -128,15 +130,33 @@ class FrameDecoder:
         self.max_payload = max_payload
         self._buffer = bytearray()
         self._header: Header | None = None
+        #: A large payload's pieces as they arrived, and their total size.
+        self._pieces: list[bytes] | None = None
+        self._filled = 0
 
     @property
     def buffered(self) -> int:
         """Bytes received but not yet returned as frames."""
-        return len(self._buffer)
+        return len(self._buffer) + self._filled
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
-        """Append received bytes."""
-        self._buffer += data
+        """Append received bytes (kept as given only when immutable ``bytes``)."""
+        pieces = self._pieces
+        if pieces is None:
+            self._buffer += data
+            return
+        # A large payload's pieces are kept as they came and joined once at the end:
+        # one copy in all, instead of one into the stream buffer and two to cut it out.
+        assert self._header is not None
+        view = memoryview(data).cast("B")
+        need = self._header.payload_length - self._filled
+        if view.nbytes <= need:
+            pieces.append(data if type(data) is bytes else view.tobytes())
+            self._filled += view.nbytes
+        else:
+            pieces.append(view[:need].tobytes())
+            self._filled += need
+            self._buffer += view[need:]
 
     def frames(self) -> Iterator[Frame]:
         """Every complete frame buffered so far, in order."""
@@ -153,10 +173,24 @@ class FrameDecoder:
             self._header = self._parse_header()
             del self._buffer[:HEADER_SIZE]
         header = self._header
-        if len(self._buffer) < header.payload_length:
+        length = header.payload_length
+        if self._pieces is not None:
+            if self._filled < length:
+                return None
+            payload = b"".join(self._pieces)
+            self._pieces = None
+            self._filled = 0
+        elif len(self._buffer) < length:
+            if length >= LARGE_PAYLOAD:
+                # Memory grows with the bytes that arrive, never ahead of them.
+                self._pieces = [bytes(self._buffer)]
+                self._filled = len(self._buffer)
+                self._buffer.clear()
             return None
-        payload = bytes(self._buffer[: header.payload_length])
-        del self._buffer[: header.payload_length]
+        else:
+            with memoryview(self._buffer) as view:
+                payload = bytes(view[:length])
+            del self._buffer[:length]
         self._header = None
         return decode_payload(header, memoryview(payload))
 
@@ -169,4 +203,17 @@ class FrameDecoder:
                 message=f"frame payload of {length} bytes is over the limit of {self.max_payload}",
                 limit=self.max_payload,
             )
-        return Header(opcode, request_id, Flags(flags), length, version)
+        return Header(opcode, request_id, _flags(flags), length, version)
+
+
+_FLAGS: dict[int, Flags] = {}
+
+
+def _flags(value: int) -> Flags:
+    """``Flags(value)``, cached: building an IntFlag costs more than the rest of a header."""
+    flags = _FLAGS.get(value)
+    if flags is None:
+        flags = Flags(value)
+        if len(_FLAGS) < 64:  # a peer's odd values never grow the cache without bound
+            _FLAGS[value] = flags
+    return flags

@@ -29,6 +29,8 @@ class Opcode(IntEnum):
     DATA = 0x0004
     RESUME = 0x0005
     SYNC_ERRORS = 0x0006
+    #: Runs in order and replies; its reply acknowledges every earlier request.
+    BARRIER = 0x0007
 
     # device 0x01xx
     DEVICE_COUNT = 0x0101

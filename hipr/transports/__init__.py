@@ -151,9 +151,10 @@ async def listen_many(
     return MultiListener(listeners)
 
 
-def _socket(stream: ByteStream) -> socket.socket | None:
+def _socket(stream: ByteStream) -> Any:
+    """The stream's socket: a ``socket.socket``, or asyncio's ``TransportSocket`` proxy."""
     sock = stream.extra(SocketAttribute.raw_socket, None)
-    return sock if isinstance(sock, socket.socket) else None
+    return sock if hasattr(sock, "family") and hasattr(sock, "getsockopt") else None
 
 
 def peer_uid(stream: ByteStream) -> int | None:

@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, ClassVar
 
 import anyio
-from anyio.abc import ByteStream, Listener, Process, SocketStream
+from anyio.abc import ByteStream, Listener, Process
 
 from hipr.errors import HipConnectionError
 from hipr.transports._common import DEFAULT_CONNECT_TIMEOUT, as_timeout, merge_options
@@ -51,6 +51,7 @@ from hipr.transports.base import (
     query_values,
 )
 from hipr.transports.tcp import DEFAULT_HOST, DEFAULT_PORT
+from hipr.transports.unix import UnixSocketStream, open_unix_stream
 
 __all__ = ["SshStream", "SshTransport", "ssh_command"]
 
@@ -112,6 +113,11 @@ def _extra_options(url: TransportUrl, call: Mapping[str, Any]) -> list[str]:
     return extra
 
 
+def _expand(path: str | os.PathLike[str]) -> str:
+    """``~/.ssh/id_ed25519`` as the user means it (``-F`` would not expand ``~`` itself)."""
+    return os.path.expanduser(os.fspath(path))
+
+
 def ssh_command(
     ssh: str,
     url: TransportUrl,
@@ -127,15 +133,15 @@ def ssh_command(
     """The ssh argv that forwards ``local_socket`` to ``target`` on the URL's host."""
     argv = [ssh, "-N", "-T", "-e", "none"]
     if ssh_config:
-        argv += ["-F", os.fspath(ssh_config)]
+        argv += ["-F", _expand(ssh_config)]
     # ssh keeps the first value it is given for an option: the caller's own options go
     # first so they can override any default below.
     for option in options:
         argv += ["-o", option]
     if identity:
-        argv += ["-i", os.fspath(identity), "-o", "IdentitiesOnly=yes"]
+        argv += ["-i", _expand(identity), "-o", "IdentitiesOnly=yes"]
     if known_hosts:
-        argv += ["-o", f"UserKnownHostsFile={os.fspath(known_hosts)}"]
+        argv += ["-o", f"UserKnownHostsFile={_expand(known_hosts)}"]
     if connect_timeout:
         argv += ["-o", f"ConnectTimeout={max(1, math.ceil(connect_timeout))}"]
     argv += [
@@ -197,15 +203,17 @@ class SshStream(ByteStream):
 
     def __init__(
         self,
-        stream: SocketStream,
+        stream: UnixSocketStream,
         process: Process,
         errfile: IO[bytes],
+        stderr_start: int,
         description: str,
     ) -> None:
         self._stream = stream
         self._process = process
         self._errfile = errfile
-        self._stderr_start = errfile.seek(0, os.SEEK_END)
+        # What ssh printed while connecting is not news; only what follows is.
+        self._stderr_start = stderr_start
         self.description = description
         self._closed = False
 
@@ -336,6 +344,7 @@ class SshTransport:
         dest = f"{url.user}@{host}" if url.user else host
         description = f"ssh {dest} -> {target}"
 
+        extra = _extra_options(url, options)
         tmpdir = tempfile.mkdtemp(prefix="hipr-ssh-")  # mode 0700: ours alone
         local = os.path.join(tmpdir, "s")
         argv = ssh_command(
@@ -346,7 +355,7 @@ class SshTransport:
             identity=opts.get("identity"),
             ssh_config=opts.get("ssh_config"),
             known_hosts=opts.get("known_hosts"),
-            options=_extra_options(url, options),
+            options=extra,
             connect_timeout=connect_timeout,
         )
         # stderr goes to an unlinked temporary file, not a pipe: nothing has to drain it
@@ -363,8 +372,10 @@ class SshTransport:
                 # must not kill the tunnel before the program has closed it.
                 start_new_session=True,
             )
-            stream = await self._wait_and_connect(process, local, errfile, description, timeout)
-            return SshStream(stream, process, errfile, description)
+            stream, stderr_start = await self._wait_and_connect(
+                process, local, errfile, description, timeout
+            )
+            return SshStream(stream, process, errfile, stderr_start, description)
         except BaseException:
             if process is not None:
                 await _end_process(process)
@@ -380,7 +391,7 @@ class SshTransport:
         errfile: IO[bytes],
         description: str,
         time_limit: float | None,
-    ) -> SocketStream:
+    ) -> tuple[UnixSocketStream, int]:
         # The forward's socket appears once ssh has authenticated and bound it; polling
         # for it is cheap next to an ssh handshake and needs no parsing of ssh's logs.
         delay = 0.005
@@ -393,16 +404,14 @@ class SshTransport:
                     )
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 0.05)
-            try:
-                stream = await anyio.connect_unix(local)
-            except OSError as exc:
-                raise HipConnectionError(
-                    message=f"{description}: could not use the local end of the tunnel: {exc}"
-                ) from exc
+            # Before connecting: a refused forward is reported within a round trip, and
+            # its message must count as news to the stream.
+            stderr_start = errfile.seek(0, os.SEEK_END)
+            stream = await open_unix_stream(local, f"the local end of {description}", None)
             # Connected: remove the socket so nothing else can use this tunnel.
             with contextlib.suppress(OSError):
                 os.unlink(local)
-            return stream
+            return stream, stderr_start
         message = _read_tail(errfile)
         raise HipConnectionError(
             message=f"{description}: could not connect: ssh did not finish connecting within "

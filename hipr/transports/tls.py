@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import ssl
 import tempfile
 from collections.abc import Callable, Mapping
@@ -47,6 +48,7 @@ __all__ = [
 DEFAULT_PORT = 18516
 
 _log = logging.getLogger(__name__)
+_SSL_MESSAGE = re.compile(r"\] (.+?)(?: \(_ssl\.c:\d+\))?$")
 _T = TypeVar("_T")
 
 _VERSIONS = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}
@@ -168,7 +170,11 @@ def _handshake_reason(exc: BaseException) -> str:
     if isinstance(exc, ssl.SSLCertVerificationError):
         return f"certificate verify failed: {exc.verify_message}"
     if isinstance(exc, ssl.SSLError):
-        return exc.reason or exc.strerror or str(exc)
+        # str() reads "[SSL: CODE] human words (_ssl.c:NNNN)"; the words are the reason.
+        match = _SSL_MESSAGE.search(str(exc))
+        if match:
+            return match.group(1)
+        return (exc.reason or str(exc)).lower().replace("_", " ")
     if isinstance(exc, (anyio.EndOfStream, anyio.BrokenResourceError)):
         return "the peer closed the connection during the handshake"
     return str(exc) or type(exc).__name__
@@ -183,14 +189,22 @@ def _client_hint(exc: BaseException) -> str:
         return " (the worker's certificate must be renewed, or a clock is wrong)"
     if "unable to get local issuer" in reason or "self-signed" in reason or "self signed" in reason:
         return " (pass ca= with the CA that issued the worker's certificate)"
-    if any(s in reason for s in ("wrong version number", "record layer failure", "packet length")):
+    if any(
+        s in reason
+        for s in (
+            "wrong version number",
+            "record layer failure",
+            "packet length",
+            "unexpected message",
+        )
+    ):
         return " (is the worker listening with TLS there? a tcp:// worker does not speak TLS)"
     if "certificate required" in reason or "handshake failure" in reason:
         return " (the worker may require a client certificate: pass cert= and key=)"
     if "unknown ca" in reason or "bad certificate" in reason:
         return " (the worker did not accept the client certificate)"
     if "closed the connection" in reason:
-        return " (the worker refused the handshake; does it require a client certificate?)"
+        return " (is the worker listening with TLS there, and does it accept this client?)"
     return ""
 
 
@@ -305,9 +319,9 @@ class TlsStream(ByteStream):
                 pass
 
     def _failed(self, exc: ssl.SSLError) -> TransportFailedError:
+        hint = _server_hint(exc) if self._ssl.server_side else _client_hint(exc)
         return TransportFailedError(
-            message=f"TLS connection with {self._target} failed: "
-            f"{_handshake_reason(exc)}{_client_hint(exc)}"
+            message=f"TLS connection with {self._target} failed: {_handshake_reason(exc)}{hint}"
         )
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
@@ -401,13 +415,13 @@ class TlsListener(Listener[TlsStream]):
                         stream, self.ssl_context, server_side=True, target=peer
                     )
             except Exception as exc:
-                await anyio.aclose_forcefully(stream)
                 _log.warning(
                     "TLS handshake with %s failed: %s%s",
                     peer,
                     "timed out" if isinstance(exc, TimeoutError) else _handshake_reason(exc),
                     _server_hint(exc),
                 )
+                await anyio.aclose_forcefully(stream)
                 return
             except BaseException:
                 await anyio.aclose_forcefully(stream)
@@ -450,6 +464,11 @@ class TlsTransport:
     mutual TLS), ``server_hostname`` (name to check, default the URL's host),
     ``ssl_context`` (a ready ``ssl.SSLContext``, overriding the others),
     ``connect_timeout`` (seconds for TCP connect plus handshake), ``min_version``.
+
+    Under TLS 1.3 the worker checks a client certificate after the client has finished
+    its side of the handshake, so a missing or refused client certificate surfaces on the
+    first ``receive`` as :class:`TransportFailedError` (a ``HipConnectionError`` carrying
+    the alert, e.g. "tlsv13 alert certificate required"), not from ``connect``.
     """
 
     scheme: ClassVar[str] = "tls"

@@ -4,11 +4,21 @@ File permissions guard the socket (``unix_socket_mode``, 0o660 by default, so th
 socket's group decides who may connect) and the kernel tells the worker who connected
 (``SO_PEERCRED``, see :func:`hipr.transports.peer_uid`). An ssh tunnel lands here as the
 ssh-authenticated user, so the worker sees that user's uid too.
+
+The stream and listener are built here on a non-blocking socket and anyio's
+``wait_readable``/``wait_writable`` rather than taken from anyio: on asyncio, anyio 4.16's
+own Unix socket classes resolve a reader future with a bare ``set_result`` callback, so a
+task cancelled in ``receive()`` or ``accept()`` just as bytes or a client arrive makes
+the event loop report ``InvalidStateError`` (a routine race when a worker shuts down).
+``wait_readable`` guards against it. A listener out of file descriptors also backs off
+and retries here instead of ending ``serve()``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import logging
 import os
 import socket
 import stat
@@ -17,7 +27,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import anyio
-from anyio.abc import ByteStream, Listener, SocketStream, TaskGroup
+import anyio.lowlevel
+from anyio.abc import ByteStream, Listener, SocketAttribute, TaskGroup
 
 from hipr.transports._common import (
     connect_error,
@@ -27,9 +38,22 @@ from hipr.transports._common import (
 )
 from hipr.transports.base import TransportConfig, TransportUrl
 
-__all__ = ["UnixSocketListener", "UnixTransport", "socket_path"]
+__all__ = [
+    "UnixSocketListener",
+    "UnixSocketStream",
+    "UnixTransport",
+    "open_unix_stream",
+    "socket_path",
+]
+
+_log = logging.getLogger(__name__)
 
 _CONNECT_OPTIONS = frozenset({"connect_timeout"})
+
+#: accept() errors that mean "out of resources for now", not "the listener is broken"
+_TRANSIENT_ACCEPT_ERRORS = frozenset(
+    {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED, errno.EPROTO}
+)
 
 
 def socket_path(url: TransportUrl) -> Path:
@@ -45,71 +69,135 @@ def socket_path(url: TransportUrl) -> Path:
     return Path(url.path)
 
 
-def _is_live_socket(path: Path) -> bool:
-    """Whether a process accepts connections on the socket at ``path`` right now."""
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.settimeout(1.0)
-        probe.connect(str(path))
-    except OSError:
-        return False
-    else:
-        return True
-    finally:
-        probe.close()
+class UnixSocketStream(ByteStream):
+    """A connected Unix stream socket as an anyio ``ByteStream`` (see the module doc)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self._sock = sock
+        self._closed = False
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        """Bytes from the peer; ``EndOfStream`` once the peer has closed its end."""
+        if max_bytes < 1:
+            raise ValueError("max_bytes must be a positive integer")
+        await anyio.lowlevel.checkpoint()
+        while True:
+            if self._closed:
+                raise anyio.ClosedResourceError
+            try:
+                data = self._sock.recv(max_bytes)
+            except BlockingIOError:
+                await anyio.wait_readable(self._sock)
+            except OSError as exc:
+                if self._closed:
+                    raise anyio.ClosedResourceError from None
+                raise anyio.BrokenResourceError from exc
+            else:
+                if not data:
+                    raise anyio.EndOfStream
+                return data
+
+    async def send(self, item: bytes) -> None:
+        """Send all of ``item``, waiting while the socket buffer is full."""
+        await anyio.lowlevel.checkpoint()
+        view = memoryview(item).cast("B")
+        while view:
+            if self._closed:
+                raise anyio.ClosedResourceError
+            try:
+                sent = self._sock.send(view)
+            except BlockingIOError:
+                await anyio.wait_writable(self._sock)
+            except OSError as exc:
+                if self._closed:
+                    raise anyio.ClosedResourceError from None
+                raise anyio.BrokenResourceError from exc
+            else:
+                view = view[sent:]
+
+    async def send_eof(self) -> None:
+        """Half-close: the peer reads end of stream, and can still send to us."""
+        await anyio.lowlevel.checkpoint()
+        if self._closed:
+            raise anyio.ClosedResourceError
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_WR)
+
+    async def aclose(self) -> None:
+        """Close; a task waiting in ``receive``/``send`` gets ``ClosedResourceError``."""
+        if not self._closed:
+            self._closed = True
+            anyio.notify_closing(self._sock)
+            self._sock.close()
+        await anyio.lowlevel.checkpoint()
+
+    @property
+    def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
+        """anyio's ``SocketAttribute`` family, addresses (paths) and raw socket."""
+        sock = self._sock
+        return {
+            SocketAttribute.family: lambda: sock.family,
+            SocketAttribute.local_address: sock.getsockname,
+            SocketAttribute.remote_address: sock.getpeername,
+            SocketAttribute.raw_socket: lambda: sock,
+        }
 
 
-def _clear_stale_socket(path: Path) -> None:
-    """Remove a socket file left by a worker that died; never anything else.
-
-    A live socket means another worker is serving there: taking its path would cut off
-    its clients silently, so that is an error. Anything not a socket is the user's file.
-    """
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(st.st_mode):
-        raise FileExistsError(
-            errno.EEXIST,
-            f"cannot listen on unix://{path}: the path exists and is not a socket; "
-            "refusing to remove it",
-            str(path),
-        )
-    if _is_live_socket(path):
-        raise OSError(
-            errno.EADDRINUSE,
-            f"cannot listen on unix://{path}: another process is already listening there "
-            "(is another worker running?)",
-        )
-    path.unlink(missing_ok=True)
-
-
-class UnixSocketListener(Listener[SocketStream]):
-    """A Unix socket listener that removes its socket file when closed.
+class UnixSocketListener(Listener[UnixSocketStream]):
+    """A listening Unix socket that removes its socket file when closed.
 
     It removes the file only while it is still the one this listener bound (same inode),
     so a worker that replaced a stale socket is not cut off by the old one's shutdown.
     """
 
-    def __init__(self, inner: Listener[SocketStream], path: Path) -> None:
-        self._inner = inner
+    def __init__(self, sock: socket.socket, path: Path) -> None:
+        sock.setblocking(False)
+        self._sock = sock
         self.path = path
         st = path.lstat()
         self._identity = (st.st_dev, st.st_ino)
+        self._closed = False
+
+    async def accept(self) -> UnixSocketStream:
+        """The next connection; transient shortages (out of fds) are waited out."""
+        await anyio.lowlevel.checkpoint()
+        while True:
+            if self._closed:
+                raise anyio.ClosedResourceError
+            try:
+                client, _ = self._sock.accept()
+            except BlockingIOError:
+                await anyio.wait_readable(self._sock)
+            except OSError as exc:
+                if self._closed:
+                    raise anyio.ClosedResourceError from None
+                if exc.errno not in _TRANSIENT_ACCEPT_ERRORS:
+                    raise anyio.BrokenResourceError from exc
+                _log.warning("accept() on unix://%s failed, retrying: %s", self.path, exc)
+                await anyio.sleep(0.1)
+            else:
+                return UnixSocketStream(client)
 
     async def serve(
-        self, handler: Callable[[SocketStream], Any], task_group: TaskGroup | None = None
+        self, handler: Callable[[UnixSocketStream], Any], task_group: TaskGroup | None = None
     ) -> None:
         """Accept connections forever, each handed to ``handler`` in its own task."""
-        await self._inner.serve(handler, task_group)
+        async with contextlib.AsyncExitStack() as stack:
+            if task_group is None:
+                task_group = await stack.enter_async_context(anyio.create_task_group())
+            while True:
+                stream = await self.accept()
+                task_group.start_soon(handler, stream)
 
     async def aclose(self) -> None:
         """Stop listening and remove the socket file."""
-        try:
-            await self._inner.aclose()
-        finally:
+        if not self._closed:
+            self._closed = True
+            anyio.notify_closing(self._sock)
+            self._sock.close()
             self._unlink()
+        await anyio.lowlevel.checkpoint()
 
     def _unlink(self) -> None:
         try:
@@ -121,8 +209,90 @@ class UnixSocketListener(Listener[SocketStream]):
 
     @property
     def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
-        """The inner listener's attributes (``SocketAttribute.local_address`` is the path)."""
-        return self._inner.extra_attributes
+        """``SocketAttribute.local_address`` (the path), family and raw socket."""
+        sock = self._sock
+        return {
+            SocketAttribute.family: lambda: sock.family,
+            SocketAttribute.local_address: sock.getsockname,
+            SocketAttribute.raw_socket: lambda: sock,
+        }
+
+
+def _is_live_socket(path: Path) -> bool:
+    """Whether a process accepts connections on the socket at ``path`` right now."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(os.fspath(path))
+        except OSError:
+            return False
+        return True
+
+
+def _bind(path: Path, mode: int) -> socket.socket:
+    """Bind and listen at ``path``, replacing a stale socket file and nothing else.
+
+    A live socket means another worker serves there: taking its path would cut its
+    clients off silently, so that is an error. Anything not a socket is the user's file.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            raise FileExistsError(
+                errno.EEXIST,
+                f"cannot listen on unix://{path}: the path exists and is not a socket; "
+                "refusing to remove it",
+                os.fspath(path),
+            )
+        if _is_live_socket(path):
+            raise OSError(
+                errno.EADDRINUSE,
+                f"cannot listen on unix://{path}: another process is already listening "
+                "there (is another worker running?)",
+            )
+        path.unlink()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(os.fspath(path))
+        # chmod before listen(): no client can connect while the socket still has the
+        # umask's permissions.
+        os.chmod(path, mode)
+        sock.listen(socket.SOMAXCONN)
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, f"cannot listen on unix://{path}: {exc.strerror or exc}") from exc
+    return sock
+
+
+def _connect_blocking(path: str, time_limit: float | None) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(time_limit)
+        sock.connect(path)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def open_unix_stream(path: str, target: str, time_limit: float | None) -> UnixSocketStream:
+    """Connect to the socket at ``path``; failures become ``HipConnectionError`` naming
+    ``target``.
+
+    The connect runs in a worker thread: a Unix connect is quick, except when the
+    listener's backlog is full, and then a blocking connect with a timeout is the
+    simple correct way to wait (non-blocking it fails with EAGAIN rather than waiting).
+    """
+    try:
+        with anyio.fail_after(time_limit):
+            sock = await anyio.to_thread.run_sync(
+                _connect_blocking, path, time_limit, abandon_on_cancel=True
+            )
+    except TimeoutError:
+        raise connect_timeout_error(target, time_limit or 0) from None
+    except OSError as exc:
+        raise connect_error(target, exc) from exc
+    return UnixSocketStream(sock)
 
 
 class UnixTransport:
@@ -139,28 +309,13 @@ class UnixTransport:
     async def listen(self, url: TransportUrl, config: TransportConfig) -> Listener[ByteStream]:
         """Bind and listen on the URL's path."""
         path = socket_path(url)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        await anyio.to_thread.run_sync(_clear_stale_socket, path)
-        try:
-            # anyio chmods between bind and listen, so no client can connect while the
-            # socket still has the umask's permissions.
-            inner = await anyio.create_unix_listener(path, mode=config.unix_socket_mode)
-        except OSError as exc:
-            raise OSError(
-                exc.errno, f"cannot listen on unix://{path}: {exc.strerror or exc}"
-            ) from exc
-        return UnixSocketListener(inner, path)
+        sock = await anyio.to_thread.run_sync(_bind, path, config.unix_socket_mode)
+        return UnixSocketListener(sock, path)
 
     async def connect(self, url: TransportUrl, **options: Any) -> ByteStream:
         """Connect to the socket at the URL's path."""
         path = socket_path(url)
         opts = merge_options(url, options, _CONNECT_OPTIONS)
-        timeout = connect_timeout_option(opts)
-        target = f"unix://{path}"
-        try:
-            with anyio.fail_after(timeout):
-                return await anyio.connect_unix(os.fspath(path))
-        except TimeoutError:
-            raise connect_timeout_error(target, timeout or 0) from None
-        except OSError as exc:
-            raise connect_error(target, exc) from exc
+        return await open_unix_stream(
+            os.fspath(path), f"unix://{path}", connect_timeout_option(opts)
+        )

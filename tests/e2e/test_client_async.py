@@ -207,18 +207,35 @@ async def test_graph_capture_and_explicit(worker: Worker) -> None:
             await obj.destroy()
 
 
-async def test_disconnect_mid_way_leaves_nothing(worker: Worker, backend: EmulatorBackend) -> None:
-    url = worker.bound_urls[0]
-    async with hipr.aconnect(url) as gpu:
-        await gpu.malloc(1000)
-        await gpu.stream_create()
-        await gpu.event_create()
-        await (await gpu.graph_create()).add_memset(await gpu.malloc(10), 1, 10)
-        s = await gpu.stream_create()
-        await s.begin_capture()
-        assert not backend.stats().is_zero()
-        # Cut the link without GOODBYE.
-        await gpu._conn.stream.aclose()
+async def test_vanished_client_is_freed_after_resume_grace(
+    worker: Worker, backend: EmulatorBackend
+) -> None:
+    """A client that drops its link and never comes back: after resume_grace, all is freed."""
+    import dataclasses
+
+    from hipr.protocol import Flags, FrameDecoder, Opcode, encode_frame
+    from hipr.transports import connect
+
+    worker.config = dataclasses.replace(worker.config, resume_grace=0.3)
+    stream = await connect(worker.bound_urls[0])
+    requests = [
+        encode_frame(Opcode.HELLO, 0, Flags.NONE, {"client": "vanishing"}),
+        encode_frame(Opcode.MALLOC, 1, Flags.NONE, {"size": 1000}),
+        encode_frame(Opcode.STREAM_CREATE, 2),
+        encode_frame(Opcode.EVENT_CREATE, 3),
+        encode_frame(Opcode.GRAPH_CREATE, 4),
+        encode_frame(Opcode.STREAM_CREATE, 5),
+        encode_frame(Opcode.STREAM_BEGIN_CAPTURE, 6, Flags.NONE, {"stream": 2}),
+    ]
+    decoder = FrameDecoder()
+    replies = 0
+    with anyio.fail_after(10):
+        await stream.send(b"".join(requests))
+        while replies < len(requests):
+            decoder.feed(await stream.receive())
+            replies += len(list(decoder.frames()))
+    assert not backend.stats().is_zero()
+    await stream.aclose()
     with anyio.fail_after(10):
         while not backend.stats().is_zero() or worker.sessions:
             await anyio.sleep(0.01)

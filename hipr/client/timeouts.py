@@ -1,0 +1,41 @@
+"""``timeout=`` on every public client call, added in one place.
+
+A call that passes its timeout raises :class:`HipTimeoutError` and the session stays
+usable: sending is shielded from cancellation (see ``ClientConnection._submit``), so a
+timeout only ever abandons the wait for the reply.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import anyio
+
+from hipr.errors import HipTimeoutError
+
+C = TypeVar("C", bound=type)
+
+
+def _timed(name: str, method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    @functools.wraps(method)
+    async def call(*args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+        if timeout is None:
+            return await method(*args, **kwargs)
+        try:
+            with anyio.fail_after(timeout):
+                return await method(*args, **kwargs)
+        except TimeoutError:
+            raise HipTimeoutError(message=f"{name} did not complete within {timeout} s") from None
+
+    return call
+
+
+def with_timeouts(cls: C) -> C:
+    """Give every public coroutine method of ``cls`` an optional ``timeout=`` (seconds)."""
+    for name, member in list(vars(cls).items()):
+        if not name.startswith("_") and inspect.iscoroutinefunction(member):
+            setattr(cls, name, _timed(f"{cls.__name__}.{name}", member))
+    return cls

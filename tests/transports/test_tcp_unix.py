@@ -1,0 +1,260 @@
+"""tcp:// and unix://: round trips, listener housekeeping, and messages that say what to do."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import stat
+from pathlib import Path
+
+import anyio
+import pytest
+from anyio.abc import SocketAttribute
+
+from hipr.errors import HipConnectionError
+from hipr.transports import (
+    TransportConfig,
+    connect,
+    listen,
+    listen_many,
+    peer_description,
+)
+from tests.transports.conftest import assert_echoes, exchange, serving
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _has_ipv6() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.anyio
+async def test_tcp_round_trip_small_and_8mib() -> None:
+    with anyio.fail_after(20):
+        listener = await listen("tcp://127.0.0.1:0")
+        port = listener.extra(SocketAttribute.local_port)
+        async with serving(listener) as server:
+            stream = await connect(f"tcp://127.0.0.1:{port}")
+            assert peer_description(stream) == f"tcp 127.0.0.1:{port}"
+            await assert_echoes(stream)
+        assert server.descriptions[0].startswith("tcp 127.0.0.1:")
+        assert server.uids == [None]
+        assert server.subjects == [None]
+
+
+@pytest.mark.anyio
+async def test_tcp_nodelay_on_both_ends() -> None:
+    with anyio.fail_after(10):
+        listener = await listen("tcp://127.0.0.1:0")
+        port = listener.extra(SocketAttribute.local_port)
+        accepted = anyio.Event()
+        nodelay: list[int] = []
+
+        async def handler(stream: anyio.abc.ByteStream) -> None:
+            sock = stream.extra(SocketAttribute.raw_socket)
+            nodelay.append(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            accepted.set()
+            await stream.aclose()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(listener.serve, handler)
+            async with await connect(f"tcp://127.0.0.1:{port}") as stream:
+                sock = stream.extra(SocketAttribute.raw_socket)
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+                await accepted.wait()
+            tg.cancel_scope.cancel()
+        await listener.aclose()
+        assert nodelay and nodelay[0]
+
+
+@pytest.mark.anyio
+@pytest.mark.skipif(not _has_ipv6(), reason="no IPv6 loopback here")
+async def test_tcp_ipv6() -> None:
+    with anyio.fail_after(10):
+        listener = await listen("tcp://[::1]:0")
+        port = listener.extra(SocketAttribute.local_port)
+        async with serving(listener) as server:
+            stream = await connect(f"tcp://[::1]:{port}")
+            await assert_echoes(stream, (10,))
+        assert server.descriptions[0].startswith("tcp [::1]:")
+
+
+@pytest.mark.anyio
+async def test_tcp_refused_says_what_to_do() -> None:
+    port = _free_port()
+    with anyio.fail_after(10), pytest.raises(HipConnectionError) as info:
+        await connect(f"tcp://127.0.0.1:{port}")
+    assert info.value.message == (
+        f"could not connect to tcp://127.0.0.1:{port}: connection refused "
+        "(is `hipr worker` running and listening there?)"
+    )
+
+
+@pytest.mark.anyio
+async def test_tcp_default_port_in_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    port = _free_port()
+    monkeypatch.setattr("hipr.transports.tcp.DEFAULT_PORT", port)
+    with anyio.fail_after(10), pytest.raises(HipConnectionError, match=f"tcp://127.0.0.1:{port}:"):
+        await connect("tcp://")
+
+
+@pytest.mark.anyio
+async def test_tcp_unresolvable_host() -> None:
+    with anyio.fail_after(20), pytest.raises(HipConnectionError, match="cannot resolve"):
+        await connect("tcp://no-such-host.invalid:18515")
+
+
+@pytest.mark.anyio
+async def test_tcp_port_in_use_is_clear() -> None:
+    listener = await listen("tcp://127.0.0.1:0")
+    port = listener.extra(SocketAttribute.local_port)
+    try:
+        with pytest.raises(OSError, match="already listening") as info:
+            await listen(f"tcp://127.0.0.1:{port}")
+        assert info.value.errno == errno.EADDRINUSE
+    finally:
+        await listener.aclose()
+
+
+@pytest.mark.anyio
+async def test_tcp_url_with_path_is_refused() -> None:
+    with pytest.raises(ValueError, match="take no path"):
+        await connect("tcp://127.0.0.1:1/run/x.sock")
+
+
+@pytest.mark.anyio
+async def test_unix_round_trip_and_peer_uid(short_tmp: Path) -> None:
+    path = short_tmp / "sub" / "dir" / "w.sock"  # parents are created
+    with anyio.fail_after(20):
+        listener = await listen(f"unix://{path}")
+        assert stat.S_IMODE(path.stat().st_mode) == 0o660
+        async with serving(listener) as server:
+            stream = await connect(f"unix://{path}")
+            await assert_echoes(stream)
+        assert not path.exists()  # removed on close
+        assert server.uids == [os.getuid()]
+        assert server.descriptions == [f"unix uid={os.getuid()} pid={os.getpid()}"]
+
+
+@pytest.mark.anyio
+async def test_unix_socket_mode_from_config(short_tmp: Path) -> None:
+    path = short_tmp / "w.sock"
+    listener = await listen(f"unix://{path}", TransportConfig(unix_socket_mode=0o600))
+    try:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    finally:
+        await listener.aclose()
+
+
+@pytest.mark.anyio
+async def test_unix_stale_socket_is_replaced(short_tmp: Path) -> None:
+    path = short_tmp / "w.sock"
+    dead = socket.socket(socket.AF_UNIX)
+    dead.bind(str(path))
+    dead.close()  # a worker that died: the file stays, nobody listens
+    assert stat.S_ISSOCK(path.lstat().st_mode)
+    with anyio.fail_after(10):
+        listener = await listen(f"unix://{path}")
+        async with serving(listener):
+            await assert_echoes(await connect(f"unix://{path}"), (5,))
+
+
+@pytest.mark.anyio
+async def test_unix_regular_file_is_not_removed(short_tmp: Path) -> None:
+    path = short_tmp / "w.sock"
+    path.write_text("precious")
+    with pytest.raises(FileExistsError, match="is not a socket; refusing to remove it"):
+        await listen(f"unix://{path}")
+    assert path.read_text() == "precious"
+
+
+@pytest.mark.anyio
+async def test_unix_live_socket_is_not_stolen(short_tmp: Path) -> None:
+    path = short_tmp / "w.sock"
+    with anyio.fail_after(10):
+        first = await listen(f"unix://{path}")
+        async with serving(first):
+            with pytest.raises(OSError, match="already listening there") as info:
+                await listen(f"unix://{path}")
+            assert info.value.errno == errno.EADDRINUSE
+            await assert_echoes(await connect(f"unix://{path}"), (5,))
+
+
+@pytest.mark.anyio
+async def test_unix_close_leaves_a_newer_socket_alone(short_tmp: Path) -> None:
+    path = short_tmp / "w.sock"
+    old = await listen(f"unix://{path}")
+    path.unlink()  # e.g. an operator cleaned up, and a new worker took the path
+    new = await listen(f"unix://{path}")
+    await old.aclose()
+    assert path.exists()
+    await new.aclose()
+    assert not path.exists()
+
+
+@pytest.mark.anyio
+async def test_unix_missing_socket_says_what_to_do(short_tmp: Path) -> None:
+    with anyio.fail_after(5), pytest.raises(HipConnectionError) as info:
+        await connect(f"unix://{short_tmp}/none.sock")
+    assert info.value.message == (
+        f"could not connect to unix://{short_tmp}/none.sock: no such socket "
+        "(is `hipr worker` running and listening there?)"
+    )
+
+
+@pytest.mark.anyio
+async def test_unix_stale_socket_refuses(short_tmp: Path) -> None:
+    path = short_tmp / "w.sock"
+    dead = socket.socket(socket.AF_UNIX)
+    dead.bind(str(path))
+    dead.close()
+    with anyio.fail_after(5), pytest.raises(HipConnectionError, match="connection refused"):
+        await connect(f"unix://{path}")
+
+
+@pytest.mark.parametrize("url", ["unix://run/hipr/w.sock", "unix://"])
+@pytest.mark.anyio
+async def test_unix_needs_absolute_path(url: str) -> None:
+    with pytest.raises(ValueError, match="absolute path"):
+        await connect(url)
+
+
+@pytest.mark.anyio
+async def test_listen_many_tcp_and_unix(short_tmp: Path) -> None:
+    port = _free_port()
+    path = short_tmp / "w.sock"
+    with anyio.fail_after(20):
+        listener = await listen_many([f"tcp://127.0.0.1:{port}", f"unix://{path}"])
+        async with (
+            serving(listener) as server,
+            await connect(f"tcp://127.0.0.1:{port}") as a,
+            await connect(f"unix://{path}") as b,
+        ):
+            assert await exchange(a, b"over tcp") == b"over tcp"
+            assert await exchange(b, b"over unix") == b"over unix"
+        assert server.connections == 2
+        assert sorted(d.split()[0] for d in server.descriptions) == ["tcp", "unix"]
+        assert not path.exists()
+
+
+@pytest.mark.anyio
+async def test_listen_many_is_all_or_nothing(short_tmp: Path) -> None:
+    path = short_tmp / "w.sock"
+    busy = await listen("tcp://127.0.0.1:0")
+    port = busy.extra(SocketAttribute.local_port)
+    try:
+        with pytest.raises(OSError, match="already listening"):
+            await listen_many([f"unix://{path}", f"tcp://127.0.0.1:{port}"])
+        assert not path.exists()  # the unix listener that did open was closed again
+    finally:
+        await busy.aclose()
