@@ -111,6 +111,14 @@ class _Sent:
         return self.data.nbytes + 64
 
 
+def _describe(error: BaseException | None) -> str:
+    if error is None:
+        return "none"
+    if isinstance(error, TimeoutError):
+        return "timed out"
+    return str(error) or type(error).__name__
+
+
 def _view(data: Buffer) -> memoryview:
     view = memoryview(data)
     if view.ndim != 1 or view.itemsize != 1:
@@ -333,7 +341,7 @@ class ClientConnection:
             SessionLostError(
                 message=f"lost the link to {self.url} and could not reconnect within "
                 f"{options.reconnect_attempts} attempts / {options.reconnect_timeout:g} s "
-                f"(last error: {last_error}); the session and its handles are gone"
+                f"(last error: {_describe(last_error)}); the session and its handles are gone"
             )
         )
         return False
