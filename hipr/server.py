@@ -338,6 +338,8 @@ async def running_worker(
 ) -> AsyncIterator[Worker]:
     """A worker serving in the background for the duration of the block (tests, demos)."""
     worker = Worker(config, backend)
+    # Checked here as well as in serve(): raised from a task group it would come wrapped.
+    check_token_exposure(config, worker.tenants.anonymous, list(urls or config.listen))
     async with anyio.create_task_group() as tg:
         await tg.start(worker.serve, urls)
         try:
@@ -372,6 +374,7 @@ async def run_worker(config: WorkerConfig, config_path: Path | None = None) -> N
     log.info("backend selected", backend=backend.name, devices=backend.device_count())
     metrics: MetricsServer | None = None
     worker = Worker(config, backend)
+    check_token_exposure(config, worker.tenants.anonymous, config.listen)
     try:
         async with anyio.create_task_group() as tg:
             if config.metrics_listen is not None:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
 
@@ -9,3 +14,11 @@ import pytest
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     """anyio's pytest plugin runs each ``@pytest.mark.anyio`` test once per event loop."""
     return str(request.param)
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A short directory: unix socket paths must stay under 108 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="hipr-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

@@ -316,12 +316,19 @@ async def aconnect(
         await connection.aclose()
         raise ProtocolError(message=f"unexpected HELLO reply from {url}: {hello!r:.200}")
     hello.pop("resume_token", None)
+    # The caller's own exception is re-raised after the task group, not from inside it,
+    # where it would reach the caller wrapped in an ExceptionGroup.
+    raised: Exception | None = None
     async with anyio.create_task_group() as tg:
         tg.start_soon(connection.run)
         gpu = AsyncGpu(connection, hello)
         try:
             yield gpu
+        except Exception as exc:
+            raised = exc
         finally:
             with anyio.CancelScope(shield=True):
                 await gpu.close()
             tg.cancel_scope.cancel()
+    if raised is not None:
+        raise raised

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -15,14 +13,6 @@ from hipr.config import WorkerConfig
 from hipr.server import Worker, running_worker
 
 EMULATED_MEMORY = 64 << 20
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    """A short directory: unix socket paths must stay under 108 bytes."""
-    path = Path(tempfile.mkdtemp(prefix="hipr-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(params=["tcp", "unix"])

@@ -263,3 +263,13 @@ async def test_many_concurrent_sessions_are_isolated(
     with anyio.fail_after(5):
         while not backend.stats().is_zero():
             await anyio.sleep(0.01)
+
+
+async def test_errors_in_the_block_reach_the_caller_unwrapped(worker: Worker) -> None:
+    with pytest.raises(hipr.HipError) as err:
+        async with hipr.aconnect(worker.bound_urls[0]) as gpu:
+            await gpu.free(0x1234)
+    assert err.value.code == E.hipErrorInvalidValue
+    with pytest.raises(KeyError):
+        async with hipr.aconnect(worker.bound_urls[0]):
+            raise KeyError("the caller's own")

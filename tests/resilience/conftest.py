@@ -7,7 +7,6 @@ import pytest
 from hipr.config import WorkerConfig
 from tests.e2e.conftest import (  # noqa: F401  (fixtures)
     backend,
-    short_tmp,
     threaded_worker,
     worker,
 )
