@@ -46,6 +46,7 @@ SIZE_UNITS: dict[str, int] = {
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("auto", "console", "json")
 BACKENDS = ("auto", "emulator", "cuda", "hip")
+ISOLATION_MODES = ("none", "process")
 
 #: Environment variables :func:`load_config` honours when given ``environ``.
 ENV_KEYS: dict[str, str] = {"HIPR_LOG_LEVEL": "log_level", "HIPR_LOG_FORMAT": "log_format"}
@@ -203,6 +204,15 @@ class WorkerConfig:
             "TOML file of tenants, token hashes and quotas; unset: one anonymous tenant, no tokens."
         ),
     )
+    isolation: str = field(
+        default="none",
+        metadata=_doc(
+            "`none`: all sessions share the worker process. `process`: each tenant's sessions "
+            "run in a worker process of their own, so one tenant's kernels cannot touch "
+            "another's memory or crash another's sessions.",
+            choices=ISOLATION_MODES,
+        ),
+    )
     allow_plaintext_tokens: bool = field(
         default=False,
         metadata=_doc("Allow bearer tokens over plain `tcp://` on a non-loopback address."),
@@ -227,6 +237,14 @@ class WorkerConfig:
             "`console` (readable), `json` (one object a line), or `auto`: console "
             "on a terminal, else JSON.",
             choices=LOG_FORMATS,
+        ),
+    )
+    log_levels: dict[str, str] = field(
+        default_factory=dict,
+        metadata=_doc(
+            "Levels of single loggers and their children, e.g. "
+            '`{"hipr.connection" = "debug", "hipr.transports" = "warning"}`.',
+            choices=LOG_LEVELS,
         ),
     )
     tls: TlsConfig = field(
@@ -423,6 +441,19 @@ class _Builder:
                 base = self.origins.get(key, ("", Path.cwd()))[1]
                 p = base.absolute() / p
             return Path(os.path.normpath(p))
+        if typing.get_origin(inner) is dict:
+            if not isinstance(value, Mapping):
+                raise self.error(key, f"expected a table, got {_describe(value)}")
+            choices = meta.get("choices") or ()
+            table: dict[str, str] = {}
+            for name, item in value.items():
+                if not isinstance(item, str) or (choices and item.lower() not in choices):
+                    wanted = f"one of {', '.join(choices)}" if choices else "a string"
+                    raise self.error(
+                        key, f"expected {wanted}, got {_describe(item)}", label=f"{key}.{name}"
+                    )
+                table[name] = item.lower()
+            return table
         if typing.get_origin(inner) is tuple:
             items = [value] if isinstance(value, str) else value
             if not isinstance(items, list | tuple):
@@ -522,6 +553,8 @@ def iter_keys(cls: type[Any] = WorkerConfig, prefix: str = "") -> Iterator[KeyIn
             nested.append((f"{prefix}{f.name}.", tp))
             continue
         default = f.default if f.default is not dataclasses.MISSING else None
+        if f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
         yield KeyInfo(
             key=f"{prefix}{f.name}",
             type=_type_name(tp, f.metadata, optional),
@@ -535,6 +568,9 @@ def iter_keys(cls: type[Any] = WorkerConfig, prefix: str = "") -> Iterator[KeyIn
 def _type_name(tp: Any, meta: Mapping[str, Any], optional: bool) -> str:
     if meta.get("size"):
         name = "size"
+    elif typing.get_origin(tp) is dict:
+        choices = meta.get("choices", ())
+        name = "table of " + (" \\| ".join(f"`{c}`" for c in choices) if choices else "strings")
     elif meta.get("choices"):
         name = " \\| ".join(f"`{c}`" for c in meta["choices"])
     elif typing.get_origin(tp) is tuple:
@@ -555,6 +591,8 @@ def _default_text(value: Any, meta: Mapping[str, Any]) -> str:
         return f'`"{value}"`'
     if isinstance(value, tuple):
         return "`[" + ", ".join(f'"{v}"' for v in value) + "]`"
+    if isinstance(value, dict):
+        return "`{" + ", ".join(f'"{k}" = "{v}"' for k, v in value.items()) + "}`"
     return f"`{value!r}`"
 
 

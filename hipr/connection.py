@@ -18,11 +18,17 @@ import anyio.abc
 import structlog
 
 from hipr._version import __version__
-from hipr.errors import HipError, HipErrorCode, ProtocolError, VersionMismatchError
+from hipr.errors import (
+    HipError,
+    HipErrorCode,
+    ProtocolError,
+    SessionLostError,
+    VersionMismatchError,
+)
 from hipr.handlers.args import Args
 from hipr.handlers.context import Reply, Request
 from hipr.handlers.registry import REGISTRY, HandlerRegistry
-from hipr.protocol.codec import Frame, FrameDecoder, encode_frame_parts
+from hipr.protocol.codec import Frame, FrameDecoder, encode_frame, encode_frame_parts
 from hipr.protocol.header import (
     PROTOCOL_MAJOR,
     PROTOCOL_VERSION,
@@ -32,6 +38,7 @@ from hipr.protocol.header import (
 )
 from hipr.protocol.opcodes import Opcode, opcode_name
 from hipr.session import Session, as_hip_error
+from hipr.transports import connect as transport_connect
 
 if TYPE_CHECKING:
     from hipr.server import Worker
@@ -296,7 +303,18 @@ class WorkerConnection:
         try:
             args = Args(frame.args, "HELLO")
             client = args.text("client", default="unknown", max_length=256)
-            session = await self.worker.open_session(args, self.stream, self.peer)
+            tenant = self.worker.authenticate(args, self.stream)
+            if self.worker.isolation is not None:
+                self.worker.check_max_clients()
+                child = await self.worker.isolation.child_for(tenant)
+                hello = dict(frame.args)
+                hello["token"] = child.token
+                first = encode_frame(
+                    Opcode.HELLO, frame.request_id, Flags.NONE, hello, version=frame.header.version
+                )
+                await self._relay(child.url, first, tenant.name)
+                return None
+            session = self.worker.open_session(tenant, self.peer)
         except HipError as exc:
             self._log.warning("handshake refused", error=str(exc))
             await self._try_send_error(frame.opcode, frame.request_id, exc)
@@ -491,9 +509,60 @@ class WorkerConnection:
         )
         return True
 
+    async def _relay_resume(self, frame: Frame, args: Args) -> None:
+        """Isolated: send a RESUME to the process of the tenant that holds the session."""
+        isolation = self.worker.isolation
+        assert isolation is not None
+        session_id = args.text("session_id", max_length=64)
+        tenant_name = isolation.session_tenants.get(session_id)
+        tenant = self.worker.tenants.get(tenant_name) if tenant_name else None
+        if tenant is None:
+            raise SessionLostError(
+                message=f"session {session_id} no longer exists on this worker: the worker "
+                "or its tenant process restarted"
+            )
+        child = await isolation.child_for(tenant)
+        first = encode_frame(
+            Opcode.RESUME, frame.request_id, Flags.NONE, frame.args, version=frame.header.version
+        )
+        await self._relay(child.url, first, tenant.name)
+
+    async def _relay(self, url: str, first: bytes, tenant: str) -> None:
+        """Pass this connection to a tenant's process, byte for byte, until either ends.
+        The first reply is read on the way, to learn which process holds the session."""
+        isolation = self.worker.isolation
+        assert isolation is not None
+        upstream = await transport_connect(url)
+        self._log = self._log.bind(tenant=tenant)
+        try:
+            await upstream.send(first + self._decoder.take_buffered())
+            replies = FrameDecoder(self._decoder.max_payload)
+            reply: Frame | None = None
+            while reply is None:
+                data = await upstream.receive(RECEIVE_SIZE)
+                await self.stream.send(data)
+                replies.feed(data)
+                reply = replies.next_frame()
+            if Flags.ERROR not in reply.flags and isinstance(reply.args, dict):
+                session_id = str(reply.args.get("session_id", ""))
+                isolation.session_tenants[session_id] = tenant
+                self._log.info("relaying to the tenant's process", session=session_id)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_pump, self.stream, upstream, tg.cancel_scope)
+                tg.start_soon(_pump, upstream, self.stream, tg.cancel_scope)
+        except _LINK_ERRORS:
+            pass
+        except anyio.EndOfStream:
+            pass
+        finally:
+            await anyio.aclose_forcefully(upstream)
+
     async def _resume(self, frame: Frame) -> Session | None:
         try:
             args = Args(frame.args, "RESUME")
+            if self.worker.isolation is not None:
+                await self._relay_resume(frame, args)
+                return None
             session = await self.worker.resume(args, self)
         except HipError as exc:
             self._log.warning("resume refused", error=str(exc))
@@ -516,6 +585,19 @@ class WorkerConnection:
         self.worker.observer.session_resumed(session.tenant)
         self._log.info("session resumed", session=session.id)
         return session
+
+
+async def _pump(
+    source: anyio.abc.ByteStream, sink: anyio.abc.ByteStream, scope: anyio.CancelScope
+) -> None:
+    """Copy ``source`` to ``sink`` until either side ends; then end the relay."""
+    try:
+        while True:
+            await sink.send(await source.receive(RECEIVE_SIZE))
+    except (anyio.EndOfStream, *_LINK_ERRORS):
+        pass
+    finally:
+        scope.cancel()
 
 
 def _over_rate(session: Session) -> HipError | None:

@@ -25,11 +25,12 @@ from hipr.config import ConfigError, WorkerConfig, load_config
 from hipr.connection import WorkerConnection
 from hipr.errors import AuthError, HipError, QuotaError, SessionLostError
 from hipr.handlers.args import Args
+from hipr.isolation import TenantProcesses
 from hipr.metrics import MetricsServer, start_metrics_server
 from hipr.observe import NullObserver, WorkerObserver
 from hipr.quotas import QuotaGate, TenantState
 from hipr.session import Session
-from hipr.tenants import Quotas, load_tenants
+from hipr.tenants import Quotas, Tenant, load_tenants
 from hipr.transports import listen as transport_listen
 from hipr.transports import peer_certificate_subject, peer_description, peer_uid
 from hipr.transports.base import TransportConfig
@@ -59,23 +60,34 @@ class Worker:
         self.draining = False
         self._task_group: anyio.abc.TaskGroup | None = None
         self._listen_scope: anyio.CancelScope | None = None
+        #: Per-tenant child workers when ``isolation = "process"``.
+        self.isolation = TenantProcesses(config) if config.isolation == "process" else None
         #: Unix time the worker was made (uptime on status pages and metrics).
         self.started_at = time.time()
 
-    async def open_session(self, hello: Args, stream: anyio.abc.ByteStream, peer: str) -> Session:
-        """A new session for a client that sent HELLO, or a HipError refusing it."""
-        tenant = self.tenants.authenticate(
+    def authenticate(self, hello: Args, stream: anyio.abc.ByteStream) -> Tenant:
+        """The tenant a HELLO's credentials name, or AuthError."""
+        return self.tenants.authenticate(
             hello.text("token", default="", max_length=4096) or None,
             unix_uid=peer_uid(stream),
             cert_subject=_common_name(peer_certificate_subject(stream)),
         )
-        if self.config.max_clients is not None and len(self.sessions) >= self.config.max_clients:
+
+    def check_max_clients(self) -> None:
+        """Refuse one more client over the worker-wide max_clients."""
+        # Isolated, the parent holds no sessions: count the connections it relays.
+        served = len(self.connections) - 1 if self.isolation else len(self.sessions)
+        if self.config.max_clients is not None and served >= self.config.max_clients:
             raise QuotaError(
                 message=f"the worker serves at most {self.config.max_clients} clients at once "
                 "(max_clients)",
                 quota="max_clients",
                 limit=self.config.max_clients,
             )
+
+    def open_session(self, tenant: Tenant, peer: str) -> Session:
+        """A new session for an authenticated client, or a QuotaError refusing it."""
+        self.check_max_clients()
         limit = tenant.quotas.max_sessions
         if limit is not None and len(self.tenant_sessions(tenant.name)) >= limit:
             raise QuotaError(
@@ -168,6 +180,9 @@ class Worker:
         self.draining = True
         if self._listen_scope is not None:
             self._listen_scope.cancel()
+        if self.isolation is not None:
+            # The children drain their sessions and tell their clients, through the relays.
+            await self.isolation.aclose()
         with anyio.move_on_after(self.config.shutdown_timeout if timeout is None else timeout):
             draining = list(self.connections)
             for connection in draining:

@@ -139,6 +139,14 @@ class FrameDecoder:
         """Bytes received but not yet returned as frames."""
         return len(self._buffer) + self._filled
 
+    def take_buffered(self) -> bytes:
+        """Everything received but not decoded (a relay passes it on as it is)."""
+        if self._header is not None:
+            raise RuntimeError("a frame header was already consumed")
+        data = bytes(self._buffer)
+        self._buffer.clear()
+        return data
+
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         """Append received bytes (kept as given only when immutable ``bytes``)."""
         pieces = self._pieces
