@@ -187,8 +187,9 @@ def fake_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     """A stand-in ``hipr.server`` whose ``run_worker`` records how it was called."""
     seen: dict[str, Any] = {"raise": None}
 
-    async def run_worker(config: WorkerConfig) -> None:
+    async def run_worker(config: WorkerConfig, config_path: Any = None) -> None:
         seen["config"] = config
+        seen["config_path"] = config_path
         seen["async_library"] = sniffio.current_async_library()
         if seen["raise"] is not None:
             raise seen["raise"]
