@@ -1,25 +1,59 @@
-"""A real worker on loopback, over tcp or a unix socket, with the emulator backend."""
+"""A real worker on loopback with the emulator backend, reached over every transport:
+tcp, unix, tls, mutual TLS, and ssh (a real sshd forwarding to the worker's socket)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import anyio.abc
 import pytest
 from anyio.from_thread import start_blocking_portal
 
+import hipr
 from hipr.backends.emulator import EmulatorBackend
-from hipr.config import WorkerConfig
+from hipr.config import TlsConfig, WorkerConfig
 from hipr.server import Worker, running_worker
+from hipr.transports import connect
+from tests.transports.conftest import Pki, SshServer, pki, sshd  # noqa: F401  (fixtures)
 
 EMULATED_MEMORY = 64 << 20
+TRANSPORTS = ["tcp", "unix", "tls", "mtls", "ssh"]
 
 
-@pytest.fixture(params=["tcp", "unix"])
-def listen_url(request: pytest.FixtureRequest, short_tmp: Path) -> str:
-    """Where the test worker listens."""
-    if request.param == "tcp":
+@dataclass(frozen=True)
+class Endpoint:
+    """How a client reaches the test worker: a URL and the transport's options."""
+
+    url: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def aconnect(self, **more: Any) -> AbstractAsyncContextManager[hipr.AsyncGpu]:
+        """``hipr.aconnect`` to the worker over this transport."""
+        return hipr.aconnect(self.url, **self.options, **more)
+
+    async def raw(self) -> anyio.abc.ByteStream:
+        """A bare byte stream to the worker, for hand-made frames."""
+        return await connect(self.url, **self.options)
+
+
+@pytest.fixture(params=TRANSPORTS)
+def transport_kind(request: pytest.FixtureRequest) -> str:
+    """Which transport the test runs over."""
+    return str(request.param)
+
+
+@pytest.fixture
+def listen_url(transport_kind: str, short_tmp: Path) -> str:
+    """Where the test worker listens (ssh clients arrive through its unix socket)."""
+    if transport_kind == "tcp":
         return "tcp://127.0.0.1:0"
+    if transport_kind in ("tls", "mtls"):
+        return "tls://127.0.0.1:0"
     return f"unix://{short_tmp}/worker.sock"
 
 
@@ -30,9 +64,19 @@ def backend() -> EmulatorBackend:
 
 
 @pytest.fixture
-def worker_config() -> WorkerConfig:
-    """The worker's configuration (tests override what they need)."""
-    return WorkerConfig(max_frame_bytes=8 << 20)
+def worker_config(transport_kind: str, request: pytest.FixtureRequest) -> WorkerConfig:
+    """The worker's configuration (TLS settings for the tls kinds)."""
+    config = WorkerConfig(max_frame_bytes=8 << 20)
+    if transport_kind in ("tls", "mtls"):
+        certs: Pki = request.getfixturevalue("pki")
+        tls = TlsConfig(
+            certfile=Path(certs.server_cert),
+            keyfile=Path(certs.server_key),
+            client_ca=Path(certs.ca_file) if transport_kind == "mtls" else None,
+            require_client_cert=transport_kind == "mtls",
+        )
+        config = dataclasses.replace(config, tls=tls)
+    return config
 
 
 @pytest.fixture
@@ -45,14 +89,38 @@ async def worker(
 
 
 @pytest.fixture
-def threaded_worker(
-    listen_url: str, backend: EmulatorBackend, worker_config: WorkerConfig
-) -> Iterator[Worker]:
+def endpoint(worker: Worker, transport_kind: str, request: pytest.FixtureRequest) -> Endpoint:
+    """The client's way to ``worker`` over the test's transport."""
+    bound = worker.bound_urls[0]
+    if transport_kind == "tls":
+        return Endpoint(bound, {"ca": request.getfixturevalue("pki").ca_file})
+    if transport_kind == "mtls":
+        certs: Pki = request.getfixturevalue("pki")
+        return Endpoint(
+            bound, {"ca": certs.ca_file, "cert": certs.client_cert, "key": certs.client_key}
+        )
+    if transport_kind == "ssh":
+        server: SshServer = request.getfixturevalue("sshd")
+        return Endpoint(server.url(bound.removeprefix("unix://")), server.options())
+    return Endpoint(bound)
+
+
+@pytest.fixture(params=["tcp", "unix"])
+def sync_listen_url(request: pytest.FixtureRequest, short_tmp: Path) -> str:
+    """Where the worker of the synchronous-client tests listens."""
+    if request.param == "tcp":
+        return "tcp://127.0.0.1:0"
+    return f"unix://{short_tmp}/worker.sock"
+
+
+@pytest.fixture
+def threaded_worker(sync_listen_url: str, backend: EmulatorBackend) -> Iterator[Worker]:
     """A worker on its own event-loop thread, for tests of the synchronous client."""
+    config = WorkerConfig(max_frame_bytes=8 << 20)
     with (
         start_blocking_portal("trio") as portal,
         portal.wrap_async_context_manager(
-            running_worker(worker_config, backend, [listen_url])
+            running_worker(config, backend, [sync_listen_url])
         ) as running,
     ):
         yield running

@@ -10,13 +10,13 @@ import hipr
 from hipr.backends.emulator import EmulatorBackend
 from hipr.errors import HipErrorCode as E
 from hipr.server import Worker
+from tests.e2e.conftest import Endpoint
 
 pytestmark = pytest.mark.anyio
 
 
-async def test_device_queries(worker: Worker) -> None:
-    url = worker.bound_urls[0]
-    async with hipr.aconnect(url) as gpu:
+async def test_device_queries(endpoint: Endpoint, worker: Worker) -> None:
+    async with endpoint.aconnect() as gpu:
         info = gpu.worker_info()
         assert info["backend"] == "emulator" and info["session_id"] == gpu.session_id
         assert await gpu.device_count() == 2
@@ -34,8 +34,8 @@ async def test_device_queries(worker: Worker) -> None:
         assert info_err.value.name == "hipErrorInvalidDevice"
 
 
-async def test_memory_round_trips(worker: Worker) -> None:
-    async with hipr.aconnect(worker.bound_urls[0]) as gpu:
+async def test_memory_round_trips(endpoint: Endpoint, worker: Worker) -> None:
+    async with endpoint.aconnect() as gpu:
         host = np.arange(1000, dtype=np.float32)
         p = await gpu.malloc(host.nbytes)
         assert p.size == 4000 and int(p) % 4096 == 0 and int(p) != 0
@@ -61,8 +61,8 @@ async def test_memory_round_trips(worker: Worker) -> None:
 
 
 @pytest.mark.parametrize("size", [0, 1, 4097, (3 << 20) + 17])
-async def test_copy_sizes_chunked_both_ways(worker: Worker, size: int) -> None:
-    async with hipr.aconnect(worker.bound_urls[0]) as gpu:
+async def test_copy_sizes_chunked_both_ways(endpoint: Endpoint, worker: Worker, size: int) -> None:
+    async with endpoint.aconnect() as gpu:
         p = await gpu.malloc(max(size, 1) + 8)
         payload = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
         await gpu.memcpy_htod(p + 8, payload)
@@ -70,8 +70,8 @@ async def test_copy_sizes_chunked_both_ways(worker: Worker, size: int) -> None:
         await gpu.free(p)
 
 
-async def test_streams_events_async_copies(worker: Worker) -> None:
-    async with hipr.aconnect(worker.bound_urls[0]) as gpu:
+async def test_streams_events_async_copies(endpoint: Endpoint, worker: Worker) -> None:
+    async with endpoint.aconnect() as gpu:
         p = await gpu.malloc(1 << 20)
         s = await gpu.stream_create()
         e0, e1 = await gpu.event_create(), await gpu.event_create()
@@ -93,8 +93,8 @@ async def test_streams_events_async_copies(worker: Worker) -> None:
         await gpu.synchronize()
 
 
-async def test_builtin_kernel(worker: Worker) -> None:
-    async with hipr.aconnect(worker.bound_urls[0]) as gpu:
+async def test_builtin_kernel(endpoint: Endpoint, worker: Worker) -> None:
+    async with endpoint.aconnect() as gpu:
         n = 1000
         a = np.arange(n, dtype=np.float32)
         b = np.full(n, 2.5, dtype=np.float32)
@@ -106,8 +106,10 @@ async def test_builtin_kernel(worker: Worker) -> None:
         assert np.array_equal(c, a + b)
 
 
-async def test_bad_input_gives_the_right_error_and_the_session_goes_on(worker: Worker) -> None:
-    async with hipr.aconnect(worker.bound_urls[0]) as gpu:
+async def test_bad_input_gives_the_right_error_and_the_session_goes_on(
+    endpoint: Endpoint, worker: Worker
+) -> None:
+    async with endpoint.aconnect() as gpu:
         p = await gpu.malloc(100)
 
         async def expect(code: int, coro: object) -> hipr.HipError:
@@ -156,16 +158,20 @@ async def test_bad_input_gives_the_right_error_and_the_session_goes_on(worker: W
         assert await gpu.memcpy_dtoh(p, 10) == b"still here"
 
 
-async def test_plain_python_numbers_are_refused_as_kernel_args(worker: Worker) -> None:
-    async with hipr.aconnect(worker.bound_urls[0]) as gpu:
+async def test_plain_python_numbers_are_refused_as_kernel_args(
+    endpoint: Endpoint, worker: Worker
+) -> None:
+    async with endpoint.aconnect() as gpu:
         fill = await gpu.builtin("fill_f32")
         p = await gpu.malloc(64)
         with pytest.raises(hipr.HipError, match="argument 1.*ambiguous C width"):
             await fill.launch(1, 16, [p, 1.0, np.uint64(16)])
 
 
-async def test_fire_and_forget_error_surfaces_at_next_sync(worker: Worker) -> None:
-    async with hipr.aconnect(worker.bound_urls[0]) as gpu:
+async def test_fire_and_forget_error_surfaces_at_next_sync(
+    endpoint: Endpoint, worker: Worker
+) -> None:
+    async with endpoint.aconnect() as gpu:
         fill = await gpu.builtin("fill_f32")
         p = await gpu.malloc(64)
         # n is larger than the allocation: the emulator faults like a GPU would.
@@ -176,8 +182,8 @@ async def test_fire_and_forget_error_surfaces_at_next_sync(worker: Worker) -> No
         await gpu.synchronize()  # reported once, then cleared
 
 
-async def test_graph_capture_and_explicit(worker: Worker) -> None:
-    async with hipr.aconnect(worker.bound_urls[0]) as gpu:
+async def test_graph_capture_and_explicit(endpoint: Endpoint, worker: Worker) -> None:
+    async with endpoint.aconnect() as gpu:
         n = 256
         p = await gpu.malloc(n * 4)
         s = await gpu.stream_create()
@@ -208,16 +214,15 @@ async def test_graph_capture_and_explicit(worker: Worker) -> None:
 
 
 async def test_vanished_client_is_freed_after_resume_grace(
-    worker: Worker, backend: EmulatorBackend
+    endpoint: Endpoint, worker: Worker, backend: EmulatorBackend
 ) -> None:
     """A client that drops its link and never comes back: after resume_grace, all is freed."""
     import dataclasses
 
     from hipr.protocol import Flags, FrameDecoder, Opcode, encode_frame
-    from hipr.transports import connect
 
     worker.config = dataclasses.replace(worker.config, resume_grace=0.3)
-    stream = await connect(worker.bound_urls[0])
+    stream = await endpoint.raw()
     requests = [
         encode_frame(Opcode.HELLO, 0, Flags.NONE, {"client": "vanishing"}),
         encode_frame(Opcode.MALLOC, 1, Flags.NONE, {"size": 1000}),
@@ -242,13 +247,12 @@ async def test_vanished_client_is_freed_after_resume_grace(
 
 
 async def test_many_concurrent_sessions_are_isolated(
-    worker: Worker, backend: EmulatorBackend
+    endpoint: Endpoint, worker: Worker, backend: EmulatorBackend
 ) -> None:
-    url = worker.bound_urls[0]
     seen: dict[int, bytes] = {}
 
     async def client(i: int) -> None:
-        async with hipr.aconnect(url) as gpu:
+        async with endpoint.aconnect() as gpu:
             p = await gpu.malloc(4096)
             payload = bytes([i]) * 4096
             await gpu.memcpy_htod(p, payload)
@@ -265,11 +269,13 @@ async def test_many_concurrent_sessions_are_isolated(
             await anyio.sleep(0.01)
 
 
-async def test_errors_in_the_block_reach_the_caller_unwrapped(worker: Worker) -> None:
+async def test_errors_in_the_block_reach_the_caller_unwrapped(
+    endpoint: Endpoint, worker: Worker
+) -> None:
     with pytest.raises(hipr.HipError) as err:
-        async with hipr.aconnect(worker.bound_urls[0]) as gpu:
+        async with endpoint.aconnect() as gpu:
             await gpu.free(0x1234)
     assert err.value.code == E.hipErrorInvalidValue
     with pytest.raises(KeyError):
-        async with hipr.aconnect(worker.bound_urls[0]):
+        async with endpoint.aconnect():
             raise KeyError("the caller's own")

@@ -11,14 +11,14 @@ from hipr.errors import HipError
 from hipr.protocol import Flags, FrameDecoder, Header, Opcode, encode_frame
 from hipr.protocol.header import PROTOCOL_VERSION
 from hipr.server import Worker
-from hipr.transports import connect
+from tests.e2e.conftest import Endpoint
 
 pytestmark = pytest.mark.anyio
 
 
-async def exchange(url: str, data: bytes, *, expect_close: bool = True) -> list:
+async def exchange(endpoint: Endpoint, data: bytes, *, expect_close: bool = True) -> list:
     """Send raw bytes; the frames the worker answered with until it closed."""
-    stream = await connect(url)
+    stream = await endpoint.raw()
     decoder = FrameDecoder()
     frames = []
     with anyio.fail_after(10):
@@ -40,57 +40,54 @@ def hello(version: int = PROTOCOL_VERSION) -> bytes:
     return encode_frame(Opcode.HELLO, 1, Flags.NONE, {"client": "raw"}, version=version)
 
 
-async def assert_worker_still_serves(url: str) -> None:
-    async with hipr.aconnect(url) as gpu:
+async def assert_worker_still_serves(endpoint: Endpoint) -> None:
+    async with endpoint.aconnect() as gpu:
         p = await gpu.malloc(16)
         await gpu.memcpy_htod(p, b"0123456789abcdef")
         assert await gpu.memcpy_dtoh(p, 16) == b"0123456789abcdef"
 
 
-async def test_unknown_major_version_gets_a_clear_error(worker: Worker) -> None:
-    url = worker.bound_urls[0]
-    frames = await exchange(url, hello(version=0x0900))
+async def test_unknown_major_version_gets_a_clear_error(endpoint: Endpoint, worker: Worker) -> None:
+    frames = await exchange(endpoint, hello(version=0x0900))
     assert len(frames) == 1 and Flags.ERROR in frames[0].flags
     error = HipError.from_wire(frames[0].args)
     assert isinstance(error, hipr.VersionMismatchError)
     assert "protocol 1.0" in error.message and "9.0" in error.message
-    await assert_worker_still_serves(url)
+    await assert_worker_still_serves(endpoint)
 
 
-async def test_first_frame_must_be_hello(worker: Worker) -> None:
-    url = worker.bound_urls[0]
-    frames = await exchange(url, encode_frame(Opcode.MALLOC, 1, Flags.NONE, {"size": 8}))
+async def test_first_frame_must_be_hello(endpoint: Endpoint, worker: Worker) -> None:
+    frames = await exchange(endpoint, encode_frame(Opcode.MALLOC, 1, Flags.NONE, {"size": 8}))
     assert "first frame must be HELLO" in HipError.from_wire(frames[0].args).message
-    await assert_worker_still_serves(url)
+    await assert_worker_still_serves(endpoint)
 
 
-async def test_bad_magic_closes_with_protocol_error(worker: Worker) -> None:
-    url = worker.bound_urls[0]
-    frames = await exchange(url, hello() + b"XXXX" + b"\0" * 40)
+async def test_bad_magic_closes_with_protocol_error(endpoint: Endpoint, worker: Worker) -> None:
+    frames = await exchange(endpoint, hello() + b"XXXX" + b"\0" * 40)
     errors = [HipError.from_wire(f.args) for f in frames if Flags.ERROR in f.flags]
     assert errors and isinstance(errors[-1], hipr.ProtocolError)
     assert "bad magic" in errors[-1].message
-    await assert_worker_still_serves(url)
+    await assert_worker_still_serves(endpoint)
 
 
 async def test_oversized_frame_closes_with_protocol_error(
-    worker: Worker, backend: EmulatorBackend
+    endpoint: Endpoint, worker: Worker, backend: EmulatorBackend
 ) -> None:
-    url = worker.bound_urls[0]
     huge = Header(Opcode.MEMCPY_HTOD, 2, Flags.NONE, 2**64 - 1).pack()
-    frames = await exchange(url, hello() + huge)
+    frames = await exchange(endpoint, hello() + huge)
     errors = [HipError.from_wire(f.args) for f in frames if Flags.ERROR in f.flags]
     assert errors and "over the limit" in errors[-1].message
-    await assert_worker_still_serves(url)
+    await assert_worker_still_serves(endpoint)
     assert backend.stats().is_zero()
 
 
-async def test_malformed_cbor_is_answered_and_the_session_goes_on(worker: Worker) -> None:
-    url = worker.bound_urls[0]
+async def test_malformed_cbor_is_answered_and_the_session_goes_on(
+    endpoint: Endpoint, worker: Worker
+) -> None:
     bad_payload = b"\x03\x00\x00\x00\xff\xff\xff"
     bad = Header(Opcode.MALLOC, 2, Flags.NONE, len(bad_payload)).pack() + bad_payload
     ping = encode_frame(Opcode.DEVICE_COUNT, 3)
-    stream = await connect(url)
+    stream = await endpoint.raw()
     decoder = FrameDecoder()
     got: dict[int, object] = {}
     with anyio.fail_after(10):
@@ -105,9 +102,11 @@ async def test_malformed_cbor_is_answered_and_the_session_goes_on(worker: Worker
     assert got[3].args == {"count": 2}  # type: ignore[attr-defined]
 
 
-async def test_silent_client_is_dropped_after_the_handshake_timeout(worker: Worker) -> None:
+async def test_silent_client_is_dropped_after_the_handshake_timeout(
+    endpoint: Endpoint, worker: Worker
+) -> None:
     worker.handshake_timeout = 0.3
-    stream = await connect(worker.bound_urls[0])
+    stream = await endpoint.raw()
     with anyio.fail_after(5):
         with pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError)):
             await stream.receive()

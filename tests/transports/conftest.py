@@ -217,6 +217,9 @@ def sshd() -> Iterator[SshServer]:
                 "AllowTcpForwarding yes",
                 "AllowStreamLocalForwarding yes",
                 "LogLevel VERBOSE",
+                # Tests open many links at once; the default (10) would drop some.
+                "MaxStartups 200",
+                "MaxSessions 200",
                 "",
             ]
         )
