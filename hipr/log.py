@@ -7,14 +7,25 @@ JSON lines (journald- and collector-friendly) otherwise, or when asked for.
 
 Secrets never reach the output: :func:`redact_secrets` runs on every event, ours and
 foreign ones alike, and replaces the value of any key that names a credential.
+
+A flood of one error (a scanner hitting the port, a client retrying a bad call) must
+not bury everything else: :class:`RateLimiter` lets the first warning or error of a
+kind through, drops repeats for a window (10 s), then writes one line
+``suppressed N similar`` with the count. Levels can be set per logger
+(``log_levels = {"hipr.connection" = "debug"}`` in the worker config).
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
+import math
 import os
 import sys
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import IO, Any
 
 import structlog
@@ -78,6 +89,149 @@ def _shared_processors() -> list[Processor]:
     ]
 
 
+#: Seconds during which repeats of one warning or error are counted, not written.
+RATE_LIMIT_WINDOW = 10.0
+#: Marks the summary lines the limiter writes itself, so that they are never limited.
+_SUMMARY_MARK = "_hipr_rate_limit_summary"
+_LIMITED_LEVELS = frozenset({"warning", "error", "critical", "exception"})
+
+
+@dataclass(slots=True)
+class _Window:
+    start: float
+    logger: str
+    level: str
+    event: str
+    error: str | None
+    suppressed: int = 0
+
+
+class RateLimiter:
+    """structlog processor: repeats of one warning or error within ``window`` seconds are
+    dropped and counted; once the window is over, one line ``suppressed N similar``
+    (with ``similar_to`` and ``error``) reports them.
+
+    "One error" is the same logger, level, event and ``error`` field (or exception).
+    The summary is written when the next event of any kind is logged after the window,
+    or by :meth:`flush` (at exit). Thread-safe.
+    """
+
+    def __init__(
+        self,
+        window: float = RATE_LIMIT_WINDOW,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        max_keys: int = 1024,
+    ) -> None:
+        self.window = window
+        self.clock = clock
+        self.max_keys = max_keys
+        self._windows: dict[tuple[str, str, str, str | None], _Window] = {}
+        self._lock = threading.Lock()
+        self._next_due = math.inf
+
+    def __call__(self, logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
+        if event_dict.pop(_SUMMARY_MARK, False):
+            return event_dict
+        now = self.clock()
+        if now >= self._next_due:
+            for window in self._take_due(now):
+                _emit_summary(window, self.window)
+        level = str(event_dict.get("level", method_name))
+        if self.window <= 0 or level not in _LIMITED_LEVELS:
+            return event_dict
+        error = _error_text(event_dict)
+        name = str(event_dict.get("logger", ""))
+        key = (name, level, str(event_dict.get("event", "")), error)
+        with self._lock:
+            found = self._windows.get(key)
+            if found is not None and now - found.start < self.window:
+                found.suppressed += 1
+                self._next_due = min(self._next_due, found.start + self.window)
+                raise structlog.DropEvent
+            if len(self._windows) >= self.max_keys:
+                self._prune(now)
+            self._windows[key] = _Window(now, name, level, key[2], error)
+        return event_dict
+
+    def _take_due(self, now: float) -> list[_Window]:
+        """Remove finished windows; those that suppressed something are returned."""
+        with self._lock:
+            due = [w for w in self._windows.values() if now - w.start >= self.window]
+            for w in due:
+                del self._windows[(w.logger, w.level, w.event, w.error)]
+            pending = [w.start + self.window for w in self._windows.values() if w.suppressed]
+            self._next_due = min(pending, default=math.inf)
+        return [w for w in due if w.suppressed]
+
+    def _prune(self, now: float) -> None:
+        """Make room (lock held): drop finished windows, else the oldest quiet ones."""
+        for key, w in list(self._windows.items()):
+            if now - w.start >= self.window and not w.suppressed:
+                del self._windows[key]
+        while len(self._windows) >= self.max_keys:
+            del self._windows[next(iter(self._windows))]
+
+    def flush(self) -> None:
+        """Write the summary of every window that suppressed something, now."""
+        with self._lock:
+            pending = [w for w in self._windows.values() if w.suppressed]
+            self._windows.clear()
+            self._next_due = math.inf
+        for window in pending:
+            _emit_summary(window, self.window)
+
+
+def _error_text(event_dict: EventDict) -> str | None:
+    error = event_dict.get("error")
+    if error is not None:
+        return str(error)
+    exc_info = event_dict.get("exc_info")
+    if exc_info is True:
+        exc_info = sys.exc_info()
+    if isinstance(exc_info, BaseException):
+        return repr(exc_info)
+    if isinstance(exc_info, tuple) and len(exc_info) == 3 and exc_info[1] is not None:
+        return repr(exc_info[1])
+    return None
+
+
+def _emit_summary(window: _Window, seconds: float) -> None:
+    level = LEVELS.get(window.level, logging.ERROR)
+    fields: dict[str, Any] = {"similar_to": window.event, "window_s": seconds, _SUMMARY_MARK: True}
+    if window.error is not None:
+        fields["error"] = window.error
+    structlog.stdlib.get_logger(window.logger).log(
+        level, f"suppressed {window.suppressed} similar", **fields
+    )
+
+
+class SafePrintLogger(structlog.PrintLogger):
+    """structlog's default logger, except that a line it cannot write (disk full, a
+    closed pipe or file) is dropped: logging must never take the worker down."""
+
+    def msg(self, message: str) -> None:
+        """Print ``message``, or drop it when the output fails."""
+        try:
+            super().msg(message)
+        except (OSError, ValueError):
+            pass
+
+    log = debug = info = warn = warning = msg
+    fatal = failure = err = error = critical = exception = msg
+
+
+def install_safe_default() -> None:
+    """Until the program configures structlog, log as its default does (to stdout) but
+    through :class:`SafePrintLogger`. The stdlib handlers of :func:`configure_logging`
+    are safe already: ``logging`` reports a failed write and goes on."""
+    if not structlog.is_configured():
+        structlog.configure(logger_factory=lambda *args: SafePrintLogger())
+
+
+install_safe_default()
+
+
 _FIRST = ("timestamp", "level", "logger", "event")
 
 
@@ -99,16 +253,27 @@ def resolve_level(level: str | None) -> str:
 
 
 def configure_logging(
-    level: str | None = "info", fmt: str | None = "auto", stream: IO[str] | None = None
+    level: str | None = "info",
+    fmt: str | None = "auto",
+    stream: IO[str] | None = None,
+    levels: Mapping[str, str] | None = None,
+    *,
+    rate_limit_window: float = RATE_LIMIT_WINDOW,
 ) -> None:
     """Send hipr's logs (and the stdlib's) to ``stream`` (default: ``sys.stderr`` now).
 
     ``level`` is one of debug, info, warning, error; ``None`` reads ``$HIPR_LOG_LEVEL``.
     ``fmt`` is ``console``, ``json``, or ``auto`` (console on a terminal, else JSON);
     ``None`` reads ``$HIPR_LOG_FORMAT``. Colours only on a terminal and without
-    ``$NO_COLOR``. Calling it again replaces the previous set-up.
+    ``$NO_COLOR``. ``levels`` sets levels per logger, e.g. ``{"hipr.connection":
+    "debug"}`` (a logger's children follow it). Repeated warnings and errors are
+    collapsed for ``rate_limit_window`` seconds (0: never). Calling it again replaces
+    the previous set-up.
     """
+    global _limiter
     level_name = resolve_level(level)
+    for lvl in (levels or {}).values():
+        resolve_level(lvl)  # a bad level fails before anything changes
     fmt = (fmt or os.environ.get("HIPR_LOG_FORMAT") or "auto").strip().lower()
     if fmt not in FORMATS:
         raise ValueError(f"unknown log format {fmt!r} (known: {', '.join(FORMATS)})")
@@ -130,10 +295,13 @@ def configure_logging(
         renderer = [structlog.dev.ConsoleRenderer(colors=colors)]
 
     shared = _shared_processors()
+    # Counts pending in a replaced set-up are dropped: its output may be gone already.
+    _limiter = RateLimiter(rate_limit_window)
     structlog.configure(
         processors=[
             structlog.stdlib.filter_by_level,
             *shared,
+            _limiter,
             structlog.stdlib.PositionalArgumentsFormatter(),
             structlog.processors.StackInfoRenderer(),
             structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
@@ -155,7 +323,35 @@ def configure_logging(
     for old in [h for h in root.handlers if getattr(h, _HANDLER_MARK, False)]:
         root.removeHandler(old)
     root.addHandler(handler)
-    root.setLevel(LEVELS[level_name])
+    set_levels(level_name, levels)
+
+
+def set_levels(level: str | None, levels: Mapping[str, str] | None = None) -> None:
+    """Set the root level and the per-logger ``levels`` (e.g. on a config reload);
+    loggers given a level before and not now follow the root again."""
+    root_level = LEVELS[resolve_level(level)]
+    logger_levels = {name: LEVELS[resolve_level(lvl)] for name, lvl in (levels or {}).items()}
+    logging.getLogger().setLevel(root_level)
+    for name in _levelled - set(logger_levels):
+        logging.getLogger(name).setLevel(logging.NOTSET)
+    for name, value in logger_levels.items():
+        logging.getLogger(name).setLevel(value)
+    _levelled.clear()
+    _levelled.update(logger_levels)
+
+
+#: The limiter of the current set-up (flushed at exit) and the loggers given levels.
+_limiter: RateLimiter | None = None
+_levelled: set[str] = set()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    if _limiter is not None:
+        try:
+            _limiter.flush()
+        except Exception:
+            pass
 
 
 def get_logger(name: str, **bound: Any) -> structlog.stdlib.BoundLogger:

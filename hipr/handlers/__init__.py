@@ -1,6 +1,7 @@
 """Request handlers, one module per opcode range; importing this package registers them."""
 
 from hipr.handlers import (  # noqa: F401  (imported for their registrations)
+    admin,
     device,
     event,
     graph,
