@@ -9,6 +9,7 @@ them bounds the memory one client can make the worker hold.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -92,6 +93,8 @@ class WorkerConnection:
         self._streamed_reply = False
         self._last_received = time.monotonic()
         self._done = anyio.Event()
+        # Read once: a log line per request only when someone asked for debug logs.
+        self._log_requests = logging.getLogger("hipr.connection").isEnabledFor(logging.DEBUG)
 
     # --- sending -------------------------------------------------------------------
     async def send(
@@ -426,7 +429,7 @@ class WorkerConnection:
         elif (
             not no_reply
             and frame.opcode not in _NOT_SYNCHRONISING
-            and (deferred := session.take_deferred_error())
+            and (deferred := await session.settled_deferred_error())
         ):
             error = type(deferred.error)(
                 deferred.error.code,
@@ -450,12 +453,18 @@ class WorkerConnection:
         if request_id:
             session.last_executed_id = request_id
         observer = self.worker.observer
-        observer.request_done(
-            session.tenant,
-            name,
-            "ok" if error is None else error.name,
-            time.perf_counter() - started,
-        )
+        outcome = "ok" if error is None else error.name
+        elapsed = time.perf_counter() - started
+        observer.request_done(session.tenant, name, outcome, elapsed)
+        if self._log_requests:
+            self._log.debug(
+                "request",
+                opcode=name,
+                request_id=request_id,
+                no_reply=no_reply,
+                outcome=outcome,
+                ms=round(elapsed * 1000, 3),
+            )
         if error is not None:
             quota = error.details.get("quota")
             if quota:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import hmac
 import ipaddress
-import logging
 import signal
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -26,6 +25,7 @@ from hipr.connection import WorkerConnection
 from hipr.errors import AuthError, HipError, QuotaError, SessionLostError
 from hipr.handlers.args import Args
 from hipr.isolation import TenantProcesses
+from hipr.log import set_levels
 from hipr.metrics import MetricsServer, start_metrics_server
 from hipr.observe import NullObserver, WorkerObserver
 from hipr.quotas import QuotaGate, TenantState
@@ -211,7 +211,7 @@ class Worker:
                 log_level=fresh.log_level,
                 resume_grace=fresh.resume_grace,
             )
-            logging.getLogger().setLevel(fresh.log_level.upper())
+            set_levels(fresh.log_level, fresh.log_levels)
         self.reload_tenants()
 
     async def serve_sockets(

@@ -13,7 +13,13 @@ import anyio.abc
 
 from hipr._version import __version__
 from hipr.backends.base import DeviceProperties
-from hipr.client.connection import Buffer, ClientConnection, EventCallback, LinkOptions
+from hipr.client.connection import (
+    Buffer,
+    ClientConnection,
+    EventCallback,
+    LinkOptions,
+    Progress,
+)
 from hipr.client.connection import _view as _bytes_view
 from hipr.client.objects import DevicePtr, Event, Function, Graph, Module, Stream, handle_id
 from hipr.client.timeouts import with_timeouts
@@ -121,10 +127,19 @@ class AsyncGpu:
         """Free an allocation (its start address)."""
         await self._call(Opcode.FREE, {"ptr": int(ptr)})
 
-    async def memcpy_htod(self, dst: DevicePtr | int, src: Buffer, size: int | None = None) -> None:
-        """Copy a host buffer (bytes, bytearray, memoryview, numpy array) to the device."""
+    async def memcpy_htod(
+        self,
+        dst: DevicePtr | int,
+        src: Buffer,
+        size: int | None = None,
+        progress: Progress | None = None,
+    ) -> None:
+        """Copy a host buffer (bytes, bytearray, memoryview, numpy array) to the device.
+        ``progress(done, total)`` is called as chunks leave, for progress bars."""
         data, size = _host_source(dst, src, size)
-        await self._call(Opcode.MEMCPY_HTOD, {"dst": int(dst), "size": size}, data)
+        await self._conn.request(
+            Opcode.MEMCPY_HTOD, {"dst": int(dst), "size": size}, data, progress=progress
+        )
 
     async def memcpy_htod_async(
         self,
@@ -146,8 +161,10 @@ class AsyncGpu:
         size: int | None = None,
         out: Buffer | None = None,
         stream: Stream | None = None,
+        progress: Progress | None = None,
     ) -> Any:
-        """Copy device bytes to the host: new ``bytes``, or into ``out`` (returned)."""
+        """Copy device bytes to the host: new ``bytes``, or into ``out`` (returned).
+        ``progress(done, total)`` is called as chunks arrive, for progress bars."""
         if size is None:
             if out is not None:
                 size = _bytes_view(out).nbytes
@@ -160,7 +177,7 @@ class AsyncGpu:
         target = memoryview(bytearray(size)) if out is None else _bytes_view(out)
         if target.readonly or target.nbytes < size:
             raise invalid_value(f"out must be a writable buffer of at least {size} bytes")
-        sink = _IntoBuffer(target, size)
+        sink = _IntoBuffer(target, size, progress)
         await self._conn.request(
             Opcode.MEMCPY_DTOH,
             {"src": int(src), "size": size, "stream": handle_id(stream)},
@@ -245,16 +262,19 @@ class AsyncGpu:
 class _IntoBuffer:
     """Writes a reply's chunks into the caller's buffer; restartable for a replayed reply."""
 
-    def __init__(self, target: memoryview, size: int) -> None:
+    def __init__(self, target: memoryview, size: int, progress: Progress | None = None) -> None:
         self.target = target
         self.size = size
         self.offset = 0
+        self.progress = progress
 
     def write(self, chunk: memoryview) -> None:
         if self.offset + chunk.nbytes > self.size:
             raise ProtocolError(message="the worker sent more bytes than asked for")
         self.target[self.offset : self.offset + chunk.nbytes] = chunk
         self.offset += chunk.nbytes
+        if self.progress is not None:
+            self.progress(self.offset, self.size)
 
     def reset(self) -> None:
         self.offset = 0

@@ -44,6 +44,8 @@ log = structlog.get_logger("hipr.client")
 RECEIVE_SIZE = 1 << 18
 Buffer = bytes | bytearray | memoryview
 Connector = Callable[[], Awaitable[anyio.abc.ByteStream]]
+#: ``progress(done_bytes, total_bytes)``, called as a large copy's chunks go or come.
+Progress = Callable[[int, int], None]
 #: ``on_event(kind, details)``: kind is disconnected, reconnecting, resumed or session_lost.
 EventCallback = Callable[[str, dict[str, Any]], None]
 _LINK_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
@@ -105,6 +107,7 @@ class _Sent:
     flags: Flags
     args: Any
     data: memoryview
+    progress: Progress | None = None
 
     @property
     def nbytes(self) -> int:
@@ -496,6 +499,8 @@ class ClientConnection:
             while offset < rest.nbytes:
                 piece = rest[offset : offset + chunk]
                 offset += piece.nbytes
+                if sent.progress is not None:
+                    sent.progress(first.nbytes + offset, data.nbytes)
                 more = Flags.MORE if offset < rest.nbytes else Flags.NONE
                 for part in encode_frame_parts(Opcode.DATA, sent.request_id, more, None, piece):
                     await stream.send(part)  # type: ignore[arg-type]
@@ -503,7 +508,13 @@ class ClientConnection:
             pass  # the reader sees the dead link; resend covers this request
 
     async def _submit(
-        self, opcode: int, flags: Flags, args: Any, data: memoryview, pending: _Pending | None
+        self,
+        opcode: int,
+        flags: Flags,
+        args: Any,
+        data: memoryview,
+        pending: _Pending | None,
+        progress: Progress | None = None,
     ) -> int:
         """Assign the next id and send, all under the send lock so ids follow wire order.
         Waits while the link is down; never leaves half a request on the wire."""
@@ -519,7 +530,7 @@ class ClientConnection:
                     self._next_id = 1 if request_id >= MAX_REQUEST_ID else request_id + 1
                     if pending is not None:
                         self._pending[request_id] = pending
-                    sent = _Sent(request_id, opcode, flags, args, data)
+                    sent = _Sent(request_id, opcode, flags, args, data, progress)
                     self._unacked[request_id] = sent
                     self._unacked_bytes += sent.nbytes
                     await self._write_request_locked(sent)
@@ -538,6 +549,7 @@ class ClientConnection:
         *,
         sink: ReplySink | None = None,
         timeout: float | None = None,
+        progress: Progress | None = None,
     ) -> tuple[Any, bytes]:
         """Send a request and wait for its reply: (result, bulk bytes not given to sink).
 
@@ -549,7 +561,7 @@ class ClientConnection:
         request_id = 0
         try:
             with anyio.fail_after(timeout):
-                request_id = await self._submit(opcode, Flags.NONE, args, view, pending)
+                request_id = await self._submit(opcode, Flags.NONE, args, view, pending, progress)
                 await pending.done.wait()
         except TimeoutError:
             sent = self._unacked.get(request_id)

@@ -16,13 +16,21 @@ OPCODE_RANGE = OpcodeRange.SESSION
 
 @handler(Opcode.HELLO)
 async def hello_again(session: Session, request: Request) -> Any:
-    """HELLO is the first frame of a connection; a second one is refused."""
+    """The first frame of a connection: ``{client, token?}`` (request id 0) ->
+    ``{protocol, worker_version, backend, session_id, tenant, max_frame_bytes,
+    chunk_bytes, heartbeat_interval, resume_token}``. A client of another major protocol
+    version gets a ``version`` error; a bad token an ``auth`` error. Answered by the
+    connection; this handler refuses a second HELLO on the same connection."""
     raise ProtocolError(message="HELLO was already exchanged on this connection")
 
 
 @handler(Opcode.RESUME)
 async def resume_again(session: Session, request: Request) -> Any:
-    """RESUME is valid only as the first frame of a new connection."""
+    """The first frame of a new connection after a dropped link: ``{session_id,
+    resume_token}`` -> ``{protocol, session_id, last_executed_id, chunk_bytes, ...}``.
+    The client then re-sends what it sent after ``last_executed_id``; the worker skips
+    fire-and-forget requests it already ran and replays cached replies. A session that is
+    gone gives a ``session_lost`` error. Refused anywhere but as the first frame."""
     raise ProtocolError(message="RESUME is valid only as the first frame of a connection")
 
 

@@ -279,3 +279,17 @@ async def test_errors_in_the_block_reach_the_caller_unwrapped(
     with pytest.raises(KeyError):
         async with endpoint.aconnect():
             raise KeyError("the caller's own")
+
+
+async def test_progress_callbacks_report_large_copies(endpoint: Endpoint, worker: Worker) -> None:
+    size = (3 << 20) + 5
+    seen_up: list[tuple[int, int]] = []
+    seen_down: list[tuple[int, int]] = []
+    async with endpoint.aconnect() as gpu:
+        p = await gpu.malloc(size)
+        await gpu.memcpy_htod(p, b"\x05" * size, progress=lambda d, t: seen_up.append((d, t)))
+        data = await gpu.memcpy_dtoh(p, size, progress=lambda d, t: seen_down.append((d, t)))
+    assert data == b"\x05" * size
+    for seen in (seen_up, seen_down):
+        assert seen and seen[-1] == (size, size)
+        assert [d for d, _ in seen] == sorted(d for d, _ in seen)
