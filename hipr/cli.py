@@ -146,6 +146,16 @@ def build_parser() -> argparse.ArgumentParser:
     new.add_argument("--json", action="store_true", help="print JSON instead of text")
     new.set_defaults(func=cmd_token_new, client=False)
 
+    tr = sub.add_parser(
+        "transports",
+        help="list the installed transports",
+        description="URL schemes this installation can listen on and connect to, with the "
+        "class behind each (built-ins and third-party plugins of the hipr.transports "
+        "entry-point group alike).",
+    )
+    tr.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    tr.set_defaults(func=cmd_transports, client=False)
+
     from hipr.completion import add_completion_parser
     from hipr.status_view import add_status_parser
 
@@ -181,6 +191,24 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from hipr.server import run_worker
 
     anyio.run(run_worker, config, args.config, backend="trio")
+    return EXIT_OK
+
+
+def cmd_transports(args: argparse.Namespace) -> int:
+    """``hipr transports``: the installed transport plugins."""
+    from hipr.transports import available_transports
+
+    found = available_transports()
+    if args.json:
+        _dump_json(found)
+        return EXIT_OK
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("scheme", "implementation", title="hipr transports")
+    for scheme, target in sorted(found.items()):
+        table.add_row(f"{scheme}://", target)
+    Console().print(table)
     return EXIT_OK
 
 

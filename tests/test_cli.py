@@ -523,3 +523,12 @@ def test_readme_starts_with_the_two_set_up_commands() -> None:
     commands = [line.split("#", 1)[0].strip() for line in block.strip().splitlines()]
     assert commands == ["./scripts/demo", "./scripts/test"]
     assert "#" in block.splitlines()[0] and "#" in block.splitlines()[1]  # annotated
+
+
+def test_transports_lists_every_builtin(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    assert cli.main(["transports", "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert {"tcp", "unix", "tls", "ssh"} <= set(found)
+    assert found["tcp"].endswith(":TcpTransport")
