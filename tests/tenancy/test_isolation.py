@@ -41,7 +41,8 @@ async def isolated_worker(anyio_backend: str, short_tmp: Path) -> AsyncIterator[
     config = WorkerConfig(
         tenants_file=tenants,
         isolation="process",
-        backend="emulator",
+        # HIPR_TEST_BACKEND=cuda runs the same tests on a GPU machine.
+        backend=os.environ.get("HIPR_TEST_BACKEND", "emulator"),
         resume_grace=10.0,
         log_level="warning",
     )
