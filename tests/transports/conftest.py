@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
-import trustme
 from anyio.abc import ByteStream, Listener
 
 from hipr.transports import peer_certificate_subject, peer_description, peer_uid
@@ -95,7 +95,7 @@ def short_tmp() -> Iterator[Path]:
 class Pki:
     """A throw-away CA, a worker certificate for localhost and a client certificate."""
 
-    ca: trustme.CA
+    ca: Any  #: a trustme.CA
     ca_file: str
     server_cert: str
     server_key: str
@@ -107,6 +107,8 @@ class Pki:
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     """Certificates made by trustme, written to files as a worker's config names them."""
+    import trustme  # only here: suites that reuse these fixtures may not need TLS at all
+
     root = tmp_path_factory.mktemp("pki")
     ca = trustme.CA()
     server = ca.issue_cert("localhost", "127.0.0.1", "::1")
