@@ -122,6 +122,12 @@ class HandleTable(Generic[T]):
         del self._objects[handle_id]
         return obj
 
+    def restore(self, handle_id: int, obj: T) -> None:
+        """Put back an object that :meth:`pop` removed (its destroy failed, so it still
+        exists and the session's teardown must free it). A single dict store: safe to
+        call from the session's GPU thread."""
+        self._objects[handle_id] = obj
+
     def items(self) -> list[tuple[int, T]]:
         """A snapshot of (id, object) pairs, newest last."""
         return list(self._objects.items())

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
+import anyio
 import structlog
 
 from hipr.backends.base import Backend
@@ -50,6 +51,10 @@ def as_hip_error(exc: BaseException, what: str) -> HipError:
     if isinstance(exc, HipError):
         return exc
     return HipError(HipErrorCode.hipErrorUnknown, f"internal error in {what}: {exc!r}")
+
+
+def _nothing() -> None:
+    """A no-op to queue behind other GPU calls: its return means they have all run."""
 
 
 class Session:
@@ -94,12 +99,23 @@ class Session:
         self._gpu = GpuThread(name=f"hipr-gpu-{self.id}")
         self._gpu.post(backend.bind_thread, 0, on_error=self._record_bind_error)
         self._deferred: DeferredError | None = None
+        #: Fire-and-forget calls may still be queued (the bind above is one).
+        self._unsettled = True
         self._closed = False
 
     # --- running work on the session's GPU thread --------------------------------------
     async def gpu(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a backend call on this session's thread, after all earlier ones."""
         return await self._gpu.call(fn, *args)
+
+    async def gpu_create(self, fn: Callable[..., T], *args: Any) -> T:
+        """:meth:`gpu` for a call that makes a backend object: not cancellable once queued,
+        so that the object always reaches the handler, which records it before its next
+        checkpoint and the teardown frees it. Cancelled mid-call (a worker shutdown), a
+        plain call would drop the object and leak it."""
+        with anyio.CancelScope(shield=True):
+            result = await self._gpu.call(fn, *args)
+        return result
 
     def gpu_submit(self, fn: Callable[..., T], *args: Any) -> PendingCall[T]:
         """Queue a backend call and return at once (await ``.result()`` later)."""
@@ -112,6 +128,7 @@ class Session:
             if self._deferred is None:
                 self._deferred = DeferredError(as_hip_error(exc, opcode), opcode, request_id)
 
+        self._unsettled = True
         self._gpu.post(fn, *args, on_error=keep)
 
     def _record_bind_error(self, exc: BaseException) -> None:
@@ -122,6 +139,15 @@ class Session:
         """Keep ``error`` of a fire-and-forget request for the next synchronising call."""
         if self._deferred is None:
             self._deferred = DeferredError(error, opcode, request_id)
+
+    async def settled_deferred_error(self) -> DeferredError | None:
+        """:meth:`take_deferred_error` once every fire-and-forget call queued so far has
+        run: otherwise the error of one still queued would reach a later call, and this
+        one would report success over work that failed (a read after a failed launch)."""
+        if self._unsettled:
+            await self._gpu.call(_nothing)
+            self._unsettled = False
+        return self.take_deferred_error()
 
     def take_deferred_error(self) -> DeferredError | None:
         """The pending fire-and-forget error, cleared (reported exactly once)."""

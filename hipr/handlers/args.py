@@ -7,6 +7,7 @@ truncation (``-1`` as a size, ``2**64`` as an address, a string where a list is 
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +17,17 @@ U64_MAX = 2**64 - 1
 #: Sizes are bounded below 2**63 so that ``ptr + size`` arithmetic stays meaningful.
 SIZE_MAX = 2**63 - 1
 MAX_STRING = 1 << 20
+
+
+def _shown(value: object) -> str:
+    """A short rendering of an untrusted value that never raises: ``repr`` refuses ints
+    of more than 4300 digits, and would render a megabyte list in full."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"an integer of {value.bit_length()} bits"
+    try:
+        return reprlib.repr(value)
+    except Exception:
+        return f"a {type(value).__name__}"
 
 
 class Args:
@@ -32,7 +44,7 @@ class Args:
         self._opcode = opcode_name
 
     def _fail(self, key: str, wanted: str, value: object) -> Exception:
-        shown = repr(value)
+        shown = _shown(value)
         if len(shown) > 60:
             shown = shown[:57] + "..."
         return invalid_value(f"{self._opcode}: argument '{key}' must be {wanted}, got {shown}")

@@ -65,6 +65,22 @@ class Reply:
     bulk: bytes | bytearray | memoryview = field(default=b"")
 
 
+def or_restore(fn: Callable[..., Any], *restores: Callable[[], None]) -> Callable[..., Any]:
+    """``fn``, which on failure first runs ``restores``. A destroy that the runtime refuses
+    leaves its object alive: the handle goes back to the session's table so that the
+    session's teardown frees it, instead of leaking it for the life of the worker."""
+
+    def call(*args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Exception:
+            for restore in restores:
+                restore()
+            raise
+
+    return call
+
+
 async def run_ordered(
     session: Session, request: Request, fn: Callable[..., Any], *args: Any
 ) -> None:

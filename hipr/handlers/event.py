@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
-from hipr.handlers.context import Request, run_ordered
+from hipr.handlers.context import Request, or_restore, run_ordered
 from hipr.handlers.registry import handler
 from hipr.protocol.opcodes import Opcode, OpcodeRange
 from hipr.session import Session
@@ -22,7 +23,7 @@ def _event(session: Session, request: Request, key: str = "event") -> Any:
 async def event_create(session: Session, request: Request) -> Any:
     """-> ``{event}``: a new event with timing."""
     session.gate.check_count("max_events")
-    event = await session.gpu(session.backend.event_create)
+    event = await session.gpu_create(session.backend.event_create)
     return {"event": session.events.add(event)}
 
 
@@ -32,7 +33,10 @@ async def event_destroy(session: Session, request: Request) -> Any:
     event_id = request.args.handle("event")
     assert event_id is not None
     event = session.events.pop(event_id)
-    await run_ordered(session, request, session.backend.event_destroy, event)
+    destroy = or_restore(
+        session.backend.event_destroy, partial(session.events.restore, event_id, event)
+    )
+    await run_ordered(session, request, destroy, event)
     return {}
 
 

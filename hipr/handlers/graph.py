@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from hipr.errors import invalid_value
-from hipr.handlers.context import Request, run_ordered
+from hipr.handlers.context import Request, or_restore, run_ordered
 from hipr.handlers.module import launch_arguments
 from hipr.handlers.registry import handler
 from hipr.protocol.opcodes import Opcode, OpcodeRange
@@ -41,7 +42,7 @@ def _add_node(session: Session, graph_id: int, entry: GraphEntry, handle: Any) -
 async def graph_create(session: Session, request: Request) -> Any:
     """-> ``{graph}``: an empty graph."""
     session.gate.check_count("max_graphs")
-    graph = await session.gpu(session.backend.graph_create)
+    graph = await session.gpu_create(session.backend.graph_create)
     return {"graph": session.graphs.add(GraphEntry(graph, []))}
 
 
@@ -50,9 +51,13 @@ async def graph_destroy(session: Session, request: Request) -> Any:
     """``{graph}``: destroy a graph; its instantiations live on."""
     graph_id, _ = _graph(session, request)
     entry = session.graphs.pop(graph_id)
-    for node_id in entry.node_ids:
-        session.graph_nodes.pop(node_id)
-    await run_ordered(session, request, session.backend.graph_destroy, entry.handle)
+    nodes = [(node_id, session.graph_nodes.pop(node_id)) for node_id in entry.node_ids]
+    destroy = or_restore(
+        session.backend.graph_destroy,
+        partial(session.graphs.restore, graph_id, entry),
+        *(partial(session.graph_nodes.restore, i, node) for i, node in nodes),
+    )
+    await run_ordered(session, request, destroy, entry.handle)
     return {}
 
 
@@ -106,7 +111,7 @@ async def graph_add_kernel(session: Session, request: Request) -> Any:
 async def graph_instantiate(session: Session, request: Request) -> Any:
     """``{graph}`` -> ``{exec}``: an executable graph."""
     _, entry = _graph(session, request)
-    exe = await session.gpu(session.backend.graph_instantiate, entry.handle)
+    exe = await session.gpu_create(session.backend.graph_instantiate, entry.handle)
     return {"exec": session.graph_execs.add(exe)}
 
 
@@ -127,5 +132,8 @@ async def graph_exec_destroy(session: Session, request: Request) -> Any:
     exec_id = request.args.handle("exec")
     assert exec_id is not None
     exe = session.graph_execs.pop(exec_id)
-    await run_ordered(session, request, session.backend.graph_exec_destroy, exe)
+    destroy = or_restore(
+        session.backend.graph_exec_destroy, partial(session.graph_execs.restore, exec_id, exe)
+    )
+    await run_ordered(session, request, destroy, exe)
     return {}

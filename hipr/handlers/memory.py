@@ -12,6 +12,7 @@ from collections import deque
 from typing import Any
 
 import anyio
+import numpy as np
 
 from hipr.errors import HipError, invalid_value
 from hipr.gpu_thread import PendingCall
@@ -29,6 +30,12 @@ PIPELINE_DEPTH = 4
 DTOH_CHUNK = 1 << 20
 
 
+def _host_buffer(size: int) -> memoryview:
+    """A fresh host buffer for device bytes, left uninitialised: the copy fills all of it,
+    so zeroing it first (as ``bytearray(size)`` does) would be a wasted pass over memory."""
+    return np.empty(size, np.uint8).data
+
+
 @handler(Opcode.MALLOC)
 async def malloc(session: Session, request: Request) -> Any:
     """``{size}`` -> ``{ptr}``: allocate on the current device."""
@@ -36,7 +43,7 @@ async def malloc(session: Session, request: Request) -> Any:
     if size == 0:
         raise invalid_value("MALLOC: size must be at least 1 byte")
     with session.gate.reserve_memory(size):
-        ptr = await session.gpu(session.backend.malloc, size)
+        ptr = await session.gpu_create(session.backend.malloc, size)
         session.allocations.add(Allocation(ptr, size, session.device))
     return {"ptr": ptr}
 
@@ -48,8 +55,8 @@ async def free(session: Session, request: Request) -> Any:
     allocation = session.allocations.remove(ptr)
     try:
         await session.gpu(session._free_on, allocation)
-    except HipError:
-        # The runtime refused: keep the books honest, the memory is still held.
+    except Exception:
+        # The runtime refused (or failed): keep the books honest, the memory is still held.
         session.allocations.add(allocation)
         raise
     return {}
@@ -57,6 +64,18 @@ async def free(session: Session, request: Request) -> Any:
 
 async def _copy_chunks_in(session: Session, request: Request, dst: int, size: int) -> None:
     stream = session.stream(request.args.handle("stream", optional=True))
+    if not request.more:
+        # All of it came in one frame: one ordered call, queued without a wait when the
+        # request is fire-and-forget (small async copies run at the launch rate).
+        if request.bulk.nbytes != size:
+            raise invalid_value(
+                f"MEMCPY_HTOD: announced {size} bytes, received {request.bulk.nbytes}"
+            )
+        if size:
+            await run_ordered(
+                session, request, session.backend.memcpy_htod, dst, request.bulk, stream
+            )
+        return
     in_flight: deque[PendingCall[None]] = deque()
     offset = 0
     chunk: memoryview | None = request.bulk
@@ -111,8 +130,8 @@ async def memcpy_dtoh(session: Session, request: Request) -> Any:
     stream = session.stream(request.args.handle("stream", optional=True))
     session.observer.bytes_copied(session.tenant, "dtoh", size)
     if size <= DTOH_CHUNK:
-        out = bytearray(size)
-        await session.gpu(session.backend.memcpy_dtoh, memoryview(out), src, stream)
+        out = _host_buffer(size)
+        await session.gpu(session.backend.memcpy_dtoh, out, src, stream)
         return Reply({"size": size}, out)
     # Double-buffered: the GPU fills chunk k+1 while chunk k is on the wire.
     pending: PendingCall[None] | None = None
@@ -120,7 +139,7 @@ async def memcpy_dtoh(session: Session, request: Request) -> Any:
     offset = 0
     while offset < size:
         n = min(DTOH_CHUNK, size - offset)
-        buffer = memoryview(bytearray(n))
+        buffer = _host_buffer(n)
         call = session.gpu_submit(session.backend.memcpy_dtoh, buffer, src + offset, stream)
         if pending is not None:
             await pending.result()
@@ -166,7 +185,7 @@ async def malloc_htod(session: Session, request: Request) -> Any:
         if size == 0:
             raise invalid_value("MALLOC_HTOD: size must be at least 1 byte")
         with session.gate.reserve_memory(size):
-            ptr = await session.gpu(session.backend.malloc, size)
+            ptr = await session.gpu_create(session.backend.malloc, size)
             allocation = Allocation(ptr, size, session.device)
             session.allocations.add(allocation)
     except HipError:
@@ -178,6 +197,10 @@ async def malloc_htod(session: Session, request: Request) -> Any:
     except BaseException:
         session.allocations.remove(ptr)
         with anyio.CancelScope(shield=True):
-            await session.gpu(session._free_on, allocation)
+            try:
+                await session.gpu(session._free_on, allocation)
+            except Exception:
+                # Still held: back in the books, the session's teardown frees it.
+                session.allocations.add(allocation)
         raise
     return {"ptr": ptr}

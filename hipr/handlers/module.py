@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from hipr.errors import invalid_value
 from hipr.handlers.args import Args
-from hipr.handlers.context import Request, run_ordered
+from hipr.handlers.context import Request, or_restore, run_ordered
 from hipr.handlers.registry import handler
 from hipr.protocol.opcodes import Opcode, OpcodeRange
 from hipr.resources import FunctionEntry, ModuleEntry
@@ -44,7 +45,7 @@ async def module_compile(session: Session, request: Request) -> Any:
     session.gate.check_count("max_modules")
     backend = session.backend
     image = await session.gpu(backend.compile, source, name, options)
-    handle = await session.gpu(backend.module_load, image)
+    handle = await session.gpu_create(backend.module_load, image)
     return {"module": _add_module(session, handle, shared=False)}
 
 
@@ -63,7 +64,7 @@ async def module_load(session: Session, request: Request) -> Any:
     if not request.bulk.nbytes:
         raise invalid_value("MODULE_LOAD: the code object is empty")
     session.gate.check_count("max_modules")
-    handle = await session.gpu(session.backend.module_load, bytes(request.bulk))
+    handle = await session.gpu_create(session.backend.module_load, bytes(request.bulk))
     return {"module": _add_module(session, handle, shared=False)}
 
 
@@ -73,12 +74,16 @@ async def module_unload(session: Session, request: Request) -> Any:
     module_id = request.args.handle("module")
     assert module_id is not None
     entry = session.modules.pop(module_id)
-    for function_id in entry.function_ids:
-        session.functions.pop(function_id)
+    functions = [(i, session.functions.pop(i)) for i in entry.function_ids]
     if session.builtin_module_id == module_id:
         session.builtin_module_id = None
     if not entry.shared:
-        await session.gpu(session.backend.module_unload, entry.handle)
+        unload = or_restore(
+            session.backend.module_unload,
+            partial(session.modules.restore, module_id, entry),
+            *(partial(session.functions.restore, i, f) for i, f in functions),
+        )
+        await session.gpu(unload, entry.handle)
     return {}
 
 

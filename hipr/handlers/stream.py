@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from hipr.errors import HipError, HipErrorCode
-from hipr.handlers.context import Request, run_ordered
+from hipr.handlers.context import Request, or_restore, run_ordered
 from hipr.handlers.registry import handler
 from hipr.protocol.opcodes import Opcode, OpcodeRange
 from hipr.resources import GraphEntry
@@ -18,7 +19,7 @@ OPCODE_RANGE = OpcodeRange.STREAM
 async def stream_create(session: Session, request: Request) -> Any:
     """-> ``{stream}``: a new stream on the current device."""
     session.gate.check_count("max_streams")
-    stream = await session.gpu(session.backend.stream_create)
+    stream = await session.gpu_create(session.backend.stream_create)
     return {"stream": session.streams.add(stream)}
 
 
@@ -32,7 +33,10 @@ async def stream_destroy(session: Session, request: Request) -> Any:
             HipErrorCode.hipErrorIllegalState, "the stream is capturing; end capture first"
         )
     stream = session.streams.pop(stream_id)
-    await run_ordered(session, request, session.backend.stream_destroy, stream)
+    destroy = or_restore(
+        session.backend.stream_destroy, partial(session.streams.restore, stream_id, stream)
+    )
+    await run_ordered(session, request, destroy, stream)
     return {}
 
 
@@ -86,5 +90,5 @@ async def stream_end_capture(session: Session, request: Request) -> Any:
     if stream_id not in session.capturing_streams:
         raise HipError(HipErrorCode.hipErrorIllegalState, "the stream is not capturing")
     session.capturing_streams.discard(stream_id)
-    graph = await session.gpu(session.backend.stream_end_capture, stream)
+    graph = await session.gpu_create(session.backend.stream_end_capture, stream)
     return {"graph": session.graphs.add(GraphEntry(graph, []))}

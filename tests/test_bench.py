@@ -1,0 +1,231 @@
+"""The benchmark suite runs end to end and reports the right shape; nothing here times.
+
+Every benchmark runs with tiny counts (``Plan.quick()``) against a real worker, over tcp
+and unix, under trio and asyncio; the checks are on structure alone, never on a figure.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from benchmarks import baselines, suite
+from hipr import bench, cli
+from hipr.backends.emulator import EmulatorBackend
+from hipr.config import WorkerConfig
+from hipr.protocol.opcodes import Opcode
+from hipr.server import running_worker
+
+REPO = Path(__file__).resolve().parent.parent
+PLAN = suite.Plan.quick()
+
+
+def _short_dir(tag: str) -> Path:
+    """A directory with a short path: unix socket paths must stay under 108 bytes."""
+    return Path(tempfile.mkdtemp(prefix=f"hipr-bt-{tag}-", dir="/tmp"))
+
+
+@pytest.fixture(params=["tcp", "unix"])
+def transport(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def target(anyio_backend: str, transport: str) -> AsyncIterator[suite.Target]:
+    """A worker and a baseline server on loopback, and the Target naming both."""
+    short = _short_dir(anyio_backend)
+    urls = {
+        "tcp": ("tcp://127.0.0.1:0", "tcp://127.0.0.1:0"),
+        "unix": (f"unix://{short}/w.sock", f"unix://{short}/b.sock"),
+    }[transport]
+    backend = EmulatorBackend(total_memory=64 << 20)
+    local = baselines.local_runtime_copies(EmulatorBackend(), PLAN.copy_sizes, 1)
+    async with (
+        running_worker(WorkerConfig(max_frame_bytes=8 << 20), backend, [urls[0]]) as worker,
+        anyio.create_task_group() as tg,
+    ):
+        (base_url,) = await tg.start(baselines.serve, [urls[1]])
+        yield suite.Target(
+            url=worker.bound_urls[0],
+            baseline_url=base_url,
+            transport=transport,
+            loop=anyio_backend,
+            worker_loop=anyio_backend,
+            local_copies=tuple(local),
+            local_malloc_seconds=0.001,
+        )
+        tg.cancel_scope.cancel()
+    shutil.rmtree(short, ignore_errors=True)
+
+
+def _check_row(row: suite.Row) -> None:
+    assert row.bench in suite.BENCHMARKS
+    assert row.name and row.unit in {"µs", "GB/s", "req/s", "ms"}
+    assert isinstance(row.value, float) and math.isfinite(row.value) and row.value >= 0
+    if row.baseline_value is not None:
+        assert row.baseline and row.baseline_value >= 0
+        assert row.ratio is None or row.ratio == row.value / row.baseline_value
+    assert row.ratio_style in {"x", "%"}
+    assert (row.met is None) == (row.goal == "")
+    json.dumps(row.to_json())
+
+
+@pytest.mark.anyio
+async def test_every_benchmark_runs_and_reports_its_shape(target: suite.Target) -> None:
+    rows = await suite.run_suite(target, PLAN)
+    for row in rows:
+        _check_row(row)
+    names = [row.name for row in rows]
+    by_bench = {b: [r for r in rows if r.bench == b] for b in suite.BENCHMARKS}
+    # 1. median and p99 of two null requests, the medians with the 1.5x goal
+    assert [r.name for r in by_bench["rtt"]] == [
+        "PING round trip, median",
+        "PING round trip, p99",
+        "get_device round trip, median",
+        "get_device round trip, p99",
+    ]
+    assert [r.goal for r in by_bench["rtt"]] == ["≤ 1.5x", "", "≤ 1.5x", ""]
+    # 2. both directions of every size, each beside the bare stream
+    copies = by_bench["copy"]
+    assert len(copies) == 2 * len(PLAN.copy_sizes)
+    assert all(r.ratio_style == "%" and r.baseline.startswith("bare stream") for r in copies)
+    assert "memcpy_htod 3.0 MiB" in names and "memcpy_dtoh 4 KiB" in names
+    # 3. fire-and-forget beside the synchronous rate; 100k/s is a unix goal only
+    ff = [r for r in by_bench["ff"] if "fire-and-forget" in r.name]
+    assert len(ff) == 2 and all(r.unit == "req/s" and r.baseline_value for r in ff)
+    assert all(("100k" in r.goal) == (target.transport == "unix") for r in ff)
+    assert all(r.extra["posted_per_s"] > 0 for r in ff)
+    # 4. malloc/free pairs, 5. many clients
+    assert by_bench["malloc"][0].name == f"{PLAN.malloc_pairs} malloc/free pairs (4 KiB)"
+    assert [r.unit for r in by_bench["concurrent"]] == ["req/s", "µs"]
+    # 6. the same copies and malloc/free through the runtime, locally
+    assert len(by_bench["local"]) == 2 * len(PLAN.copy_sizes) + 1
+
+
+@pytest.mark.anyio
+async def test_only_runs_the_benchmarks_named(target: suite.Target) -> None:
+    rows = await suite.run_suite(target, PLAN.with_only(["rtt", "malloc"]))
+    assert {row.bench for row in rows} == {"rtt", "malloc"}
+    with pytest.raises(ValueError, match="unknown benchmark"):
+        PLAN.with_only(["rtt", "nope"])
+
+
+def test_local_runtime_copies_report_each_size() -> None:
+    copies = baselines.local_runtime_copies(EmulatorBackend(), [4096, 1 << 20], 2)
+    assert [c.size for c in copies] == [4096, 1 << 20]
+    assert all(len(c.htod) == 2 and len(c.dtoh) == 2 for c in copies)
+    assert baselines.local_malloc_free(EmulatorBackend(), 3) >= 0
+
+
+def test_helpers() -> None:
+    assert bench.parse_size("64M") == 64 << 20
+    assert bench.parse_size("1GiB") == 1 << 30
+    assert bench.parse_size("4096") == 4096
+    assert bench.parse_size("1.5K") == 1536
+    assert suite.percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert suite.percentile(list(map(float, range(100))), 99) == 98.0
+    assert suite.size_text(64 << 20) == "64 MiB" and suite.size_text(100) == "100 B"
+    assert suite.frame_size(Opcode.PING) == 24
+
+
+def test_tables_markdown_and_json_from_rows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [
+        suite.Row(
+            "rtt",
+            "PING round trip, median",
+            120.0,
+            "µs",
+            "bare echo",
+            100.0,
+            goal="≤ 1.5x",
+            met=True,
+        ),
+        suite.Row(
+            "copy",
+            "memcpy_htod 64 MiB",
+            1.0,
+            "GB/s",
+            "bare stream",
+            2.0,
+            ratio_style="%",
+            goal="≥ 85 %",
+            met=False,
+            note="why",
+        ),
+    ]
+    runs = [bench.Run("unix", "trio", "trio", "unix:///x", "unix:///y", rows)]
+    meta = {
+        "date": "2026-11-23 00:00 UTC",
+        "machine": bench.machine_description(),
+        "backend": "emulator",
+        "device": "hipr emulator",
+        "hipr_version": "0",
+        "command": "hipr bench --local",
+    }
+    text = bench.markdown(runs, meta)
+    assert (
+        "| PING round trip, median | 120.0 µs | bare echo | 100.0 µs | 1.20x | ≤ 1.5x | met |"
+        in text
+    )
+    assert "| 50 % | ≥ 85 % | MISSED |" in text and "- memcpy_htod 64 MiB: why" in text
+    written = bench._write_split(str(tmp_path / "r-{transport}.md"), runs, lambda g: "x")
+    assert [p.name for p in written] == ["r-unix.md"]
+    bench.print_tables(runs, meta)
+    out = capsys.readouterr().out
+    assert "1.20x" in out and "MISSED" in out and "goals met: 1 of 2" in out
+    doc = bench.results_json(runs, meta)
+    assert doc["runs"][0]["rows"][1]["ratio"] == 0.5
+
+
+def test_cli_needs_a_url_or_local(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bench"]) == cli.EXIT_USAGE
+    assert "needs a worker URL" in capsys.readouterr().err
+    assert cli.main(["bench", "--local", "--only", "nope"]) == cli.EXIT_USAGE
+
+
+def test_hipr_bench_local_is_one_command(tmp_path: Path) -> None:
+    """``hipr bench --local`` starts its worker and baseline server, runs, and cleans up."""
+    md = tmp_path / "out-{transport}.md"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hipr.bench",
+            "--local",
+            "--quick",
+            "--json",
+            "--loop",
+            "asyncio",
+            "--markdown",
+            str(md),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["meta"]["backend"] == "emulator" and doc["meta"]["machine"]["cpus"]
+    assert [(r["transport"], r["loop"], r["worker_loop"]) for r in doc["runs"]] == [
+        ("tcp", "asyncio", "asyncio"),
+        ("unix", "asyncio", "asyncio"),
+    ]
+    for run in doc["runs"]:
+        assert {row["bench"] for row in run["rows"]} == set(suite.BENCHMARKS)
+    assert (tmp_path / "out-tcp.md").read_text().startswith("# hipr bench: emulator, tcp")
+    assert (tmp_path / "out-unix.md").is_file()
