@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -48,7 +49,9 @@ log = structlog.get_logger("hipr.connection")
 
 RECEIVE_SIZE = 1 << 18
 #: Frames read ahead of the executor: overlap for pipelined copies, bounded memory.
-READ_AHEAD_FRAMES = 4
+#: Request bytes read ahead of the executor per connection: overlap for pipelined
+#: copies and batches of small frames, with bounded memory.
+READ_AHEAD_BYTES = 16 << 20
 #: Requests whose reply never reports a pending fire-and-forget error.
 _NOT_SYNCHRONISING = {Opcode.PING, Opcode.GOODBYE, Opcode.BARRIER}
 
@@ -82,8 +85,9 @@ class WorkerConnection:
         self._decoder = FrameDecoder(worker.config.max_frame_bytes)
         self._send_lock = anyio.Lock()
         self._frames_in, self._frames_out = anyio.create_memory_object_stream[Frame](
-            READ_AHEAD_FRAMES
+            math.inf
         )
+        self._queue_drained = anyio.Event()
         self._log = log.bind(peer=peer)
         #: Request bytes read but not yet taken by the executor (max_inflight_bytes).
         self._inflight = 0
@@ -132,7 +136,7 @@ class WorkerConnection:
             for frame in self._decoder.frames():
                 await on_frame(frame)
             try:
-                data = await self.stream.receive(RECEIVE_SIZE)
+                data = await self.stream.receive(self._decoder.receive_size())
             except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
                 return
             self._last_received = time.monotonic()
@@ -352,10 +356,13 @@ class WorkerConnection:
                     await self.send(Opcode.PING, frame.request_id, Flags.REPLY, {})
                 return
             assert self.session is not None
+            while self._inflight > READ_AHEAD_BYTES:
+                await self._queue_drained.wait()
             size = frame.header.payload_length
             await self.session.gate.hold_inflight(size, self._inflight)
             self._inflight += size
-            await self._frames_in.send(frame)
+            # No event-loop pass per frame: the queue is bounded in bytes, not frames.
+            self._frames_in.send_nowait(frame)
 
         try:
             await self._read_frames(on_frame)
@@ -368,8 +375,14 @@ class WorkerConnection:
 
     async def _next_frame(self) -> Frame:
         """The next queued frame, released from the in-flight count."""
-        frame = await self._frames_out.receive()
+        try:
+            frame = self._frames_out.receive_nowait()
+        except anyio.WouldBlock:
+            frame = await self._frames_out.receive()
         size = frame.header.payload_length
+        if self._inflight > READ_AHEAD_BYTES >= self._inflight - size:
+            self._queue_drained.set()
+            self._queue_drained = anyio.Event()
         self._inflight -= size
         assert self.session is not None
         self.session.gate.release_inflight(size)

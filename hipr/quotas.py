@@ -43,6 +43,8 @@ class TenantState:
     reserved_memory: int = 0
     inflight_bytes: int = 0
     inflight_freed: anyio.Event = field(default_factory=anyio.Event)
+    #: Readers waiting for in-flight room (no event churn per frame when none waits).
+    inflight_waiters: int = 0
 
 
 class QuotaGate:
@@ -131,11 +133,16 @@ class QuotaGate:
             if limit is None or own_inflight == 0 or state.inflight_bytes + size <= limit:
                 state.inflight_bytes += size
                 return
-            await state.inflight_freed.wait()
+            state.inflight_waiters += 1
+            try:
+                await state.inflight_freed.wait()
+            finally:
+                state.inflight_waiters -= 1
 
     def release_inflight(self, size: int) -> None:
         """The executor took ``size`` bytes of requests off the queue."""
         state = self._state
         state.inflight_bytes -= size
-        state.inflight_freed.set()
-        state.inflight_freed = anyio.Event()
+        if state.inflight_waiters:
+            state.inflight_freed.set()
+            state.inflight_freed = anyio.Event()

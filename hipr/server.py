@@ -39,7 +39,7 @@ log = structlog.get_logger("hipr.worker")
 
 #: Copy chunk size announced to clients: large enough to amortise per-frame costs,
 #: small enough that a copy can be refused or cancelled between chunks.
-DEFAULT_CHUNK_BYTES = 1 << 20
+DEFAULT_CHUNK_BYTES = 4 << 20
 
 
 class Worker:

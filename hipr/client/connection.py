@@ -265,7 +265,7 @@ class ClientConnection:
             while True:
                 for frame in self._decoder.frames():
                     await self._route(frame)
-                data = await stream.receive(RECEIVE_SIZE)
+                data = await stream.receive(self._decoder.receive_size())
                 self._last_received = time.monotonic()
                 self._decoder.feed(data)
         except (anyio.EndOfStream, *_LINK_ERRORS):
@@ -487,6 +487,8 @@ class ClientConnection:
             for part in parts:
                 self._outbox.append(bytes(part) if isinstance(part, memoryview) else part)
                 self._outbox_bytes += len(part)
+            if sent.progress is not None:
+                sent.progress(data.nbytes, data.nbytes)
             return
         await self._flush_locked()
         stream = self._stream
@@ -495,6 +497,8 @@ class ClientConnection:
         try:
             for part in parts:
                 await stream.send(part)  # type: ignore[arg-type]
+            if sent.progress is not None:
+                sent.progress(first.nbytes, data.nbytes)
             offset = 0
             while offset < rest.nbytes:
                 piece = rest[offset : offset + chunk]
@@ -521,24 +525,46 @@ class ClientConnection:
         while True:
             if self._broken is not None:
                 raise self._broken
-            await self._link_up.wait()
-            with anyio.CancelScope(shield=True):
-                async with self._send_lock:
-                    if self._stream is None:
-                        continue
-                    request_id = self._next_id
-                    self._next_id = 1 if request_id >= MAX_REQUEST_ID else request_id + 1
-                    if pending is not None:
-                        self._pending[request_id] = pending
-                    sent = _Sent(request_id, opcode, flags, args, data, progress)
-                    self._unacked[request_id] = sent
-                    self._unacked_bytes += sent.nbytes
-                    await self._write_request_locked(sent)
-                    if pending is not None or self._outbox_bytes >= self.options.coalesce_bytes:
-                        await self._flush_locked()
-                    elif self._outbox:
-                        self._outbox_ready.set()
-                    return request_id
+            if self._stream is None:
+                await self._link_up.wait()
+                continue
+            # Fast path: a free lock is taken without an event-loop pass, and a small
+            # fire-and-forget request then only joins the batch (no await at all).
+            try:
+                self._send_lock.acquire_nowait()
+            except anyio.WouldBlock:
+                with anyio.CancelScope(shield=True):
+                    await self._send_lock.acquire()
+            try:
+                if self._stream is None:
+                    continue
+                return await self._submit_locked(opcode, flags, args, data, pending, progress)
+            finally:
+                self._send_lock.release()
+
+    async def _submit_locked(
+        self,
+        opcode: int,
+        flags: Flags,
+        args: Any,
+        data: memoryview,
+        pending: _Pending | None,
+        progress: Progress | None,
+    ) -> int:
+        request_id = self._next_id
+        self._next_id = 1 if request_id >= MAX_REQUEST_ID else request_id + 1
+        if pending is not None:
+            self._pending[request_id] = pending
+        sent = _Sent(request_id, opcode, flags, args, data, progress)
+        self._unacked[request_id] = sent
+        self._unacked_bytes += sent.nbytes
+        with anyio.CancelScope(shield=True):
+            await self._write_request_locked(sent)
+            if pending is not None or self._outbox_bytes >= self.options.coalesce_bytes:
+                await self._flush_locked()
+            elif self._outbox:
+                self._outbox_ready.set()
+        return request_id
 
     # --- requests ----------------------------------------------------------------------
     async def request(
@@ -560,9 +586,15 @@ class ClientConnection:
         pending = _Pending(opcode, sink=sink)
         request_id = 0
         try:
-            with anyio.fail_after(timeout):
+            if timeout is None:  # no cancel scope to set up on the common path
                 request_id = await self._submit(opcode, Flags.NONE, args, view, pending, progress)
                 await pending.done.wait()
+            else:
+                with anyio.fail_after(timeout):
+                    request_id = await self._submit(
+                        opcode, Flags.NONE, args, view, pending, progress
+                    )
+                    await pending.done.wait()
         except TimeoutError:
             sent = self._unacked.get(request_id)
             if sent is not None and sent.data.nbytes:

@@ -27,7 +27,7 @@ OPCODE_RANGE = OpcodeRange.MEMORY
 #: GPU copies kept in flight per request: enough to overlap link and bus, bounded memory.
 PIPELINE_DEPTH = 4
 #: Device-to-host reply chunk; the client learns the worker's limits at HELLO.
-DTOH_CHUNK = 1 << 20
+DTOH_CHUNK = 4 << 20
 
 
 def _host_buffer(size: int) -> memoryview:

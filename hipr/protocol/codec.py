@@ -139,6 +139,15 @@ class FrameDecoder:
         """Bytes received but not yet returned as frames."""
         return len(self._buffer) + self._filled
 
+    def receive_size(self, small: int = 1 << 16, large: int = 4 << 20) -> int:
+        """How much to ask the transport for next: enough to finish the frame under way
+        (a bulk chunk arrives in few reads), but a small read between small frames (a
+        large read buffer costs an allocation of its full size on every receive)."""
+        if self._header is None:
+            return small
+        missing = self._header.payload_length - self._filled - len(self._buffer)
+        return max(small, min(missing, large))
+
     def take_buffered(self) -> bytes:
         """Everything received but not decoded (a relay passes it on as it is)."""
         if self._header is not None:

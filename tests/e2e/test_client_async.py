@@ -282,7 +282,7 @@ async def test_errors_in_the_block_reach_the_caller_unwrapped(
 
 
 async def test_progress_callbacks_report_large_copies(endpoint: Endpoint, worker: Worker) -> None:
-    size = (3 << 20) + 5
+    size = (9 << 20) + 5  # more than two chunks
     seen_up: list[tuple[int, int]] = []
     seen_down: list[tuple[int, int]] = []
     async with endpoint.aconnect() as gpu:
