@@ -215,6 +215,7 @@ class WorkerConnection:
         try:
             session = self.session
             if session is not None:
+                session.flush_posts()  # posted work runs now, even while detached
                 if self._inflight:
                     session.gate.release_inflight(self._inflight)
                     self._inflight = 0
@@ -378,6 +379,8 @@ class WorkerConnection:
         try:
             frame = self._frames_out.receive_nowait()
         except anyio.WouldBlock:
+            assert self.session is not None
+            self.session.flush_posts()  # nothing more queued: start what was posted
             frame = await self._frames_out.receive()
         size = frame.header.payload_length
         if self._inflight > READ_AHEAD_BYTES >= self._inflight - size:

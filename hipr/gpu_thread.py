@@ -79,26 +79,47 @@ class PendingCall(Generic[T]):
 class GpuThread:
     """A dedicated thread that runs submitted callables in submission order."""
 
+    #: Fire-and-forget calls batched before the thread is woken for them.
+    MAX_BATCH = 256
+
     def __init__(self, name: str) -> None:
-        self._queue: queue.SimpleQueue[_Call | object] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Call | list[_Call] | object] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
         self._closed = False
+        # Posted calls wait here until flush(): waking the thread once per batch instead
+        # of once per call keeps a stream of small launches off the GIL hand-off path.
+        self._batch: list[_Call] = []
 
     def _main(self) -> None:
         while True:
             item = self._queue.get()
             if item is _STOP:
                 return
-            assert isinstance(item, _Call)
-            try:
-                item.result = item.fn(*item.args)
-            except BaseException as exc:  # handed to the awaiting task, never lost
-                item.error = exc
-                if item.on_error is not None:
-                    item.on_error(exc)
-            if item.waker is not None and item.done is not None:
-                item.waker(item.done.set)
+            if isinstance(item, list):
+                for call in item:
+                    self._run(call)
+            else:
+                assert isinstance(item, _Call)
+                self._run(item)
+
+    @staticmethod
+    def _run(item: _Call) -> None:
+        try:
+            item.result = item.fn(*item.args)
+        except BaseException as exc:  # handed to the awaiting task, never lost
+            item.error = exc
+            if item.on_error is not None:
+                item.on_error(exc)
+        if item.waker is not None and item.done is not None:
+            item.waker(item.done.set)
+
+    def flush(self) -> None:
+        """Hand the posted calls to the thread (the caller is about to wait, or more
+        should not be held back)."""
+        if self._batch:
+            batch, self._batch = self._batch, []
+            self._queue.put(batch)
 
     def submit(self, fn: Callable[..., T], *args: Any) -> PendingCall[T]:
         """Queue ``fn(*args)`` and return at once; await the result later. Lets a handler
@@ -106,6 +127,7 @@ class GpuThread:
         if self._closed:
             raise RuntimeError("GPU thread is closed")
         item = _Call(fn, args, _loop_waker(), anyio.Event(), None)
+        self.flush()  # everything posted before runs before this call
         self._queue.put(item)
         return PendingCall(item)
 
@@ -120,15 +142,19 @@ class GpuThread:
     def post(
         self, fn: Callable[..., Any], *args: Any, on_error: Callable[[BaseException], None]
     ) -> None:
-        """Queue ``fn(*args)`` without waiting; ``on_error`` runs on the GPU thread."""
+        """Queue ``fn(*args)`` without waiting; ``on_error`` runs on the GPU thread. It
+        starts at the next :meth:`flush` (or submit), at the latest after MAX_BATCH posts."""
         if self._closed:
             raise RuntimeError("GPU thread is closed")
-        self._queue.put(_Call(fn, args, None, None, on_error))
+        self._batch.append(_Call(fn, args, None, None, on_error))
+        if len(self._batch) >= self.MAX_BATCH:
+            self.flush()
 
     async def close(self) -> None:
         """Finish queued work, then stop the thread (waits without blocking the loop)."""
         if self._closed:
             return
+        self.flush()
         self._closed = True
         self._queue.put(_STOP)
         await anyio.to_thread.run_sync(self._thread.join)

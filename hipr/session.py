@@ -117,6 +117,10 @@ class Session:
             result = await self._gpu.call(fn, *args)
         return result
 
+    def flush_posts(self) -> None:
+        """Start the fire-and-forget calls posted so far (before the executor waits)."""
+        self._gpu.flush()
+
     def gpu_submit(self, fn: Callable[..., T], *args: Any) -> PendingCall[T]:
         """Queue a backend call and return at once (await ``.result()`` later)."""
         return self._gpu.submit(fn, *args)
