@@ -109,6 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--config", metavar="FILE", help="worker TOML file (see config/worker.toml)")
     w.add_argument("--log-level", choices=LOG_LEVELS, help="default info, or HIPR_LOG_LEVEL")
     w.add_argument("--log-format", choices=LOG_FORMATS, help="default auto")
+    w.add_argument(
+        "--loop",
+        choices=("asyncio", "trio"),
+        default="asyncio",
+        help="event loop (default asyncio: the faster one for fire-and-forget and many "
+        "clients in benchmarks/results; trio had the shorter single round trips)",
+    )
     w.set_defaults(func=cmd_worker, client=False)
 
     i = sub.add_parser(
@@ -190,7 +197,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     # Imported late: the worker pulls in backends that the client commands never need.
     from hipr.server import run_worker
 
-    anyio.run(run_worker, config, args.config, backend="trio")
+    anyio.run(run_worker, config, args.config, backend=args.loop)
     return EXIT_OK
 
 

@@ -216,12 +216,15 @@ def _restore_logging() -> Iterator[None]:
     structlog.reset_defaults()
 
 
-def test_worker_runs_the_server_under_trio_with_the_config(
+def test_worker_runs_the_server_under_asyncio_by_default_and_trio_on_request(
     capsys: pytest.CaptureFixture[str], fake_server: dict[str, Any]
 ) -> None:
     code, _, _ = run(capsys, "worker")
     assert code == 0
     assert fake_server["config"] == WorkerConfig()
+    assert fake_server["async_library"] == "asyncio"
+    code, _, _ = run(capsys, "worker", "--loop", "trio")
+    assert code == 0
     assert fake_server["async_library"] == "trio"
 
 
