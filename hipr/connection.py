@@ -39,6 +39,7 @@ from hipr.protocol.header import (
     version_text,
 )
 from hipr.protocol.opcodes import Opcode, opcode_name
+from hipr.replay import MAX_ONE_REPLY
 from hipr.session import Session, as_hip_error
 from hipr.transports import connect as transport_connect
 
@@ -328,13 +329,9 @@ class WorkerConnection:
             await self._try_send_error(frame.opcode, frame.request_id, exc)
             return None
         reply = {
-            "protocol": PROTOCOL_VERSION,
-            "worker_version": __version__,
-            "backend": self.worker.backend.name,
-            "session_id": session.id,
+            **self._session_reply(session),
             "tenant": session.tenant,
             "max_frame_bytes": self.worker.config.max_frame_bytes,
-            "chunk_bytes": self.worker.chunk_bytes,
             "heartbeat_interval": self.worker.config.heartbeat_interval,
             "resume_token": session.resume_token,
         }
@@ -504,10 +501,16 @@ class WorkerConnection:
     ) -> None:
         """Send a final reply, kept first in the session's reply cache so that the same
         request resent after a dropped link gets the same answer without running again."""
-        data = b"".join(encode_frame_parts(frame.opcode, frame.request_id, flags, result, bulk))
-        if frame.request_id and not self._streamed_reply:
-            session.replies.put(frame.request_id, data)
-        self._streamed_reply = False
+        parts = encode_frame_parts(frame.opcode, frame.request_id, flags, result, bulk)
+        streamed, self._streamed_reply = self._streamed_reply, False
+        if streamed or not frame.request_id or memoryview(bulk).nbytes > MAX_ONE_REPLY:
+            # Too large to keep (a resent read runs again instead): no joined copy either.
+            async with self._send_lock:
+                for part in parts:
+                    await self.stream.send(part)  # type: ignore[arg-type]
+            return
+        data = b"".join(parts)
+        session.replies.put(frame.request_id, data)
         await self._send_bytes(data)
 
     async def _replay(self, frame: Frame, request: Request) -> bool:
@@ -582,6 +585,16 @@ class WorkerConnection:
         finally:
             await anyio.aclose_forcefully(upstream)
 
+    def _session_reply(self, session: Session) -> dict[str, Any]:
+        """What both HELLO and RESUME replies tell the client."""
+        return {
+            "protocol": PROTOCOL_VERSION,
+            "worker_version": __version__,
+            "backend": self.worker.backend.name,
+            "session_id": session.id,
+            "chunk_bytes": self.worker.chunk_bytes,
+        }
+
     async def _resume(self, frame: Frame) -> Session | None:
         try:
             args = Args(frame.args, "RESUME")
@@ -594,12 +607,8 @@ class WorkerConnection:
             await self._try_send_error(frame.opcode, frame.request_id, exc)
             return None
         reply = {
-            "protocol": PROTOCOL_VERSION,
-            "worker_version": __version__,
-            "backend": self.worker.backend.name,
-            "session_id": session.id,
+            **self._session_reply(session),
             "last_executed_id": session.last_executed_id,
-            "chunk_bytes": self.worker.chunk_bytes,
         }
         try:
             await self.send(Opcode.RESUME, frame.request_id, Flags.REPLY, reply)
