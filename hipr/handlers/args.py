@@ -7,6 +7,7 @@ truncation (``-1`` as a size, ``2**64`` as an address, a string where a list is 
 
 from __future__ import annotations
 
+import math
 import reprlib
 from collections.abc import Mapping
 from typing import Any
@@ -99,7 +100,13 @@ class Args:
         value = self._get(key, False)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self._fail(key, "a number", value)
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond the double range
+            number = math.inf
+        if not math.isfinite(number):
+            raise self._fail(key, "a finite number", value)
+        return number
 
     def text(self, key: str, *, default: str | None = None, max_length: int = MAX_STRING) -> str:
         """A text string."""

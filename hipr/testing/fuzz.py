@@ -1,0 +1,726 @@
+"""Frame generators and a raw mutator for fuzzing the worker. Sans-I/O: bytes out only.
+
+Three layers of abuse, from polite to hostile:
+
+- :func:`structured_frame`: a well-framed request for any opcode (or none), with
+  plausible arguments aimed at the fuzz session's own allocation and handles, then
+  often mutated: wrong CBOR shapes and types, sizes near 2**64, negative values,
+  offsets just past the end of the allocation, unknown keys, nested junk.
+- :func:`nasty_cbor_frame`: framing intact, the CBOR part hostile (deep nesting, huge
+  declared lengths, cyclic shared references, bad UTF-8, odd tags).
+- :class:`RawMutator`: byte-level damage to encoded frames: bit flips, truncation,
+  insertions, header fields (magic, version, opcode, flags, payload length up to
+  2**64-1) and the CBOR length prefix overwritten.
+
+Every generator takes a :class:`random.Random`, so a run is replayed from its seed.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+import cbor2
+
+from hipr.kernels.builtins import BUILTINS
+from hipr.protocol.codec import ARGS_LENGTH, encode_frame
+from hipr.protocol.header import (
+    HEADER,
+    HEADER_SIZE,
+    MAGIC,
+    MAX_REQUEST_ID,
+    PROTOCOL_VERSION,
+    Flags,
+)
+from hipr.protocol.opcodes import Opcode
+
+
+class Stage(StrEnum):
+    """Where in a connection's life the abuse arrives."""
+
+    #: Before HELLO: the handshake itself is the target.
+    PRE_HELLO = "pre_hello"
+    #: After HELLO, between requests.
+    POST_HELLO = "post_hello"
+    #: Between a MEMCPY_HTOD (or MALLOC_HTOD) with MORE and its DATA frames.
+    MID_COPY = "mid_copy"
+
+
+#: Integers at the edges of every width a decoder or an address computation might use.
+INTERESTING_INTS: tuple[int, ...] = (
+    0,
+    1,
+    -1,
+    2,
+    7,
+    8,
+    255,
+    256,
+    4095,
+    4096,
+    65535,
+    65536,
+    2**31 - 1,
+    2**31,
+    -(2**31),
+    2**32 - 1,
+    2**32,
+    2**53,
+    2**63 - 1,
+    2**63,
+    -(2**63),
+    -(2**63) - 1,
+    2**64 - 1,
+    2**64,
+    -(2**64),
+    2**64 + 1,
+    2**100,
+    -(2**100),
+    10**5000,
+)
+
+INTERESTING_FLOATS: tuple[float, ...] = (
+    0.0,
+    -0.0,
+    0.5,
+    1e308,
+    -1e308,
+    5e-324,
+    math.inf,
+    -math.inf,
+    math.nan,
+)
+
+#: CBOR parts that are valid framing but hostile content.
+NASTY_CBOR: tuple[bytes, ...] = (
+    b"\x81" * 5000 + b"\x00",  # arrays nested 5000 deep
+    b"\xa1\x00" * 5000 + b"\x00",  # maps nested 5000 deep
+    b"\xc6" * 5000 + b"\x00",  # tags nested 5000 deep
+    b"\x5b" + b"\xff" * 8,  # a byte string of 2**64-1 bytes (absent)
+    b"\x9b\x00\x00\x00\x01\x00\x00\x00\x00",  # an array of 2**32 items (absent)
+    b"\xbb" + b"\x7f" + b"\xff" * 7,  # a map of 2**63-1 pairs (absent)
+    b"\x7f\x61a",  # indefinite text without break
+    b"\x9f\x00\x00",  # indefinite array without break
+    b"\xc2\x59\x10\x00" + b"\xff" * 4096,  # a 32768-bit bignum
+    b"\xd8\x1c\x81\xd8\x1d\x00",  # an array that contains itself
+    b"\xd8\x1c\xa1\x64size\xd8\x1d\x00",  # {"size": <itself>}
+    b"\xd8\x23\x62(x",  # a bad regular expression
+    b"\xd8\x23\x68(a+)+b$$",  # a catastrophic one
+    b"\xc1\x1b" + b"\xff" * 8,  # a datetime out of range
+    b"\x62\xff\xfe",  # invalid UTF-8
+    b"\xd9\x01\x02\x81\x80",  # a set holding an unhashable
+    b"\xd8\x1e\x82\x01\x00",  # a fraction over zero
+    b"\xc4\x82\x1b\x7f\xff\xff\xff\xff\xff\xff\xff\x01",  # decimal with a huge exponent
+    b"\xf7",  # undefined
+    b"\xf8\xff",  # simple value 255
+    b"\xa1\x80\x00",  # a map keyed by an array
+    b"\xdb" + b"\xff" * 8 + b"\x00",  # tag 2**64-1
+    b"\xd8\x24\x63abc",  # a MIME message
+    b"\xd8\x19\x00",  # a string reference outside its namespace
+    b"\xff",  # a lone break
+    b"",  # nothing (with a non-zero length prefix this overruns)
+)
+
+
+@dataclass(slots=True)
+class Targets:
+    """What the fuzz session holds, so arguments can aim just inside and just past it."""
+
+    ptr: int = 0x7F00_0000_0000
+    size: int = 4096
+    stream: int = 1
+    event: int = 1
+    module: int = 1
+    function: int = 1
+    graph: int = 1
+    graph_exec: int = 1
+    node: int = 1
+    #: A second allocation, for device-to-device copies.
+    ptr2: int = 0x7F00_0001_0000
+    size2: int = 4096
+    #: A device that SET_DEVICE never names (another client's, kept free of faults).
+    reserved_device: int | None = None
+
+
+@dataclass(slots=True)
+class FuzzFrame:
+    """One generated frame and what the worker owes it."""
+
+    data: bytes
+    request_id: int
+    opcode: int
+    flags: Flags
+    #: A reply (success or error) for ``request_id`` is due, unless the session ends first.
+    expects_reply: bool
+    #: The worker ends the connection after this frame (GOODBYE, stray DATA, MORE).
+    ends_session: bool
+    note: str = ""
+
+
+@dataclass
+class IdSource:
+    """Unique request ids for one connection, from a random start (wrapping, never 0)."""
+
+    next_id: int = 1
+    issued: set[int] = field(default_factory=set)
+
+    @classmethod
+    def seeded(cls, rng: random.Random) -> IdSource:
+        """Start somewhere random: large ids are part of the test."""
+        return cls(rng.choice((1, rng.randrange(1, MAX_REQUEST_ID - 100_000))))
+
+    def take(self) -> int:
+        """A fresh id."""
+        value = self.next_id
+        self.next_id = self.next_id + 1 if self.next_id < MAX_REQUEST_ID else 1
+        self.issued.add(value)
+        return value
+
+
+# --- values ----------------------------------------------------------------------------
+
+
+def interesting_int(rng: random.Random) -> int:
+    """An integer at some edge."""
+    value = rng.choice(INTERESTING_INTS)
+    return value + rng.choice((0, 0, 0, -1, 1)) if abs(value) < 2**70 else value
+
+
+def interesting_value(rng: random.Random, depth: int = 0) -> Any:
+    """Any CBOR-encodable value, biased towards ones that break naive readers."""
+    kind = rng.randrange(13 if depth < 3 else 9)
+    if kind == 0:
+        return interesting_int(rng)
+    if kind == 1:
+        return rng.choice(INTERESTING_FLOATS)
+    if kind == 2:
+        return rng.choice((True, False, None, cbor2.undefined))
+    if kind == 3:
+        return rng.choice(("", "x", "\x00", "é" * 7, "A" * rng.randrange(1, 5000), "\ud7ff"))
+    if kind == 4:
+        return rng.randbytes(rng.choice((0, 1, 8, 64, 4096)))
+    if kind == 5:
+        return rng.randrange(-(2**64), 2**64)
+    if kind == 6:
+        return rng.choice(list(Opcode)).name
+    if kind == 7:
+        return cbor2.CBORTag(rng.choice((0, 1, 2, 3, 4, 30, 258, 55799, 2**32)), None)
+    if kind == 8:
+        return cbor2.CBORSimpleValue(rng.choice((0, 19, 32, 255)))
+    if kind == 9:
+        return [interesting_value(rng, depth + 1) for _ in range(rng.randrange(0, 5))]
+    if kind == 10:
+        return {
+            rng.choice(("size", "ptr", "dst", "src", "stream", "x", "")): interesting_value(
+                rng, depth + 1
+            )
+            for _ in range(rng.randrange(0, 4))
+        }
+    if kind == 11:
+        return [rng.getrandbits(64) for _ in range(rng.choice((0, 3, 300, 5000)))]
+    return {interesting_int(rng): interesting_value(rng, depth + 1)}
+
+
+def _edge_range(rng: random.Random, t: Targets) -> tuple[int, int]:
+    """An (address, size) just inside, on, or past the edges of the session's allocation."""
+    end = t.ptr + t.size
+    return rng.choice(
+        (
+            (t.ptr, t.size),
+            (t.ptr, rng.randrange(1, t.size + 1)),
+            (t.ptr + rng.randrange(t.size), 1),
+            (t.ptr, t.size + 1),
+            (end, 1),
+            (end - 1, 2),
+            (t.ptr - 1, 2),
+            (t.ptr, 0),
+            (end, 0),
+            (t.ptr, 2**63 - 1),
+            (t.ptr, 2**64 - 1),
+            (t.ptr + 1, 2**64 - 2),
+            (2**64 - 1, 1),
+            (2**64 - t.size, t.size),
+            (0, 0),
+            (0, 16),
+            (t.ptr2, t.size2),
+            (t.ptr2 + t.size2 - 8, 16),
+        )
+    )
+
+
+def _dims(rng: random.Random) -> Any:
+    return rng.choice(
+        (
+            [1],
+            [rng.randrange(1, 64)],
+            [64, 1, 1],
+            [2**31 - 1],
+            [2**31],
+            [0],
+            [-1],
+            [1, 1, 1, 1],
+            [],
+            [65536, 65536, 65536],
+            1024,
+            [1025],
+            [2**64 - 1],
+        )
+    )
+
+
+def _launch(rng: random.Random, t: Targets) -> dict[str, Any]:
+    """A launch of a built-in kernel on the session's buffer, sometimes badly packed."""
+    ptr, size = _edge_range(rng, t)
+    name = rng.choice(list(BUILTINS))
+    n = rng.choice((0, 1, max(1, size // 4), size, 2**64 - 1, 2**63))
+    ptr_field = (ptr % 2**64).to_bytes(8, "little")
+    kinds = BUILTINS[name].arg_kinds
+    data = bytearray()
+    ptrs = []
+    for kind in kinds:
+        width = 24 if kind == "probe_struct" else 8 if kind in ("ptr", "u64", "f64") else 4
+        while len(data) % min(width, 8):
+            data.append(0)
+        if kind == "ptr":
+            ptrs.append(len(data))
+            data += ptr_field
+        elif kind == "u64":
+            data += (n % 2**64).to_bytes(8, "little")
+        else:
+            data += rng.randbytes(width)
+    if rng.random() < 0.3:
+        data = bytearray(rng.randbytes(rng.choice((0, 1, 7, len(data), 4096, 5000))))
+    if rng.random() < 0.2:
+        ptrs = [rng.choice((0, 4, 4088, 4096, 2**32, 2**64 - 1)) for _ in range(rng.randrange(4))]
+    return {
+        "function": rng.choice((t.function, t.function, 0, 2**64 - 1, 99)),
+        "grid": _dims(rng) if rng.random() < 0.2 else [rng.randrange(1, 8)],
+        "block": _dims(rng) if rng.random() < 0.2 else [rng.choice((1, 32, 64, 256))],
+        "shared_mem": rng.choice((0, 0, 1024, 2**20, 2**20 + 1, 2**64 - 1)),
+        "stream": rng.choice((None, t.stream, 0, 77)),
+        "args": bytes(data),
+        "ptrs": ptrs,
+    }
+
+
+def plausible_args(rng: random.Random, opcode: int, t: Targets) -> Any:
+    """Arguments of the shape ``opcode`` takes, values aimed at and around the targets."""
+    ptr, size = _edge_range(rng, t)
+    stream = rng.choice((None, None, t.stream, 0, 2**64 - 1, 12345))
+    builders: dict[int, Callable[[], Any]] = {
+        Opcode.HELLO: lambda: {"client": "fuzz"},
+        Opcode.SET_DEVICE: lambda: {"device": rng.choice((0, 1, 2, -1, 2**31))},
+        Opcode.DEVICE_PROPERTIES: lambda: {"device": rng.choice((0, 1, 2, -1, 2**64))},
+        Opcode.MALLOC: lambda: {"size": rng.choice((1, 16, 4096, 1 << 20, 0, 2**63 - 1, size))},
+        Opcode.FREE: lambda: {"ptr": rng.choice((t.ptr, t.ptr2, ptr, 0, 2**64 - 1))},
+        Opcode.MEMCPY_HTOD: lambda: {"dst": ptr, "size": size, "stream": stream},
+        Opcode.MEMCPY_DTOH: lambda: {"src": ptr, "size": min(size, 1 << 22), "stream": stream},
+        Opcode.MEMCPY_DTOD: lambda: {
+            "dst": ptr,
+            "src": rng.choice((t.ptr2, ptr, t.ptr)),
+            "size": size,
+            "stream": stream,
+        },
+        Opcode.MEMSET: lambda: {
+            "ptr": ptr,
+            "value": rng.choice((0, 255, 256, -1)),
+            "size": size,
+            "stream": stream,
+        },
+        Opcode.MALLOC_HTOD: lambda: {"size": rng.choice((1, 16, 4096, 0, 2**63 - 1))},
+        Opcode.STREAM_DESTROY: lambda: {"stream": rng.choice((t.stream, 0, 77))},
+        Opcode.STREAM_SYNCHRONIZE: lambda: {"stream": stream},
+        Opcode.STREAM_QUERY: lambda: {"stream": stream},
+        Opcode.STREAM_WAIT_EVENT: lambda: {"stream": stream, "event": t.event},
+        Opcode.STREAM_BEGIN_CAPTURE: lambda: {"stream": rng.choice((t.stream, 0, 9))},
+        Opcode.STREAM_END_CAPTURE: lambda: {"stream": rng.choice((t.stream, 0, 9))},
+        Opcode.EVENT_DESTROY: lambda: {"event": rng.choice((t.event, 0, 9))},
+        Opcode.EVENT_RECORD: lambda: {"event": t.event, "stream": stream},
+        Opcode.EVENT_SYNCHRONIZE: lambda: {"event": t.event},
+        Opcode.EVENT_QUERY: lambda: {"event": t.event},
+        Opcode.EVENT_ELAPSED_TIME: lambda: {"start": t.event, "end": rng.choice((t.event, 9))},
+        Opcode.MODULE_COMPILE: lambda: {
+            "source": rng.choice(("", 'extern "C" __global__ void k() {}', "\x00" * 100)),
+            "name": rng.choice(("k.hip", "../../etc/passwd", "")),
+            "options": rng.choice(([], ["-O3"], ["--bogus"] * 300)),
+        },
+        Opcode.COMPILE_AND_GET_FUNCTION: lambda: {
+            "source": 'extern "C" __global__ void k() {}',
+            "function": "k",
+        },
+        Opcode.MODULE_UNLOAD: lambda: {"module": rng.choice((t.module, 0, 9))},
+        Opcode.MODULE_GET_FUNCTION: lambda: {
+            "module": rng.choice((t.module, 9)),
+            "name": rng.choice((*BUILTINS, "nope", "")),
+        },
+        Opcode.MODULE_BUILTIN: lambda: {"name": rng.choice((*BUILTINS, "nope", ""))},
+        Opcode.LAUNCH_KERNEL: lambda: _launch(rng, t),
+        Opcode.GRAPH_DESTROY: lambda: {"graph": rng.choice((t.graph, 0, 9))},
+        Opcode.GRAPH_ADD_MEMSET: lambda: {
+            "graph": t.graph,
+            "dependencies": rng.choice(([], [t.node], [9], [0])),
+            "ptr": ptr,
+            "value": 7,
+            "size": size,
+        },
+        Opcode.GRAPH_ADD_MEMCPY: lambda: {
+            "graph": t.graph,
+            "dependencies": [],
+            "dst": ptr,
+            "src": t.ptr2,
+            "size": size,
+        },
+        Opcode.GRAPH_ADD_KERNEL: lambda: {
+            **_launch(rng, t),
+            "graph": t.graph,
+            "dependencies": rng.choice(([], [t.node], [1, 2, 3])),
+        },
+        Opcode.GRAPH_INSTANTIATE: lambda: {"graph": rng.choice((t.graph, 9))},
+        Opcode.GRAPH_LAUNCH: lambda: {"exec": rng.choice((t.graph_exec, 9)), "stream": stream},
+        Opcode.GRAPH_EXEC_DESTROY: lambda: {"exec": rng.choice((t.graph_exec, 9))},
+    }
+    build = builders.get(opcode)
+    return build() if build is not None else rng.choice((None, {}, {"x": 1}))
+
+
+def mutate_args(rng: random.Random, args: Any) -> Any:
+    """Break ``args``: wrong container, a key dropped, retyped or set to an edge value."""
+    choice = rng.randrange(8)
+    if choice == 0 or not isinstance(args, dict) or not args:
+        return interesting_value(rng)
+    mutated = dict(args)
+    key = rng.choice(list(mutated))
+    if choice == 1:
+        del mutated[key]
+    elif choice == 2:
+        mutated[key] = interesting_int(rng)
+    elif choice == 3:
+        mutated[key] = interesting_value(rng)
+    elif choice == 4:
+        mutated[key] = -abs(interesting_int(rng)) or -1
+    elif choice == 5:
+        mutated[rng.choice(("extra", key.upper() if isinstance(key, str) else "k", 7))] = (
+            interesting_value(rng)
+        )
+    elif choice == 6:
+        for k in list(mutated):
+            if rng.random() < 0.5:
+                mutated[k] = interesting_value(rng)
+    else:
+        mutated = {str(k).encode() if isinstance(k, str) else k: v for k, v in mutated.items()}
+    return mutated
+
+
+# --- frames ----------------------------------------------------------------------------
+
+#: Opcodes by how often fuzzing picks them: the ones with arithmetic on sizes most.
+_WEIGHTED_OPCODES: tuple[int, ...] = (
+    *([Opcode.MEMCPY_HTOD, Opcode.MEMCPY_DTOH, Opcode.MEMCPY_DTOD, Opcode.MEMSET] * 4),
+    *([Opcode.MALLOC, Opcode.FREE, Opcode.MALLOC_HTOD, Opcode.LAUNCH_KERNEL] * 3),
+    *([Opcode.GRAPH_ADD_KERNEL, Opcode.GRAPH_ADD_MEMSET, Opcode.GRAPH_ADD_MEMCPY] * 2),
+    *(op for op in Opcode if op not in (Opcode.GOODBYE, Opcode.DATA)),
+)
+
+
+def pick_opcode(rng: random.Random) -> int:
+    """An opcode to fuzz: mostly known ones, sometimes none at all."""
+    roll = rng.random()
+    if roll < 0.04:
+        return rng.randrange(0, 0x10000)
+    if roll < 0.05:
+        return rng.choice((Opcode.GOODBYE, Opcode.DATA))
+    return rng.choice(_WEIGHTED_OPCODES)
+
+
+def _bulk_for(rng: random.Random, opcode: int, args: Any) -> bytes:
+    if (
+        opcode in (Opcode.MEMCPY_HTOD, Opcode.MALLOC_HTOD, Opcode.MODULE_LOAD)
+        or rng.random() < 0.05
+    ):
+        size = args.get("size") if isinstance(args, dict) else None
+        if isinstance(size, int) and 0 <= size <= 65536 and rng.random() < 0.7:
+            return rng.randbytes(size + rng.choice((0, 0, 0, 1, -1 if size else 0)))
+        return rng.randbytes(rng.choice((0, 1, 16, 4096)))
+    return b""
+
+
+def frame_of(
+    opcode: int,
+    request_id: int,
+    flags: Flags = Flags.NONE,
+    args: Any = None,
+    bulk: bytes = b"",
+    *,
+    version: int = PROTOCOL_VERSION,
+    note: str = "",
+) -> FuzzFrame:
+    """Encode a frame and note what the worker owes it."""
+    try:
+        data = encode_frame(opcode, request_id, flags, args, bulk, version)
+    except (ValueError, TypeError, cbor2.CBOREncodeError, OverflowError, RecursionError):
+        data = encode_frame(opcode, request_id, flags, None, bulk, version)
+    return FuzzFrame(
+        data,
+        request_id,
+        opcode,
+        flags,
+        expects_reply=_expects_reply(opcode, flags),
+        ends_session=Flags.MORE in flags or opcode in (Opcode.GOODBYE, Opcode.DATA),
+        note=note,
+    )
+
+
+def _expects_reply(opcode: int, flags: Flags) -> bool:
+    """Whether the worker owes a frame a reply: not fire-and-forget, not the start of a
+    stream, not a stray DATA, not a PING marked REPLY (an answer to the worker's own
+    heartbeat, which needs none)."""
+    if Flags.NO_REPLY in flags or Flags.MORE in flags or opcode == Opcode.DATA:
+        return False
+    return not (opcode == Opcode.PING and Flags.REPLY in flags)
+
+
+def structured_frame(rng: random.Random, t: Targets, ids: IdSource) -> FuzzFrame:
+    """A well-framed request with plausible, often mutated, arguments."""
+    opcode = pick_opcode(rng)
+    args = plausible_args(rng, opcode, t)
+    if rng.random() < 0.6:
+        args = mutate_args(rng, args)
+    flags = Flags.NONE
+    roll = rng.random()
+    if roll < 0.12:
+        flags = Flags.NO_REPLY
+    elif roll < 0.15:
+        flags = Flags(rng.randrange(0, 2**32) & ~int(Flags.MORE))
+    elif roll < 0.17:
+        flags = Flags.REPLY | rng.choice((Flags.NONE, Flags.ERROR))
+    if (
+        opcode == Opcode.SET_DEVICE
+        and isinstance(args, dict)
+        and args.get("device") == t.reserved_device
+    ):
+        args["device"] = 0
+    version = PROTOCOL_VERSION
+    if rng.random() < 0.03:
+        version = rng.randrange(0, 0x10000)
+    return frame_of(
+        opcode,
+        ids.take(),
+        flags,
+        args,
+        _bulk_for(rng, opcode, args),
+        version=version,
+        note="structured",
+    )
+
+
+def nasty_cbor_frame(rng: random.Random, ids: IdSource) -> FuzzFrame:
+    """A request whose framing is intact and whose CBOR part is hostile."""
+    cbor_part = rng.choice(NASTY_CBOR)
+    declared = len(cbor_part)
+    roll = rng.random()
+    if roll < 0.1:
+        declared = rng.choice((2**32 - 1, declared + 1, declared + 1000))
+    elif roll < 0.15 and declared:
+        declared -= 1
+    payload = ARGS_LENGTH.pack(declared) + cbor_part + rng.randbytes(rng.choice((0, 0, 8)))
+    opcode = rng.choice(_WEIGHTED_OPCODES)
+    request_id = ids.take()
+    header = HEADER.pack(MAGIC, PROTOCOL_VERSION, opcode, request_id, 0, len(payload))
+    return FuzzFrame(
+        header + payload,
+        request_id,
+        opcode,
+        Flags.NONE,
+        expects_reply=True,
+        ends_session=False,
+        note="nasty-cbor",
+    )
+
+
+def hello_frame(request_id: int, token: str | None, **extra: Any) -> bytes:
+    """A valid HELLO."""
+    args: dict[str, Any] = {"client": "hipr-fuzz", **extra}
+    if token:
+        args["token"] = token
+    return encode_frame(Opcode.HELLO, request_id, Flags.NONE, args)
+
+
+# --- byte-level damage ---------------------------------------------------------------------
+
+
+class RawMutator:
+    """Damages encoded frames at the byte level. Each call applies one mutation."""
+
+    def __init__(self, rng: random.Random, max_payload: int) -> None:
+        self.rng = rng
+        self.max_payload = max_payload
+        self._mutations: tuple[Callable[[bytearray], bytearray], ...] = (
+            self.flip_bits,
+            self.flip_bits,
+            self.set_bytes,
+            self.truncate,
+            self.insert,
+            self.delete,
+            self.duplicate,
+            self.header_length,
+            self.header_length,
+            self.header_field,
+            self.header_field,
+            self.args_length,
+            self.replace_cbor,
+            self.garbage,
+        )
+
+    def mutate(self, data: bytes, rounds: int = 1) -> bytes:
+        """``data`` after ``rounds`` random mutations."""
+        buffer = bytearray(data)
+        for _ in range(rounds):
+            buffer = self.rng.choice(self._mutations)(buffer)
+        return bytes(buffer)
+
+    def flip_bits(self, b: bytearray) -> bytearray:
+        """Flip 1 to 8 random bits."""
+        for _ in range(self.rng.randrange(1, 9)):
+            if b:
+                b[self.rng.randrange(len(b))] ^= 1 << self.rng.randrange(8)
+        return b
+
+    def set_bytes(self, b: bytearray) -> bytearray:
+        """Overwrite a few bytes with boundary values."""
+        for _ in range(self.rng.randrange(1, 5)):
+            if b:
+                b[self.rng.randrange(len(b))] = self.rng.choice((0x00, 0xFF, 0x7F, 0x80, 0x01))
+        return b
+
+    def truncate(self, b: bytearray) -> bytearray:
+        """Cut the data short (mid-header, mid-CBOR, mid-bulk)."""
+        return b[: self.rng.randrange(len(b) + 1)]
+
+    def insert(self, b: bytearray) -> bytearray:
+        """Insert random bytes anywhere."""
+        at = self.rng.randrange(len(b) + 1)
+        return b[:at] + self.rng.randbytes(self.rng.choice((1, 2, 4, 24, 100))) + b[at:]
+
+    def delete(self, b: bytearray) -> bytearray:
+        """Remove a random range."""
+        if not b:
+            return b
+        at = self.rng.randrange(len(b))
+        return b[:at] + b[at + self.rng.randrange(1, 25) :]
+
+    def duplicate(self, b: bytearray) -> bytearray:
+        """Repeat a range (a frame sent twice, a header repeated)."""
+        if not b:
+            return b
+        at = self.rng.randrange(len(b))
+        end = min(len(b), at + self.rng.randrange(1, 64))
+        return b[:end] + b[at:end] + b[end:]
+
+    def header_length(self, b: bytearray) -> bytearray:
+        """Set the payload length field of the header: up to 2**64-1, or just off."""
+        if len(b) < HEADER_SIZE:
+            return self.garbage(b)
+        actual = len(b) - HEADER_SIZE
+        length = self.rng.choice(
+            (
+                0,
+                1,
+                3,
+                4,
+                actual - 1 if actual else 0,
+                actual + 1,
+                actual + 4096,
+                self.max_payload,
+                self.max_payload + 1,
+                2**32 - 1,
+                2**32,
+                2**63,
+                2**64 - 1,
+                self.rng.randrange(2**64),
+            )
+        )
+        struct.pack_into("<Q", b, 16, length)
+        return b
+
+    def header_field(self, b: bytearray) -> bytearray:
+        """Overwrite the magic, version, opcode, request id or flags."""
+        if len(b) < HEADER_SIZE:
+            return self.garbage(b)
+        which = self.rng.randrange(5)
+        if which == 0:
+            b[0:4] = self.rng.choice((b"HIPX", b"hipr", b"\0\0\0\0", self.rng.randbytes(4)))
+        elif which == 1:
+            struct.pack_into("<H", b, 4, self.rng.choice((0, 0x0101, 0x0200, 0xFFFF)))
+        elif which == 2:
+            struct.pack_into("<H", b, 6, self.rng.randrange(0x10000))
+        elif which == 3:
+            struct.pack_into("<I", b, 8, self.rng.choice((0, 2**32 - 1)))
+        else:
+            struct.pack_into("<I", b, 12, self.rng.randrange(2**32))
+        return b
+
+    def args_length(self, b: bytearray) -> bytearray:
+        """Overwrite the u32 CBOR length prefix (past the payload, zero, off by one)."""
+        if len(b) < HEADER_SIZE + 4:
+            return self.garbage(b)
+        current = struct.unpack_from("<I", b, HEADER_SIZE)[0]
+        struct.pack_into(
+            "<I",
+            b,
+            HEADER_SIZE,
+            self.rng.choice(
+                (0, min(current + 1, 2**32 - 1), max(current - 1, 0), 2**31, 2**32 - 1)
+            ),
+        )
+        return b
+
+    def replace_cbor(self, b: bytearray) -> bytearray:
+        """Swap the CBOR part for a hostile one, lengths kept consistent."""
+        if len(b) < HEADER_SIZE:
+            return self.garbage(b)
+        cbor_part = self.rng.choice(NASTY_CBOR)
+        payload = ARGS_LENGTH.pack(len(cbor_part)) + cbor_part
+        struct.pack_into("<Q", b, 16, len(payload))
+        return b[:HEADER_SIZE] + payload
+
+    def garbage(self, b: bytearray) -> bytearray:
+        """Random bytes, sometimes behind a valid magic."""
+        junk = bytearray(self.rng.randbytes(self.rng.choice((1, 7, 23, 24, 25, 64, 300))))
+        if self.rng.random() < 0.5:
+            junk[:4] = MAGIC[: len(junk)]
+        return junk
+
+
+def random_frames(rng: random.Random, count: int) -> bytes:
+    """Headers with a valid magic and random everything else, with random payloads."""
+    out = bytearray()
+    for _ in range(count):
+        payload = rng.randbytes(rng.choice((0, 1, 4, 5, 16, 200)))
+        out += HEADER.pack(
+            MAGIC,
+            rng.choice((PROTOCOL_VERSION, rng.randrange(0x10000))),
+            rng.randrange(0x10000),
+            rng.randrange(2**32),
+            rng.randrange(2**32),
+            len(payload),
+        )
+        out += payload
+    return bytes(out)
+
+
+def with_flags(frame: FuzzFrame, flags: Flags) -> FuzzFrame:
+    """``frame`` re-headed with other flags (the payload is kept as is)."""
+    data = bytearray(frame.data)
+    struct.pack_into("<I", data, 12, int(flags))
+    return replace(
+        frame,
+        data=bytes(data),
+        flags=flags,
+        expects_reply=_expects_reply(frame.opcode, flags),
+        ends_session=Flags.MORE in flags or frame.ends_session,
+    )

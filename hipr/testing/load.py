@@ -1,0 +1,298 @@
+"""Load: many concurrent sessions of mixed, verified operations against one worker.
+
+Each session connects, waits until every session of its process is connected (so the
+worker really holds them all at once), then loops until the deadline over malloc,
+host-to-device, device-to-host, memset, device-to-device, a built-in kernel and free,
+checking every result. Sessions run in this process or spread over client processes
+(``processes``), which is how a worker is loaded in production: by many programs.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import random
+import time
+from array import array
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import numpy as np
+
+import hipr
+from hipr.backends.emulator import EmulatorBackend
+from hipr.config import WorkerConfig
+from hipr.errors import HipError
+from hipr.server import running_worker
+from hipr.testing.harness import (
+    LogWatch,
+    leaks,
+    percentile,
+    rss_bytes,
+    wait_for_no_sessions,
+    warm_up,
+)
+
+
+@dataclass
+class LoadOptions:
+    """How much load and for how long."""
+
+    sessions: int = 64
+    #: Client processes; 0 runs the sessions in the worker's own process and loop.
+    processes: int = 0
+    #: Seconds of mixed operations once every session is connected.
+    seconds: float = 3.0
+    seed: int = 0
+    #: Largest buffer a session allocates.
+    max_bytes: int = 64 << 10
+    listen: str = "tcp://127.0.0.1:0"
+    #: Event loop of the client processes.
+    client_loop: str = "asyncio"
+    #: Runs of ``seconds`` each, every session reconnecting between them; the worker's
+    #: RSS after each run shows whether it settles or keeps growing.
+    rounds: int = 1
+
+
+@dataclass
+class ClientStats:
+    """What one group of sessions saw (picklable: it crosses process boundaries)."""
+
+    requests: int = 0
+    verified: int = 0
+    errors: list[str] = field(default_factory=list)
+    latencies: array[float] = field(default_factory=lambda: array("d"))
+    connected: int = 0
+
+    def merge(self, other: ClientStats) -> None:
+        """Add ``other``'s figures to these."""
+        self.requests += other.requests
+        self.verified += other.verified
+        self.errors += other.errors
+        self.latencies.extend(other.latencies)
+        self.connected += other.connected
+
+
+@dataclass
+class LoadReport:
+    """The load run's figures."""
+
+    sessions: int = 0
+    sessions_held: int = 0
+    requests: int = 0
+    verified: int = 0
+    errors: list[str] = field(default_factory=list)
+    p50_ms: float = 0.0
+    p99_ms: float = 0.0
+    rss_start: int = 0
+    rss_end: int = 0
+    #: RSS after each round, its sessions closed.
+    rss_rounds: list[int] = field(default_factory=list)
+    leaks: list[str] = field(default_factory=list)
+    crashes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """True with no error, crash or leak, and every session held at once."""
+        return (
+            not (self.errors or self.leaks or self.crashes) and self.sessions_held >= self.sessions
+        )
+
+    def summary(self) -> str:
+        """One line for logs and assertion messages."""
+        return (
+            f"{self.sessions} sessions ({self.sessions_held} held at once), "
+            f"{self.requests} requests ({self.verified} verified) in {self.seconds:.1f} s, "
+            f"p50 {self.p50_ms:.2f} ms p99 {self.p99_ms:.2f} ms, errors {self.errors[:3]}, "
+            f"RSS {self.rss_start >> 20} -> {'/'.join(str(r >> 20) for r in self.rss_rounds)} "
+            f"MiB, leaks {self.leaks}, "
+            f"crashes {self.crashes[:3]}"
+        )
+
+
+class _Timed:
+    """Times each awaited client call into ``stats``."""
+
+    def __init__(self, stats: ClientStats) -> None:
+        self.stats = stats
+
+    async def __call__(self, awaitable: Any) -> Any:
+        started = time.perf_counter()
+        result = await awaitable
+        self.stats.latencies.append(time.perf_counter() - started)
+        self.stats.requests += 1
+        return result
+
+
+async def _one_session(
+    url: str,
+    token: str | None,
+    rng: random.Random,
+    max_bytes: int,
+    seconds: float,
+    everyone_in: anyio.Event,
+    arrived: list[int],
+    total: int,
+    stats: ClientStats,
+) -> None:
+    timed = _Timed(stats)
+
+    def check(ok: bool, what: str) -> None:
+        if ok:
+            stats.verified += 1
+        else:
+            stats.errors.append(f"wrong result: {what}")
+
+    try:
+        async with hipr.aconnect(url, token=token, timeout=60) as gpu:
+            stats.connected += 1
+            arrived[0] += 1
+            if arrived[0] >= total:
+                everyone_in.set()
+            await everyone_in.wait()
+            fill = await timed(gpu.builtin("fill_f32"))
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                n = rng.randrange(1, max_bytes // 4 + 1) * 4
+                data = rng.randbytes(n)
+                a = await timed(gpu.malloc(n))
+                b = await timed(gpu.malloc(n))
+                await timed(gpu.memcpy_htod(a, data))
+                check(await timed(gpu.memcpy_dtoh(a, n)) == data, "htod/dtoh")
+                value = rng.randrange(256)
+                await timed(gpu.memset(b, value, n))
+                check(await timed(gpu.memcpy_dtoh(b, n)) == bytes([value]) * n, "memset")
+                await timed(gpu.memcpy_dtod(b, a, n))
+                check(await timed(gpu.memcpy_dtoh(b, n)) == data, "dtod")
+                x = np.float32(rng.uniform(-1e6, 1e6))
+                await timed(fill.launch(max(1, n // 1024), 256, [a, x, np.uint64(n // 4)]))
+                got = np.frombuffer(await timed(gpu.memcpy_dtoh(a, n)), dtype=np.float32)
+                check(bool(np.all(got == x)), "fill_f32")
+                await timed(gpu.free(a))
+                await timed(gpu.free(b))
+    except HipError as exc:
+        stats.errors.append(repr(exc))
+        everyone_in.set()
+
+
+async def run_sessions(
+    url: str, token: str | None, sessions: int, seconds: float, seed: int, max_bytes: int
+) -> ClientStats:
+    """Run ``sessions`` verified sessions concurrently in the current event loop."""
+    stats = ClientStats()
+    everyone_in = anyio.Event()
+    arrived = [0]
+    async with anyio.create_task_group() as tg:
+        for i in range(sessions):
+            rng = random.Random(f"{seed}:{i}")
+            tg.start_soon(
+                _one_session,
+                url,
+                token,
+                rng,
+                max_bytes,
+                seconds,
+                everyone_in,
+                arrived,
+                sessions,
+                stats,
+            )
+    return stats
+
+
+def _client_process(
+    url: str,
+    token: str | None,
+    sessions: int,
+    seconds: float,
+    seed: int,
+    max_bytes: int,
+    loop: str,
+) -> ClientStats:
+    """Entry point of a client process."""
+    return anyio.run(run_sessions, url, token, sessions, seconds, seed, max_bytes, backend=loop)
+
+
+async def run_load(options: LoadOptions, watch: LogWatch | None = None) -> LoadReport:
+    """Start a worker and load it per ``options``; the figures and the oracles' verdicts."""
+    report = LoadReport(sessions=options.sessions)
+    backend = EmulatorBackend(device_count=1, total_memory=4 << 30)
+    watch = watch or LogWatch()
+    started = time.monotonic()
+    # No tenants file: one anonymous tenant without quotas.
+    config = WorkerConfig(max_frame_bytes=8 << 20, resume_grace=0.0, listen=(options.listen,))
+    with watch.installed():
+        try:
+            async with running_worker(config, backend, [options.listen]) as worker:
+                url = worker.bound_urls[0]
+                await warm_up(url)
+                await wait_for_no_sessions(worker)
+                baseline = backend.stats()
+                report.rss_start = rss_bytes()
+                stats = ClientStats()
+                for round_index in range(max(1, options.rounds)):
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(_sample_sessions, worker, report)
+                        try:
+                            stats.merge(await _clients(url, options, round_index))
+                        except Exception as exc:  # the clients' fault, not the worker's
+                            report.errors.append(f"client side failed: {exc!r}")
+                        tg.cancel_scope.cancel()
+                    if not await wait_for_no_sessions(worker, timeout=30):
+                        report.errors.append("sessions still open 30 s after the clients left")
+                    report.leaks += leaks(backend, worker, baseline)
+                    report.rss_rounds.append(rss_bytes())
+                report.rss_end = report.rss_rounds[-1]
+        except Exception as exc:
+            report.crashes.append(f"worker serve task died: {exc!r}")
+            stats = ClientStats()
+    report.crashes += [f"{c.event}: {c.error}" for c in watch.crashes]
+    report.requests = stats.requests
+    report.verified = stats.verified
+    report.errors += stats.errors
+    if stats.connected < options.sessions:
+        report.errors.append(f"only {stats.connected} of {options.sessions} sessions connected")
+    latencies = sorted(stats.latencies)
+    report.p50_ms = percentile(latencies, 0.50) * 1000
+    report.p99_ms = percentile(latencies, 0.99) * 1000
+    report.seconds = time.monotonic() - started
+    return report
+
+
+async def _sample_sessions(worker: Any, report: LoadReport) -> None:
+    while True:
+        report.sessions_held = max(report.sessions_held, len(worker.sessions))
+        await anyio.sleep(0.02)
+
+
+async def _clients(url: str, options: LoadOptions, round_index: int = 0) -> ClientStats:
+    seed = options.seed * 1000 + round_index * 100
+    if options.processes <= 0:
+        return await run_sessions(
+            url, None, options.sessions, options.seconds, seed, options.max_bytes
+        )
+    total = ClientStats()
+    per = [options.sessions // options.processes] * options.processes
+    for i in range(options.sessions % options.processes):
+        per[i] += 1
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(options.processes, mp_context=context) as pool:
+        futures = [
+            pool.submit(
+                _client_process,
+                url,
+                None,
+                n,
+                options.seconds,
+                seed + i,
+                options.max_bytes,
+                options.client_loop,
+            )
+            for i, n in enumerate(per)
+            if n
+        ]
+        for future in futures:
+            total.merge(await anyio.to_thread.run_sync(future.result))
+    return total

@@ -1,0 +1,228 @@
+"""Command lines behind ``scripts/fuzz`` and ``scripts/reliability-report``.
+
+``scripts/reliability-report`` runs the three campaigns (fuzz, faults, load) and prints
+one Markdown table; ``--long`` is the mode whose figures the reliability claims quote
+(at least 1,000,000 fuzzed frames, 1,000 injected faults, 256 sessions from several
+client processes). ``scripts/fuzz --minutes N`` fuzzes alone, for as long as asked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import shlex
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+
+from hipr.testing.faults import FaultOptions, FaultReport, run_fault_campaign
+from hipr.testing.fuzz_campaign import FuzzOptions, FuzzReport, run_fuzz_campaign
+from hipr.testing.load import LoadOptions, LoadReport, run_load
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one report runs."""
+
+    fuzz: FuzzOptions
+    faults: FaultOptions
+    load: LoadOptions
+    loop: str
+
+
+def _processes(wanted: int) -> int:
+    """Client processes: ``wanted``, but leave the worker a core of its own."""
+    return max(1, min(wanted, (os.cpu_count() or 2) - 1))
+
+
+def plan_for(long: bool, seed: int, loop: str, fuzz_minutes: float | None = None) -> Plan:
+    """The bounded plan (a couple of minutes) or the long one (the published figures)."""
+    if long:
+        return Plan(
+            fuzz=FuzzOptions(
+                seed=seed,
+                frames=1_000_000,
+                seconds=None if fuzz_minutes is None else fuzz_minutes * 60,
+                concurrency=8,
+                processes=_processes(4),
+                progress=60.0,
+            ),
+            faults=FaultOptions(seed=seed, sessions=32, seconds=60.0, probability=0.05),
+            load=LoadOptions(
+                sessions=256, processes=_processes(4), seconds=20.0, rounds=3, seed=seed
+            ),
+            loop=loop,
+        )
+    return Plan(
+        fuzz=FuzzOptions(
+            seed=seed,
+            frames=20_000,
+            seconds=None if fuzz_minutes is None else fuzz_minutes * 60,
+            concurrency=8,
+        ),
+        faults=FaultOptions(seed=seed, sessions=8, seconds=5.0, probability=0.05),
+        load=LoadOptions(sessions=64, processes=_processes(2), seconds=2.5, rounds=2, seed=seed),
+        loop=loop,
+    )
+
+
+def _n(value: int) -> str:
+    return f"{value:,}"
+
+
+def render(
+    fuzz: FuzzReport,
+    faults: FaultReport,
+    load: LoadReport,
+    *,
+    title: str,
+) -> str:
+    """The one table of the report, in Markdown."""
+    crashes = len(fuzz.crashes) + len(faults.crashes) + len(load.crashes)
+    hangs = len(fuzz.hangs) + len(faults.hangs)
+    leak_count = len(fuzz.leaks) + len(faults.leaks) + len(load.leaks)
+    errors = len(load.errors) + len(fuzz.violations) + len(fuzz.good_errors) + len(faults.wrong)
+    stages = ", ".join(f"{stage} {_n(count)}" for stage, count in sorted(fuzz.by_stage.items()))
+    verdict = "PASS" if fuzz.ok and faults.ok and load.ok else "FAIL"
+    rows = [
+        ("frames fuzzed", f"{_n(fuzz.frames)} ({stages}) on {_n(fuzz.connections)} connections"),
+        ("crashes", f"{crashes} (worker serve task and logged exceptions)"),
+        ("hangs", f"{hangs} (no answer nor close within the bound)"),
+        (
+            "faults injected",
+            f"{_n(faults.injected)} ({_n(faults.injected_crashes)} GPU-thread crashes) "
+            f"on {len(faults.by_method)} backend methods",
+        ),
+        ("leaks found", f"{leak_count} (backend resources and sessions after each run)"),
+        ("sessions held", f"{load.sessions_held} at once ({load.sessions} asked)"),
+        (
+            "requests verified",
+            f"{_n(load.verified)} checks over {_n(load.requests)} load requests; "
+            f"{_n(fuzz.good_verified)} beside the fuzzer; {_n(faults.verified)} under faults",
+        ),
+        ("errors", f"{errors} (wrong results, unanswered requests, failed load calls)"),
+        (
+            "worker RSS start/end",
+            f"{load.rss_start >> 20} / {load.rss_end >> 20} MiB (load run; after each of its "
+            f"{len(load.rss_rounds)} rounds: "
+            f"{', '.join(str(r >> 20) for r in load.rss_rounds)} MiB)",
+        ),
+        ("p50/p99 latency", f"{load.p50_ms:.2f} / {load.p99_ms:.2f} ms per call (load run)"),
+        ("verdict", verdict),
+    ]
+    width = max(len(name) for name, _ in rows)
+    lines = [title, "", f"| {'metric'.ljust(width)} | value |", f"|{'-' * (width + 2)}|-------|"]
+    lines += [f"| {name.ljust(width)} | {value} |" for name, value in rows]
+    details = [
+        f"fuzz: {fuzz.summary()}",
+        f"faults: {faults.summary()}",
+        f"load: {load.summary()}",
+    ]
+    return "\n".join(lines) + "\n\n" + "\n".join(f"- {d}" for d in details) + "\n"
+
+
+async def _run_all(plan: Plan) -> tuple[FuzzReport, FaultReport, LoadReport]:
+    say(f"fuzz: {plan.fuzz.frames:,} frames, {plan.fuzz.processes or 'in-process'} fuzzers")
+    fuzz = await run_fuzz_campaign(plan.fuzz)
+    say(f"fuzz done: {fuzz.summary()}")
+    say(f"faults: {plan.faults.sessions} sessions for {plan.faults.seconds:g} s")
+    faults = await run_fault_campaign(plan.faults)
+    say(f"faults done: {faults.summary()}")
+    say(
+        f"load: {plan.load.sessions} sessions from {plan.load.processes or 'this'} "
+        f"process(es) for {plan.load.seconds:g} s"
+    )
+    load = await run_load(plan.load)
+    say(f"load done: {load.summary()}")
+    return fuzz, faults, load
+
+
+def say(message: str) -> None:
+    """Progress on stderr (the table goes to stdout)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def main_report(argv: list[str] | None = None) -> int:
+    """``scripts/reliability-report``: 0 when every oracle held."""
+    parser = argparse.ArgumentParser(
+        prog="scripts/reliability-report",
+        description="Fuzz, inject faults and load a worker; print one table of the figures.",
+    )
+    parser.add_argument("--long", action="store_true", help="the long mode (>= 1M frames)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--loop", choices=("trio", "asyncio"), default="trio")
+    parser.add_argument("--fuzz-minutes", type=float, help="cap the fuzzing time")
+    parser.add_argument("--output", type=Path, help="also write the report to this file")
+    args = parser.parse_args(argv)
+    plan = plan_for(args.long, args.seed, args.loop, args.fuzz_minutes)
+    started = time.monotonic()
+    fuzz, faults, load = anyio.run(_run_all, plan, backend=args.loop)
+    command = "scripts/reliability-report " + shlex.join(sys.argv[1:] if argv is None else argv)
+    title = (
+        f"# hipr reliability report, {datetime.date.today().isoformat()}\n\n"
+        f"Command: `{command.strip()}` ({'long' if args.long else 'bounded'} mode, seed "
+        f"{args.seed}, worker loop {args.loop}); {time.monotonic() - started:.0f} s on "
+        f"{platform.machine()} with {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        "emulator backend."
+    )
+    text = render(fuzz, faults, load, title=title)
+    print(text)
+    if args.output is not None:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(text)
+    return 0 if fuzz.ok and faults.ok and load.ok else 1
+
+
+def main_fuzz(argv: list[str] | None = None) -> int:
+    """``scripts/fuzz``: fuzz a fresh worker for ``--minutes``; 0 when every oracle held."""
+    parser = argparse.ArgumentParser(
+        prog="scripts/fuzz", description="Fuzz a worker (emulator backend) for a while."
+    )
+    parser.add_argument("--minutes", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--frames", type=int, default=10**12, help="stop after this many")
+    parser.add_argument("--processes", type=int, default=_processes(4))
+    parser.add_argument("--concurrency", type=int, default=8, help="connections per process")
+    parser.add_argument("--loop", choices=("trio", "asyncio"), default="trio")
+    parser.add_argument("--unix", action="store_true", help="listen on a Unix socket")
+    parser.add_argument(
+        "--replay",
+        type=int,
+        nargs="+",
+        metavar="INDEX",
+        help="run only these connection indices of the seed (a hang or violation names one)",
+    )
+    args = parser.parse_args(argv)
+    listen = "tcp://127.0.0.1:0"
+    if args.unix:
+        listen = f"unix:///tmp/hipr-fuzz-{os.getpid()}.sock"
+    options = FuzzOptions(
+        seed=args.seed,
+        frames=args.frames,
+        seconds=args.minutes * 60,
+        concurrency=1 if args.replay else args.concurrency,
+        processes=0 if args.replay else args.processes,
+        listen=listen,
+        echo=True,
+        progress=30.0,
+        only=tuple(args.replay or ()),
+    )
+    say(f"fuzzing for {args.minutes:g} min, seed {args.seed}, {options.processes} processes")
+    report = anyio.run(run_fuzz_campaign, options, backend=args.loop)
+    print(report.summary())
+    for label, items in (
+        ("crash", report.crashes),
+        ("hang", report.hangs),
+        ("violation", report.violations),
+        ("leak", report.leaks),
+        ("good client error", report.good_errors),
+    ):
+        for item in items[:20]:
+            print(f"{label}: {item}")
+    print("PASS" if report.ok else "FAIL")
+    return 0 if report.ok else 1
