@@ -350,7 +350,7 @@ class WorkerConnection:
         async def on_frame(frame: Frame) -> None:
             if frame.opcode == Opcode.PING and not frame.flags & Flags.MORE:
                 # Answered at once, out of order: a heartbeat must not wait for the GPU.
-                if Flags.REPLY not in frame.flags:
+                if not frame.flags & (Flags.REPLY | Flags.NO_REPLY):
                     await self.send(Opcode.PING, frame.request_id, Flags.REPLY, {})
                 return
             assert self.session is not None

@@ -12,6 +12,7 @@ the worker's logs and its authentication (Unix peer uid, TLS client certificate)
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import socket
@@ -66,7 +67,10 @@ _BUILTINS: dict[str, str] = {
 _instances: dict[tuple[str, str], Transport] = {}
 
 
+@functools.cache
 def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
+    # Scanning installed distributions costs milliseconds: once per process, not per
+    # connect (reconnection loops and every hipr.connect call pass through here).
     return {ep.name.lower(): ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 

@@ -111,3 +111,20 @@ async def test_silent_client_is_dropped_after_the_handshake_timeout(
         with pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError)):
             await stream.receive()
     await stream.aclose()
+
+
+async def test_fire_and_forget_ping_gets_no_reply(endpoint: Endpoint, worker: Worker) -> None:
+    stream = await endpoint.raw()
+    decoder = FrameDecoder()
+    got = []
+    with anyio.fail_after(10):
+        await stream.send(
+            hello()
+            + encode_frame(Opcode.PING, 5, Flags.NO_REPLY)
+            + encode_frame(Opcode.PING, 6)
+        )
+        while not any(f.request_id == 6 for f in got):
+            decoder.feed(await stream.receive())
+            got.extend(decoder.frames())
+    await stream.aclose()
+    assert [f.request_id for f in got if f.opcode == Opcode.PING] == [6]

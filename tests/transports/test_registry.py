@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 from typing import Any, ClassVar
 
@@ -69,6 +70,10 @@ NOT_A_TRANSPORT = object()
 def _with_entry_points(monkeypatch: pytest.MonkeyPatch, **extra: str) -> None:
     """Make importlib.metadata report third-party entry points besides the real ones."""
     real = importlib.metadata.entry_points
+    # A fresh cache for this test only; monkeypatch puts the process-wide one back.
+    monkeypatch.setattr(
+        transports, "_entry_points", functools.cache(transports._entry_points.__wrapped__)
+    )
 
     def fake(**kwargs: Any) -> Any:
         found: list[Any] = list(real(**kwargs))
