@@ -253,6 +253,7 @@ class AsyncGpu:
     async def close(self) -> None:
         """Say goodbye and close the connection; the worker frees the session."""
         if self._conn.broken is None:
+            self._conn.begin_close()
             with anyio.move_on_after(5):
                 with suppress(HipError):
                     await self._conn.request(Opcode.GOODBYE)

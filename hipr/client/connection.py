@@ -382,6 +382,11 @@ class ClientConnection:
             pending.done.set()
         self._pending.clear()
 
+    def begin_close(self) -> None:
+        """The session is ending on purpose: a link that drops from now on (the worker
+        closes it after GOODBYE) is not a reason to reconnect."""
+        self._closing = True
+
     async def aclose(self) -> None:
         """Close for good (after GOODBYE); whatever still waits fails."""
         self._closing = True

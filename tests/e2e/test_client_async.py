@@ -293,3 +293,13 @@ async def test_progress_callbacks_report_large_copies(endpoint: Endpoint, worker
     for seen in (seen_up, seen_down):
         assert seen and seen[-1] == (size, size)
         assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+
+
+async def test_closing_is_not_mistaken_for_a_dropped_link(
+    endpoint: Endpoint, worker: Worker
+) -> None:
+    events: list[str] = []
+    for _ in range(5):
+        async with endpoint.aconnect(on_event=lambda kind, _: events.append(kind)) as gpu:
+            await gpu.device_count()
+    assert events == []
