@@ -35,7 +35,7 @@ from hipr.errors import (
     SessionLostError,
     VersionMismatchError,
 )
-from hipr.protocol.codec import Frame, FrameDecoder, encode_frame_parts
+from hipr.protocol.codec import Frame, FrameDecoder, encode_frame, encode_frame_parts
 from hipr.protocol.header import MAX_REQUEST_ID, Flags
 from hipr.protocol.opcodes import Opcode, opcode_name
 
@@ -508,11 +508,16 @@ class ClientConnection:
             while offset < rest.nbytes:
                 piece = rest[offset : offset + chunk]
                 offset += piece.nbytes
-                if sent.progress is not None:
-                    sent.progress(first.nbytes + offset, data.nbytes)
                 more = Flags.MORE if offset < rest.nbytes else Flags.NONE
                 for part in encode_frame_parts(Opcode.DATA, sent.request_id, more, None, piece):
                     await stream.send(part)  # type: ignore[arg-type]
+                if sent.progress is not None:
+                    sent.progress(first.nbytes + offset, data.nbytes)
+                if time.monotonic() - self._last_received >= self.options.heartbeat_interval:
+                    # A long upload holds the send lock and hears nothing back: without a
+                    # heartbeat slipped between its chunks (the worker answers PINGs ahead
+                    # of its queue) a live link would be taken for dead mid-copy.
+                    await stream.send(encode_frame(Opcode.PING, 0))
         except _LINK_ERRORS:
             pass  # the reader sees the dead link; resend covers this request
 

@@ -24,6 +24,8 @@ class FaultyProxy:
         self.url = ""
         self.cut_every: int | None = None
         self.stalled = False
+        #: Bytes per second each direction may carry (a slow route); None: as fast as it can.
+        self.throttle: int | None = None
         self.cuts = 0
         self.links = 0
         self._live: set[anyio.abc.ByteStream] = set()
@@ -49,6 +51,8 @@ class FaultyProxy:
                     data = await src.receive()
                     while self.stalled:
                         await anyio.sleep(0.01)
+                    if self.throttle:
+                        await anyio.sleep(len(data) / self.throttle)
                     if budget[0] is not None:
                         if len(data) >= budget[0]:
                             await dst.send(data[: budget[0]])
