@@ -488,7 +488,10 @@ class WorkerConnection:
                 await self._reply(session, frame, Flags.REPLY | Flags.ERROR, error.to_wire(), b"")
             return True
         if frame.opcode == Opcode.GOODBYE:
-            # Free before answering: when the client's close() returns, all is released.
+            # Recorded first: a worker cancelled right after the reply still ends (not
+            # detaches) the session. Freed before answering: when the client's close()
+            # returns, all is released.
+            self._ends_session = True
             with anyio.CancelScope(shield=True):
                 await session.close()
         if not no_reply:
