@@ -407,7 +407,8 @@ class WorkerConnection:
         spec = self.registry.get(frame.opcode)
         name = opcode_name(frame.opcode)
         request = Request(
-            Opcode(frame.opcode) if spec else Opcode.PING,
+            frame.opcode,
+            name,
             frame.request_id,
             Args(None, name),
             frame.bulk,

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hipr.handlers.args import Args
-from hipr.protocol.opcodes import Opcode
 
 if TYPE_CHECKING:
     from hipr.session import Session
@@ -29,7 +28,9 @@ class RequestLink(Protocol):
 class Request:
     """One decoded request."""
 
-    opcode: Opcode
+    #: The raw opcode (it may name no handler) and its name for messages.
+    opcode: int
+    name: str
     request_id: int
     args: Args
     bulk: memoryview
@@ -87,6 +88,6 @@ async def run_ordered(
     """Run a backend call that returns nothing: queued without waiting when the request is
     fire-and-forget (its error then goes to the next synchronising call), awaited otherwise."""
     if request.no_reply:
-        session.gpu_post(request.opcode.name, request.request_id, fn, *args)
+        session.gpu_post(request.name, request.request_id, fn, *args)
     else:
         await session.gpu(fn, *args)

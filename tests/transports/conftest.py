@@ -83,14 +83,6 @@ async def assert_echoes(stream: ByteStream, sizes: tuple[int, ...] = (1, 24, BIG
             assert await exchange(stream, payload) == payload
 
 
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    """A short directory: Unix socket paths must fit in 108 bytes, pytest's may not."""
-    path = Path(tempfile.mkdtemp(prefix="hipr-t-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
 @dataclass(frozen=True)
 class Pki:
     """A throw-away CA, a worker certificate for localhost and a client certificate."""
