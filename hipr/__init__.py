@@ -5,7 +5,6 @@ that speaks HIP: queries, memory, copies, streams, events, run-time compiled ker
 graphs. Every failure is a :class:`HipError` carrying HIP's own error code.
 """
 
-from hipr import log as _log  # noqa: F401  (logging that never raises, even unconfigured)
 from hipr._version import __version__
 from hipr.client import (
     AsyncGpu,
@@ -32,6 +31,7 @@ from hipr.errors import (
     SessionLostError,
     VersionMismatchError,
 )
+from hipr.observability import log as _log  # noqa: F401  (logging that never raises, even unconfigured)
 
 __all__ = [
     "AsyncGpu",

@@ -20,11 +20,12 @@ import anyio
 import pytest
 
 from benchmarks import baselines, suite
-from hipr import bench, cli
 from hipr.backends.emulator import EmulatorBackend
-from hipr.config import WorkerConfig
+from hipr.cli import app as cli
+from hipr.cli import bench
 from hipr.protocol.opcodes import Opcode
-from hipr.server import running_worker
+from hipr.worker.config import WorkerConfig
+from hipr.worker.server import running_worker
 
 REPO = Path(__file__).resolve().parent.parent
 PLAN = suite.Plan.quick()
@@ -203,7 +204,7 @@ def test_hipr_bench_local_is_one_command(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "hipr.bench",
+            "hipr.cli.bench",
             "--local",
             "--quick",
             "--json",

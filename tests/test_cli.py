@@ -15,10 +15,9 @@ import pytest
 import sniffio
 
 import hipr
-from hipr import cli
 from hipr._version import __version__
 from hipr.backends.base import DeviceProperties
-from hipr.config import ConfigError, GiB, WorkerConfig
+from hipr.cli import app as cli
 from hipr.errors import (
     HipConnectionError,
     HipError,
@@ -26,6 +25,7 @@ from hipr.errors import (
     HipTimeoutError,
     SessionLostError,
 )
+from hipr.worker.config import ConfigError, GiB, WorkerConfig
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -194,9 +194,9 @@ def fake_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
         if seen["raise"] is not None:
             raise seen["raise"]
 
-    module = types.ModuleType("hipr.server")
+    module = types.ModuleType("hipr.worker.server")
     module.run_worker = run_worker  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "hipr.server", module)
+    monkeypatch.setitem(sys.modules, "hipr.worker.server", module)
     monkeypatch.delenv("HIPR_LOG_LEVEL", raising=False)
     monkeypatch.delenv("HIPR_LOG_FORMAT", raising=False)
     yield seen

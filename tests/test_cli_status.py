@@ -15,16 +15,16 @@ import structlog
 from anyio.from_thread import start_blocking_portal
 from rich.console import Console
 
-from hipr import cli
 from hipr._version import __version__
 from hipr.backends.emulator import EmulatorBackend
-from hipr.completion import SHELLS, completion_script, describe
-from hipr.config import WorkerConfig
+from hipr.cli import app as cli
+from hipr.cli.completion import SHELLS, completion_script, describe
+from hipr.cli.status_view import human_duration, render_status
 from hipr.errors import AuthError, HipError, HipErrorCode, QuotaError, VersionMismatchError
-from hipr.log import configure_logging
-from hipr.server import Worker, running_worker
-from hipr.status_view import human_duration, render_status
-from hipr.tenants import token_hash
+from hipr.observability.log import configure_logging
+from hipr.worker.config import WorkerConfig
+from hipr.worker.server import Worker, running_worker
+from hipr.worker.tenants import token_hash
 
 ADMIN = "admin-token-for-cli-tests"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hipr.config import (
+from hipr.worker.config import (
     ConfigError,
     EmulatorConfig,
     GiB,

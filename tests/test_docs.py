@@ -14,11 +14,11 @@ from anyio.from_thread import start_blocking_portal
 
 import hipr.handlers  # noqa: F401  (registers every handler)
 from hipr.backends.emulator import EmulatorBackend
-from hipr.config import WorkerConfig, iter_keys
-from hipr.docgen import GENERATED, member_comments, rst_to_markdown, stale
+from hipr.cli.docgen import GENERATED, member_comments, rst_to_markdown, stale
 from hipr.handlers.registry import REGISTRY
 from hipr.protocol.opcodes import Opcode
-from hipr.server import Worker, running_worker
+from hipr.worker.config import WorkerConfig, iter_keys
+from hipr.worker.server import Worker, running_worker
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
@@ -62,7 +62,7 @@ def test_gen_docs_check_and_write(tmp_path: Path) -> None:
     check = subprocess.run([str(script), "--check"], capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
     # In an empty tree everything is stale; writing makes it current.
-    run = [sys.executable, "-m", "hipr.docgen"]
+    run = [sys.executable, "-m", "hipr.cli.docgen"]
     stale_run = subprocess.run([*run, "--check", str(tmp_path)], capture_output=True, text=True)
     assert stale_run.returncode == 1 and "run scripts/gen-docs" in stale_run.stderr
     assert not (tmp_path / "docs").exists()

@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 import structlog
 
-from hipr.log import REDACTED, configure_logging, get_logger, is_secret_key, resolve_level
+from hipr.observability.log import (
+    REDACTED,
+    configure_logging,
+    get_logger,
+    is_secret_key,
+    resolve_level,
+)
 
 
 @pytest.fixture(autouse=True)

@@ -13,11 +13,11 @@ import pytest
 import structlog
 
 import hipr
-import hipr.log
+import hipr.observability.log as log_module
 from hipr.backends.emulator import EmulatorBackend
-from hipr.config import WorkerConfig
-from hipr.log import RateLimiter, configure_logging, get_logger, set_levels
-from hipr.server import running_worker
+from hipr.observability.log import RateLimiter, configure_logging, get_logger, set_levels
+from hipr.worker.config import WorkerConfig
+from hipr.worker.server import running_worker
 
 
 @pytest.fixture(autouse=True)
@@ -25,8 +25,8 @@ def _restore_logging() -> Iterator[None]:
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     yield
-    if hipr.log._limiter is not None:
-        hipr.log._limiter = None  # nothing pending may reach a later test's output
+    if log_module._limiter is not None:
+        log_module._limiter = None  # nothing pending may reach a later test's output
     set_levels("info", {})
     root.handlers[:] = handlers
     root.setLevel(level)
@@ -49,8 +49,8 @@ def limited(window: float = 10.0) -> tuple[io.StringIO, Clock]:
     out = io.StringIO()
     configure_logging("debug", "json", out, rate_limit_window=window)
     clock = Clock()
-    assert hipr.log._limiter is not None
-    hipr.log._limiter.clock = clock
+    assert log_module._limiter is not None
+    log_module._limiter.clock = clock
     return out, clock
 
 
@@ -99,11 +99,11 @@ def test_flush_reports_what_is_pending() -> None:
     log = get_logger("hipr.test")
     for _ in range(3):
         log.error("backend unavailable", error="no device")
-    assert hipr.log._limiter is not None
-    hipr.log._limiter.flush()
+    assert log_module._limiter is not None
+    log_module._limiter.flush()
     assert lines(out)[-1]["event"] == "suppressed 2 similar"
     assert lines(out)[-1]["level"] == "error"
-    hipr.log._limiter.flush()
+    log_module._limiter.flush()
     assert len(lines(out)) == 2
 
 

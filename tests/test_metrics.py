@@ -18,17 +18,17 @@ import pytest
 import hipr
 from hipr.backends.base import DeviceProperties
 from hipr.backends.emulator import EmulatorBackend
-from hipr.config import WorkerConfig
-from hipr.docgen import metrics_markdown
-from hipr.metrics import (
+from hipr.cli.docgen import metrics_markdown
+from hipr.observability.metrics import (
     PrometheusObserver,
     device_metrics,
     parse_listen,
     start_metrics_server,
 )
-from hipr.server import Worker, running_worker
-from hipr.telemetry import DeviceTelemetry, device_telemetry, normalise_bus_id
-from hipr.tenants import token_hash
+from hipr.observability.telemetry import DeviceTelemetry, device_telemetry, normalise_bus_id
+from hipr.worker.config import WorkerConfig
+from hipr.worker.server import Worker, running_worker
+from hipr.worker.tenants import token_hash
 
 REPO = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
@@ -354,7 +354,7 @@ def _fake_pynvml() -> types.ModuleType:
 
 
 def test_nvml_figures_are_matched_by_bus_id(monkeypatch: pytest.MonkeyPatch) -> None:
-    import hipr.telemetry as telemetry
+    import hipr.observability.telemetry as telemetry
 
     monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml())
     monkeypatch.setattr(telemetry, "_nvml_ready", False)
@@ -366,7 +366,7 @@ def test_nvml_figures_are_matched_by_bus_id(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_amdsmi_figures(monkeypatch: pytest.MonkeyPatch) -> None:
-    import hipr.telemetry as telemetry
+    import hipr.observability.telemetry as telemetry
 
     smi = types.ModuleType("amdsmi")
     smi.AmdSmiInitFlags = types.SimpleNamespace(INIT_AMD_GPUS=1)  # type: ignore[attr-defined]

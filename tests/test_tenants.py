@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from hipr.config import ConfigError
 from hipr.errors import AuthError
-from hipr.tenants import (
+from hipr.worker.config import ConfigError
+from hipr.worker.tenants import (
     TokenBucket,
     load_tenants,
     new_token,

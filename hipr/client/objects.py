@@ -8,15 +8,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from hipr.client.timeouts import with_timeouts
 from hipr.errors import HipError, HipErrorCode, SessionLostError, invalid_value
 from hipr.kernels.args import pack_args
 from hipr.protocol.opcodes import Opcode
 
-if TYPE_CHECKING:
-    from hipr.client.api import AsyncGpu
+
+class AsyncGpu(Protocol):
+    """What a handle needs of the session that made it (``hipr.client.api.AsyncGpu``
+    implements it; this module never imports the API)."""
+
+    session_id: str
+
+    @property
+    def lost(self) -> bool: ...
+    async def _call(self, opcode: Opcode, args: Any = None, data: Any = b"") -> Any: ...
+    async def _post(self, opcode: Opcode, args: Any = None, data: Any = b"") -> None: ...
+    async def event_elapsed_ms(self, start: Event, end: Event) -> float: ...
 
 Dim = int | Sequence[int]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio.to_thread
 
@@ -19,14 +19,23 @@ from hipr._version import __version__
 from hipr.errors import AuthError, HipError, HipErrorCode
 from hipr.handlers.context import Request
 from hipr.handlers.registry import handler
-from hipr.metrics import HANDLE_KINDS, tenant_usage
+from hipr.observability.metrics import HANDLE_KINDS, tenant_usage
+from hipr.observability.metrics import Worker as MetricsWorker
+from hipr.observability.telemetry import device_telemetry
 from hipr.protocol.header import PROTOCOL_VERSION
 from hipr.protocol.opcodes import Opcode, OpcodeRange
-from hipr.session import Session
-from hipr.telemetry import device_telemetry
+from hipr.worker.config import WorkerConfig
+from hipr.worker.session import Session
 
-if TYPE_CHECKING:
-    from hipr.server import Worker
+
+class Worker(MetricsWorker, Protocol):
+    """What the status call reads of the worker behind a connection (the server
+    implements it; handlers never import the server)."""
+
+    config: WorkerConfig
+    started_at: float
+    bound_urls: list[str]
+
 
 OPCODE_RANGE = OpcodeRange.ADMIN
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from hipr.handlers.args import Args
 
 if TYPE_CHECKING:
-    from hipr.session import Session
+    from hipr.worker.session import Session
 
 
 class RequestLink(Protocol):

@@ -8,7 +8,7 @@ from typing import Any
 from hipr.handlers.context import Request, or_restore, run_ordered
 from hipr.handlers.registry import handler
 from hipr.protocol.opcodes import Opcode, OpcodeRange
-from hipr.session import Session
+from hipr.worker.session import Session
 
 OPCODE_RANGE = OpcodeRange.EVENT
 

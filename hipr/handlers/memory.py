@@ -15,12 +15,12 @@ import anyio
 import numpy as np
 
 from hipr.errors import HipError, invalid_value
-from hipr.gpu_thread import PendingCall
 from hipr.handlers.context import Reply, Request, run_ordered
 from hipr.handlers.registry import handler
 from hipr.protocol.opcodes import Opcode, OpcodeRange
-from hipr.resources import Allocation
-from hipr.session import Session
+from hipr.worker.gpu_thread import PendingCall
+from hipr.worker.resources import Allocation
+from hipr.worker.session import Session
 
 OPCODE_RANGE = OpcodeRange.MEMORY
 

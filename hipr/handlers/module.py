@@ -10,8 +10,8 @@ from hipr.handlers.args import Args
 from hipr.handlers.context import Request, or_restore, run_ordered
 from hipr.handlers.registry import handler
 from hipr.protocol.opcodes import Opcode, OpcodeRange
-from hipr.resources import FunctionEntry, ModuleEntry
-from hipr.session import Session
+from hipr.worker.resources import FunctionEntry, ModuleEntry
+from hipr.worker.session import Session
 
 OPCODE_RANGE = OpcodeRange.MODULE
 

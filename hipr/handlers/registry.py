@@ -17,7 +17,7 @@ from hipr.protocol.opcodes import Opcode, OpcodeRange
 
 if TYPE_CHECKING:
     from hipr.handlers.context import Request
-    from hipr.session import Session
+    from hipr.worker.session import Session
 
 HandlerFn = Callable[["Session", "Request"], Awaitable[Any]]
 

@@ -9,8 +9,8 @@ from hipr.errors import HipError, HipErrorCode
 from hipr.handlers.context import Request, or_restore, run_ordered
 from hipr.handlers.registry import handler
 from hipr.protocol.opcodes import Opcode, OpcodeRange
-from hipr.resources import GraphEntry
-from hipr.session import Session
+from hipr.worker.resources import GraphEntry
+from hipr.worker.session import Session
 
 OPCODE_RANGE = OpcodeRange.STREAM
 

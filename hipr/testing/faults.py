@@ -18,11 +18,11 @@ import numpy as np
 
 import hipr
 from hipr.backends.emulator import EmulatorBackend
-from hipr.config import WorkerConfig
 from hipr.errors import HipError
-from hipr.server import running_worker
 from hipr.testing.fault_backend import FaultBackend, InjectedCrash
 from hipr.testing.harness import LogWatch, leaks, wait_for_no_sessions, warm_up
+from hipr.worker.config import WorkerConfig
+from hipr.worker.server import running_worker
 
 
 @dataclass

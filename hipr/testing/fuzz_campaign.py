@@ -38,12 +38,10 @@ import numpy as np
 import hipr
 from hipr.backends.base import Backend
 from hipr.backends.emulator import EmulatorBackend
-from hipr.config import WorkerConfig
 from hipr.errors import HipError, ProtocolError
 from hipr.protocol.codec import DEFAULT_MAX_PAYLOAD, Frame, FrameDecoder, encode_frame
 from hipr.protocol.header import Flags
 from hipr.protocol.opcodes import Opcode
-from hipr.server import running_worker
 from hipr.testing.fuzz import (
     FuzzFrame,
     IdSource,
@@ -65,6 +63,8 @@ from hipr.testing.harness import (
     warm_up,
     write_tenants,
 )
+from hipr.worker.config import WorkerConfig
+from hipr.worker.server import running_worker
 
 #: The device of the well-behaved client; fuzz sessions stay on the others.
 GOOD_DEVICE = 1

@@ -25,7 +25,7 @@ from hipr.errors import HipError
 from hipr.protocol.codec import DEFAULT_MAX_PAYLOAD, Frame, FrameDecoder, encode_frame
 from hipr.protocol.header import Flags
 from hipr.protocol.opcodes import Opcode
-from hipr.tenants import new_token, token_hash
+from hipr.worker.tenants import new_token, token_hash
 
 #: Log events that the worker writes when something it did not expect went wrong.
 CRASH_EVENTS = frozenset({"handler failed", "connection task failed"})

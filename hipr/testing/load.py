@@ -22,9 +22,7 @@ import numpy as np
 
 import hipr
 from hipr.backends.emulator import EmulatorBackend
-from hipr.config import WorkerConfig
 from hipr.errors import HipError
-from hipr.server import running_worker
 from hipr.testing.harness import (
     LogWatch,
     leaks,
@@ -33,6 +31,8 @@ from hipr.testing.harness import (
     wait_for_no_sessions,
     warm_up,
 )
+from hipr.worker.config import WorkerConfig
+from hipr.worker.server import running_worker
 
 
 @dataclass

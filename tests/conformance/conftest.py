@@ -26,8 +26,8 @@ from anyio.from_thread import start_blocking_portal
 
 from hipr.backends import BackendUnavailable, load_backend
 from hipr.backends.base import Backend
-from hipr.config import WorkerConfig
-from hipr.server import running_worker
+from hipr.worker.config import WorkerConfig
+from hipr.worker.server import running_worker
 
 #: Backends the suite tries, in order. ``hip`` needs an AMD GPU: it skips elsewhere.
 BACKENDS = ("emulator", "cuda", "hip")

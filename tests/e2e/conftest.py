@@ -16,9 +16,9 @@ from anyio.from_thread import start_blocking_portal
 
 import hipr
 from hipr.backends.emulator import EmulatorBackend
-from hipr.config import TlsConfig, WorkerConfig
-from hipr.server import Worker, running_worker
 from hipr.transports import connect
+from hipr.worker.config import TlsConfig, WorkerConfig
+from hipr.worker.server import Worker, running_worker
 from tests.transports.conftest import Pki, SshServer, pki, sshd  # noqa: F401  (fixtures)
 
 EMULATED_MEMORY = 64 << 20

@@ -9,7 +9,7 @@ import pytest
 import hipr
 from hipr.backends.emulator import EmulatorBackend
 from hipr.errors import HipErrorCode as E
-from hipr.server import Worker
+from hipr.worker.server import Worker
 from tests.e2e.conftest import Endpoint
 
 pytestmark = pytest.mark.anyio

@@ -7,7 +7,7 @@ import pytest
 
 import hipr
 from hipr.backends.emulator import EmulatorBackend
-from hipr.server import Worker
+from hipr.worker.server import Worker
 
 
 def test_readme_client_section(threaded_worker: Worker, backend: EmulatorBackend) -> None:

@@ -10,7 +10,7 @@ from hipr.backends.emulator import EmulatorBackend
 from hipr.errors import HipError
 from hipr.protocol import Flags, FrameDecoder, Header, Opcode, encode_frame
 from hipr.protocol.header import PROTOCOL_VERSION
-from hipr.server import Worker
+from hipr.worker.server import Worker
 from tests.e2e.conftest import Endpoint
 
 pytestmark = pytest.mark.anyio
@@ -119,9 +119,7 @@ async def test_fire_and_forget_ping_gets_no_reply(endpoint: Endpoint, worker: Wo
     got = []
     with anyio.fail_after(10):
         await stream.send(
-            hello()
-            + encode_frame(Opcode.PING, 5, Flags.NO_REPLY)
-            + encode_frame(Opcode.PING, 6)
+            hello() + encode_frame(Opcode.PING, 5, Flags.NO_REPLY) + encode_frame(Opcode.PING, 6)
         )
         while not any(f.request_id == 6 for f in got):
             decoder.feed(await stream.receive())

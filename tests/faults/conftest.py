@@ -9,10 +9,10 @@ import pytest
 
 from hipr.backends.base import BackendStats
 from hipr.backends.emulator import EmulatorBackend
-from hipr.config import WorkerConfig
-from hipr.server import Worker, running_worker
 from hipr.testing import FaultBackend, InjectedCrash, LogWatch, leaks, wait_for_no_sessions
 from hipr.testing.harness import warm_up
+from hipr.worker.config import WorkerConfig
+from hipr.worker.server import Worker, running_worker
 
 
 @dataclass

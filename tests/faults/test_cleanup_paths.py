@@ -14,13 +14,13 @@ import pytest
 
 import hipr
 from hipr.backends.emulator import EmulatorBackend
-from hipr.config import WorkerConfig
 from hipr.errors import HipError, HipErrorCode, QuotaError
 from hipr.protocol import Flags, Opcode, encode_frame
-from hipr.server import running_worker
 from hipr.testing import LogWatch, leaks, wait_for_no_sessions
 from hipr.testing.fuzz import hello_frame
 from hipr.testing.harness import RawClient, raw_connect, write_tenants
+from hipr.worker.config import WorkerConfig
+from hipr.worker.server import running_worker
 from tests.faults.conftest import Faulty
 
 pytestmark = pytest.mark.anyio

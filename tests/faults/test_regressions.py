@@ -14,13 +14,13 @@ import structlog
 
 import hipr
 from hipr.backends.emulator import EmulatorBackend
-from hipr.config import WorkerConfig
 from hipr.errors import HipError, HipErrorCode
-from hipr.log import SafePrintLogger, configure_logging, install_safe_default
+from hipr.observability.log import SafePrintLogger, configure_logging, install_safe_default
 from hipr.protocol import Flags, Opcode
-from hipr.server import running_worker
 from hipr.testing import LogWatch, leaks, wait_for_no_sessions
 from hipr.testing.harness import RawClient
+from hipr.worker.config import WorkerConfig
+from hipr.worker.server import running_worker
 from tests.faults.conftest import Faulty
 
 pytestmark = pytest.mark.anyio

@@ -9,13 +9,13 @@ import anyio
 import pytest
 
 from hipr.backends.emulator import EmulatorBackend
-from hipr.config import WorkerConfig
 from hipr.errors import HipError, HipErrorCode
 from hipr.handlers.args import Args
 from hipr.protocol import Flags, Opcode
-from hipr.server import Worker, running_worker
 from hipr.testing import LogWatch, leaks, wait_for_no_sessions
 from hipr.testing.harness import RawClient
+from hipr.worker.config import WorkerConfig
+from hipr.worker.server import Worker, running_worker
 
 pytestmark = pytest.mark.anyio
 

@@ -15,13 +15,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hipr.backends.emulator import EmulatorBackend
-from hipr.config import WorkerConfig
 from hipr.errors import HipError
 from hipr.protocol import Flags, Opcode
-from hipr.server import running_worker
 from hipr.testing import LogWatch, leaks, wait_for_no_sessions
 from hipr.testing.fuzz_campaign import FuzzOptions, run_fuzz_campaign
 from hipr.testing.harness import RawClient
+from hipr.worker.config import WorkerConfig
+from hipr.worker.server import running_worker
 
 pytestmark = pytest.mark.anyio
 

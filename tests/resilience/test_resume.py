@@ -11,7 +11,7 @@ import pytest
 import hipr
 from hipr.backends.emulator import EmulatorBackend
 from hipr.client.connection import LinkOptions
-from hipr.server import Worker
+from hipr.worker.server import Worker
 from tests.resilience.proxy import faulty_proxy
 
 pytestmark = pytest.mark.anyio

@@ -13,9 +13,9 @@ import pytest
 import hipr
 from hipr.backends.emulator import EmulatorBackend
 from hipr.client.connection import LinkOptions
-from hipr.config import WorkerConfig
-from hipr.server import Worker, running_worker
-from hipr.tenants import new_token, token_hash
+from hipr.worker.config import WorkerConfig
+from hipr.worker.server import Worker, running_worker
+from hipr.worker.tenants import new_token, token_hash
 from tests.resilience.proxy import faulty_proxy
 
 pytestmark = pytest.mark.anyio

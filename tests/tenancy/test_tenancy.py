@@ -13,12 +13,12 @@ import pytest
 
 import hipr
 from hipr.backends.emulator import EmulatorBackend
-from hipr.config import ConfigError, WorkerConfig
 from hipr.errors import HipErrorCode as E
 from hipr.protocol import Flags, FrameDecoder, Opcode, encode_frame
-from hipr.server import Worker, running_worker
-from hipr.tenants import new_token, token_hash
 from hipr.transports import connect
+from hipr.worker.config import ConfigError, WorkerConfig
+from hipr.worker.server import Worker, running_worker
+from hipr.worker.tenants import new_token, token_hash
 
 pytestmark = pytest.mark.anyio
 

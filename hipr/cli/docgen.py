@@ -6,7 +6,7 @@ the config schema, ``docs/metrics.md`` from the Prometheus exporter. ``scripts/g
 writes them; ``scripts/gen-docs --check`` (and ``tests/test_docs.py``) fails when the
 committed pages differ from what the code says.
 
-    python -m hipr.docgen [--check] [ROOT]
+    python -m hipr.cli.docgen [--check] [ROOT]
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def _cell(text: str) -> str:
 #: registry. Argument lists belong in the handlers' docstrings, not here.
 CONNECTION_NOTES = {
     "HELLO": "Must be the first frame of a connection; the connection answers it (the "
-    "registered handler refuses a second one). See `hipr/connection.py` for its map.",
+    "registered handler refuses a second one). See `hipr/worker/connection.py` for its map.",
     "RESUME": "Valid only as the first frame of a new connection, in place of HELLO: "
     "re-attaches a session kept after its link dropped (`resume_grace`).",
     "DATA": "A continuation of the bulk data of the request with the same id (whose first "
@@ -199,8 +199,8 @@ def _summary(doc: str) -> str:
 
 def configuration_markdown() -> str:
     """``docs/configuration.md``."""
-    from hipr import tenants
-    from hipr.config import ENV_KEYS, config_reference_markdown
+    from hipr.worker import tenants
+    from hipr.worker.config import ENV_KEYS, config_reference_markdown
 
     example = ""
     if tenants.__doc__ and "```toml" in tenants.__doc__:
@@ -208,7 +208,7 @@ def configuration_markdown() -> str:
     env = "\n".join(f"| `{var}` | `{key}` |" for var, key in ENV_KEYS.items())
     return (
         "# Configuration reference\n"
-        "\n" + BANNER.format(source="hipr/config.py, hipr/tenants.py") + "\n\n"
+        "\n" + BANNER.format(source="hipr/worker/config.py, hipr/worker/tenants.py") + "\n\n"
         "`hipr worker --config FILE` reads a TOML file; `config/worker.toml` is a commented "
         "example with every key. Every key is optional. Sizes are bytes or strings with a "
         'unit (`"512KiB"`, `"64MiB"`, `"8GiB"`; `KB`/`MB`/`GB` are powers of 1000). Relative '
@@ -243,7 +243,7 @@ class _StubWorker:
     """Just enough of a Worker for the metrics collector to describe every metric."""
 
     def __init__(self) -> None:
-        from hipr.tenants import Quotas, Tenant, TenantRegistry
+        from hipr.worker.tenants import Quotas, Tenant, TenantRegistry
 
         self.backend = type("B", (), {"name": "emulator"})()
         self.sessions: dict[str, Any] = {}
@@ -258,8 +258,8 @@ class _StubWorker:
 
 def metrics_markdown() -> str:
     """``docs/metrics.md``."""
-    from hipr.metrics import PrometheusObserver, device_metrics
-    from hipr.telemetry import DeviceTelemetry
+    from hipr.observability.metrics import PrometheusObserver, device_metrics
+    from hipr.observability.telemetry import DeviceTelemetry
 
     observer = PrometheusObserver(_StubWorker(), telemetry=False)  # type: ignore[arg-type]
     observer.request_done("t", "PING", "ok", 0.001)
@@ -294,7 +294,7 @@ def metrics_markdown() -> str:
         rows.append(f"| `{name}` | {family.type} | {shown} | {_cell(family.documentation)} |")
     return (
         "# Metrics\n"
-        "\n" + BANNER.format(source="hipr/metrics.py") + "\n\n"
+        "\n" + BANNER.format(source="hipr/observability/metrics.py") + "\n\n"
         'With `metrics_listen = "127.0.0.1:9464"` the worker serves Prometheus metrics at '
         "`http://127.0.0.1:9464/metrics`. Counters count events as they happen; gauges of "
         "sessions, memory and devices are read from the worker when scraped. "

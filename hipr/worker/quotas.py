@@ -13,15 +13,32 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import anyio
 
 from hipr.errors import HipError, HipErrorCode, QuotaError
-from hipr.tenants import Quotas, TokenBucket
+from hipr.worker.resources import AllocationTable, HandleTable
+from hipr.worker.tenants import Quotas, TokenBucket
 
-if TYPE_CHECKING:
-    from hipr.session import Session
+
+class Session(Protocol):
+    """What quotas read of a session: its allocation and handle tables (the session
+    module implements it; quotas never import the session)."""
+
+    @property
+    def allocations(self) -> AllocationTable: ...
+    @property
+    def streams(self) -> HandleTable[Any]: ...
+    @property
+    def events(self) -> HandleTable[Any]: ...
+    @property
+    def modules(self) -> HandleTable[Any]: ...
+    @property
+    def graphs(self) -> HandleTable[Any]: ...
+    @property
+    def capturing_streams(self) -> Any: ...
+
 
 #: Resource kinds with a count quota, and how a session's count is read.
 COUNTED: dict[str, Callable[[Session], int]] = {

@@ -26,9 +26,9 @@ import anyio
 import anyio.abc
 import structlog
 
-from hipr.config import WorkerConfig
 from hipr.errors import HipError, HipErrorCode
-from hipr.tenants import Quotas, Tenant, new_token, token_hash
+from hipr.worker.config import WorkerConfig
+from hipr.worker.tenants import Quotas, Tenant, new_token, token_hash
 
 log = structlog.get_logger("hipr.isolation")
 

@@ -17,7 +17,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import structlog
 from prometheus_client import (
@@ -32,12 +32,59 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from hipr._version import __version__
+from hipr.backends.base import Backend
+from hipr.observability.observer import WorkerObserver
+from hipr.observability.telemetry import DeviceTelemetry, device_telemetry
 from hipr.protocol.header import PROTOCOL_VERSION, version_text
-from hipr.telemetry import DeviceTelemetry, device_telemetry
 
-if TYPE_CHECKING:
-    from hipr.server import Worker
-    from hipr.session import Session
+
+class Allocations(Protocol):
+    """A session's allocation table, as the metrics read it."""
+
+    @property
+    def total_bytes(self) -> int: ...
+    def __len__(self) -> int: ...
+
+
+class Session(Protocol):
+    """What the metrics read of a worker session (its handle tables, named in
+    :data:`HANDLE_KINDS`, are read with ``getattr``)."""
+
+    @property
+    def tenant(self) -> str: ...
+    @property
+    def allocations(self) -> Allocations: ...
+
+
+class TenantQuotas(Protocol):
+    """The quotas the metrics export."""
+
+    @property
+    def max_device_memory(self) -> int | None: ...
+    @property
+    def max_sessions(self) -> int | None: ...
+
+
+class TenantNames(Protocol):
+    """The tenant registry, as far as the metrics need it."""
+
+    @property
+    def tenants(self) -> Any: ...
+
+
+class Worker(Protocol):
+    """What the metrics read of a worker (``hipr.worker.server.Worker`` implements it;
+    this module never imports the worker)."""
+
+    backend: Backend
+    observer: WorkerObserver
+
+    @property
+    def sessions(self) -> Any: ...
+    @property
+    def tenants(self) -> TenantNames: ...
+    def quotas_of(self, tenant: str) -> TenantQuotas: ...
+
 
 log = structlog.get_logger("hipr.metrics")
 

@@ -16,6 +16,8 @@ import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from hipr.cli.common import EXIT_OK
+
 SHELLS = ("bash", "zsh", "fish")
 #: Options whose value is a file name: completed with file names.
 _FILE_DESTS = frozenset({"config", "identity", "cert", "key", "ca"})
@@ -200,8 +202,11 @@ def _fish(tree: Command, prog: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def add_completion_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``hipr completion SHELL`` to the CLI's subcommands."""
+def add_completion_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], root: argparse.ArgumentParser
+) -> None:
+    """Add ``hipr completion SHELL`` to the CLI's subcommands; ``root`` is the whole
+    command's parser, whose words the script completes."""
     c = sub.add_parser(
         "completion",
         help="print a shell completion script",
@@ -211,12 +216,10 @@ def add_completion_parser(sub: argparse._SubParsersAction[argparse.ArgumentParse
         "`hipr completion fish > ~/.config/fish/completions/hipr.fish`.",
     )
     c.add_argument("shell", choices=SHELLS, help="the shell to complete for")
-    c.set_defaults(func=cmd_completion, client=False)
+    c.set_defaults(func=cmd_completion, client=False, root_parser=root)
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
     """``hipr completion SHELL``: print the script."""
-    from hipr.cli import EXIT_OK, build_parser
-
-    print(completion_script(build_parser(), args.shell), end="")
+    print(completion_script(args.root_parser, args.shell), end="")
     return EXIT_OK

@@ -361,7 +361,7 @@ def _baseline_server(loop: str, urls: Sequence[str]) -> contextlib.AbstractConte
 def _local_worker(
     loop: str, backend: str, urls: Sequence[str]
 ) -> contextlib.AbstractContextManager[Any]:
-    argv = [sys.executable, "-m", "hipr.bench", "--serve-worker", "--loop", loop]
+    argv = [sys.executable, "-m", "hipr.cli.bench", "--serve-worker", "--loop", loop]
     argv += ["--backend", backend]
     for url in urls:
         argv += ["--listen", url]
@@ -373,8 +373,8 @@ async def _serve_worker(backend_name: str, urls: Sequence[str]) -> None:
 
     import anyio
 
-    from hipr.config import WorkerConfig
-    from hipr.server import Worker, load_configured_backend
+    from hipr.worker.config import WorkerConfig
+    from hipr.worker.server import Worker, load_configured_backend
 
     config = WorkerConfig(listen=tuple(urls), backend=backend_name)
     backend = load_configured_backend(config)
@@ -392,13 +392,13 @@ async def _serve_worker(backend_name: str, urls: Sequence[str]) -> None:
 
 
 def serve_worker_main(argv: Sequence[str]) -> int:
-    """``python -m hipr.bench --serve-worker --loop L --backend B --listen URL...``: the
+    """``python -m hipr.cli.bench --serve-worker --loop L --backend B --listen URL...``: the
     ``--local`` worker, on the loop asked for (``hipr worker`` always runs trio)."""
     import anyio
 
-    from hipr.log import configure_logging
+    from hipr.observability.log import configure_logging
 
-    parser = argparse.ArgumentParser(prog="python -m hipr.bench --serve-worker")
+    parser = argparse.ArgumentParser(prog="python -m hipr.cli.bench --serve-worker")
     parser.add_argument("--serve-worker", action="store_true")
     parser.add_argument("--loop", choices=LOOPS, default="trio")
     parser.add_argument("--backend", default="emulator")
@@ -618,13 +618,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m hipr.bench ...``: ``hipr bench ...``, or the --local worker itself."""
+    """``python -m hipr.cli.bench ...``: ``hipr bench ...``, or the --local worker itself."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--serve-worker" in argv:
         return serve_worker_main(argv)
-    from hipr.cli import main as cli_main
-
-    return cli_main(["bench", *argv])
+    parser = argparse.ArgumentParser(prog="python -m hipr.cli.bench")
+    add_bench_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["bench", *argv])
+    return int(args.func(args))
 
 
 if __name__ == "__main__":

@@ -18,11 +18,11 @@ import structlog
 
 from hipr.backends.base import Backend
 from hipr.errors import HipError, HipErrorCode
-from hipr.gpu_thread import GpuThread, PendingCall
-from hipr.observe import NullObserver, WorkerObserver
-from hipr.quotas import QuotaGate, TenantState
-from hipr.replay import ReplyCache
-from hipr.resources import (
+from hipr.observability.observer import NullObserver, WorkerObserver
+from hipr.worker.gpu_thread import GpuThread, PendingCall
+from hipr.worker.quotas import QuotaGate, TenantState
+from hipr.worker.replay import ReplyCache
+from hipr.worker.resources import (
     Allocation,
     AllocationTable,
     FunctionEntry,
@@ -31,7 +31,7 @@ from hipr.resources import (
     HandleTable,
     ModuleEntry,
 )
-from hipr.tenants import ANONYMOUS, Quotas
+from hipr.worker.tenants import ANONYMOUS, Quotas
 
 T = TypeVar("T")
 log = structlog.get_logger("hipr.session")

@@ -13,13 +13,14 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
 import structlog
 
 from hipr._version import __version__
+from hipr.backends.base import Backend
 from hipr.errors import (
     HipError,
     HipErrorCode,
@@ -30,6 +31,7 @@ from hipr.errors import (
 from hipr.handlers.args import Args
 from hipr.handlers.context import Reply, Request
 from hipr.handlers.registry import REGISTRY, HandlerRegistry
+from hipr.observability.observer import WorkerObserver
 from hipr.protocol.codec import Frame, FrameDecoder, encode_frame, encode_frame_parts
 from hipr.protocol.header import (
     PROTOCOL_MAJOR,
@@ -39,12 +41,51 @@ from hipr.protocol.header import (
     version_text,
 )
 from hipr.protocol.opcodes import Opcode, opcode_name
-from hipr.replay import MAX_ONE_REPLY
-from hipr.session import Session, as_hip_error
 from hipr.transports import connect as transport_connect
+from hipr.worker.config import WorkerConfig
+from hipr.worker.isolation import TenantProcesses
+from hipr.worker.replay import MAX_ONE_REPLY
+from hipr.worker.session import Session, as_hip_error
+from hipr.worker.tenants import Tenant, TenantRegistry
 
-if TYPE_CHECKING:
-    from hipr.server import Worker
+
+class Worker(Protocol):
+    """What a connection needs of the worker that accepted it (``hipr.worker.server``
+    implements it; connections never import the server)."""
+
+    config: WorkerConfig
+    backend: Backend
+    observer: WorkerObserver
+    isolation: TenantProcesses | None
+    tenants: TenantRegistry
+    chunk_bytes: int
+    handshake_timeout: float
+    draining: bool
+
+    def authenticate(self, hello: Args, stream: anyio.abc.ByteStream) -> Tenant:
+        """The tenant a HELLO's credentials name, or AuthError."""
+        ...
+
+    def check_max_clients(self) -> None:
+        """Refuse one more client over the worker-wide max_clients."""
+        ...
+
+    def open_session(self, tenant: Tenant, peer: str) -> Session:
+        """A new session for an authenticated client."""
+        ...
+
+    async def resume(self, args: Args, connection: WorkerConnection) -> Session:
+        """The detached session a RESUME names, now attached to ``connection``."""
+        ...
+
+    def detach(self, session: Session) -> None:
+        """Keep a session whose link dropped for a later RESUME."""
+        ...
+
+    def forget(self, session: Session) -> None:
+        """Drop a closed session from the registry."""
+        ...
+
 
 log = structlog.get_logger("hipr.connection")
 
@@ -85,9 +126,7 @@ class WorkerConnection:
         self.session: Session | None = None
         self._decoder = FrameDecoder(worker.config.max_frame_bytes)
         self._send_lock = anyio.Lock()
-        self._frames_in, self._frames_out = anyio.create_memory_object_stream[Frame](
-            math.inf
-        )
+        self._frames_in, self._frames_out = anyio.create_memory_object_stream[Frame](math.inf)
         self._queue_drained = anyio.Event()
         self._log = log.bind(peer=peer)
         #: Request bytes read but not yet taken by the executor (max_inflight_bytes).

@@ -16,68 +16,35 @@ Every failure prints one line, ``hipr: <what went wrong>``, on stderr; no traceb
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import os
 import statistics
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hipr._version import __version__
-from hipr.config import BACKENDS, LOG_FORMATS, LOG_LEVELS, ConfigError, load_config
+from hipr.cli.bench import add_bench_parser
+from hipr.cli.common import (
+    EXIT_CONNECTION,
+    EXIT_HIP_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    add_client_options,
+    as_dict,
+    connect_from_args,
+    dump_json,
+    human_size,
+    json_default,
+    positive_int,
+    version_string,
+)
+from hipr.cli.completion import add_completion_parser
+from hipr.cli.status_view import add_status_parser
 from hipr.errors import HipConnectionError, HipError
-from hipr.protocol import PROTOCOL_VERSION, version_text
-
-EXIT_OK = 0
-EXIT_HIP_ERROR = 1
-EXIT_USAGE = 2
-EXIT_CONNECTION = 3
-EXIT_INTERRUPTED = 130
-
-
-def version_string() -> str:
-    """``hipr 0.1.0 (protocol 1.0)``."""
-    return f"hipr {__version__} (protocol {version_text(PROTOCOL_VERSION)})"
-
+from hipr.protocol import version_text
+from hipr.worker.config import BACKENDS, LOG_FORMATS, LOG_LEVELS, ConfigError, load_config
 
 # --- parser -------------------------------------------------------------------------
-
-
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {n}")
-    return n
-
-
-def _positive_float(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not x > 0 or x == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
-    return x
-
-
-def _add_client_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("url", help="worker URL, e.g. tcp://gpu-node:18515 or unix:///run/hipr.sock")
-    p.add_argument(
-        "--token",
-        help="tenant token (prefer the HIPR_TOKEN environment variable: "
-        "a command line is visible to other users)",
-    )
-    p.add_argument(
-        "--timeout",
-        type=_positive_float,
-        metavar="SECONDS",
-        help="give up connecting after this long (default: the client's)",
-    )
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="show a worker's devices",
         description="Show the worker, its backend and each device's properties and memory.",
     )
-    _add_client_options(i)
+    add_client_options(i)
     i.set_defaults(func=cmd_info, client=True)
 
     p = sub.add_parser(
@@ -131,9 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="measure round-trip times to a worker",
         description="Send null requests and report each round-trip time and min/median/max.",
     )
-    _add_client_options(p)
+    add_client_options(p)
     p.add_argument(
-        "-n", "--count", type=_positive_int, default=5, help="requests to send (default 5)"
+        "-n", "--count", type=positive_int, default=5, help="requests to send (default 5)"
     )
     p.set_defaults(func=cmd_ping, client=True)
 
@@ -163,13 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--json", action="store_true", help="print JSON instead of a table")
     tr.set_defaults(func=cmd_transports, client=False)
 
-    from hipr.completion import add_completion_parser
-    from hipr.status_view import add_status_parser
-
     add_status_parser(sub)
-    add_completion_parser(sub)
-
-    from hipr.bench import add_bench_parser
+    add_completion_parser(sub, parser)
 
     add_bench_parser(sub)
     return parser
@@ -182,7 +144,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     """``hipr worker``: load the config, set up logging, serve until told to stop."""
     import anyio
 
-    from hipr.log import configure_logging, get_logger
+    from hipr.observability.log import configure_logging, get_logger
 
     overrides = {
         "listen": args.listen,
@@ -195,7 +157,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     get_logger("hipr.cli").debug("config loaded", file=args.config, config=config)
 
     # Imported late: the worker pulls in backends that the client commands never need.
-    from hipr.server import run_worker
+    from hipr.worker.server import run_worker
 
     anyio.run(run_worker, config, args.config, backend=args.loop)
     return EXIT_OK
@@ -207,7 +169,7 @@ def cmd_transports(args: argparse.Namespace) -> int:
 
     found = available_transports()
     if args.json:
-        _dump_json(found)
+        dump_json(found)
         return EXIT_OK
     from rich.console import Console
     from rich.table import Table
@@ -221,12 +183,12 @@ def cmd_transports(args: argparse.Namespace) -> int:
 
 def cmd_token_new(args: argparse.Namespace) -> int:
     """``hipr token new TENANT``: a fresh token, shown once, and its hash for the file."""
-    from hipr.tenants import new_token, token_hash
+    from hipr.worker.tenants import new_token, token_hash
 
     token = new_token()
     digest = token_hash(token)
     if args.json:
-        _dump_json({"tenant": args.tenant, "token": token, "sha256": digest})
+        dump_json({"tenant": args.tenant, "token": token, "sha256": digest})
         return EXIT_OK
     print(f"token for tenant {args.tenant!r} (shown once; give it to the tenant):")
     print(f"  {token}")
@@ -235,65 +197,23 @@ def cmd_token_new(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _connect(args: argparse.Namespace) -> Any:
-    import hipr
-
-    kwargs: dict[str, Any] = {}
-    if args.token is not None:
-        kwargs["token"] = args.token
-    if args.timeout is not None:
-        kwargs["timeout"] = args.timeout
-    return hipr.connect(args.url, **kwargs)  # type: ignore[attr-defined]
-
-
-def _as_dict(obj: Any) -> dict[str, Any]:
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.asdict(obj)
-    if isinstance(obj, dict):
-        return dict(obj)
-    to_wire = getattr(obj, "to_wire", None)
-    if callable(to_wire):
-        return dict(to_wire())
-    return dict(vars(obj))
-
-
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, bytes | bytearray):
-        return obj.hex()
-    return str(obj)
-
-
-def _dump_json(data: Any) -> None:
-    print(json.dumps(data, indent=2, default=_json_default))
-
-
-def human_size(n: int | float) -> str:
-    """``8.0 GiB``, ``512 B``: sizes for people."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
 def _protocol_text(value: Any) -> str:
     return version_text(value) if isinstance(value, int) else str(value)
 
 
 def cmd_info(args: argparse.Namespace) -> int:
     """``hipr info URL``: the worker and every device, as a table or JSON."""
-    with _connect(args) as gpu:
-        worker = _as_dict(gpu.worker_info())
+    with connect_from_args(args) as gpu:
+        worker = as_dict(gpu.worker_info())
         devices: list[dict[str, Any]] = []
         for index in range(gpu.device_count()):
-            props = _as_dict(gpu.device_properties(index))
+            props = as_dict(gpu.device_properties(index))
             gpu.set_device(index)
             free, total = gpu.mem_get_info()
             devices.append({"index": index, **props, "memory_free": free, "memory_total": total})
 
     if args.json:
-        _dump_json({"url": args.url, "worker": worker, "devices": devices})
+        dump_json({"url": args.url, "worker": worker, "devices": devices})
         return EXIT_OK
 
     from rich import box
@@ -308,7 +228,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     summary.add_row("backend", str(worker.get("backend", "?")))
     summary.add_row("version", str(worker.get("worker_version", "?")))
     summary.add_row("protocol", _protocol_text(worker.get("protocol", "?")))
-    summary.add_row("session", str(_json_default(worker.get("session_id", "?"))))
+    summary.add_row("session", str(json_default(worker.get("session_id", "?"))))
     summary.add_row("devices", str(len(devices)))
     console.print(summary)
 
@@ -340,7 +260,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_ping(args: argparse.Namespace) -> int:
     """``hipr ping URL``: round-trip times of null requests, in milliseconds."""
     rtts_ms: list[float] = []
-    with _connect(args) as gpu:
+    with connect_from_args(args) as gpu:
         if not args.json:
             print(f"PING {args.url}: {args.count} null requests", flush=True)
         for seq in range(1, args.count + 1):
@@ -351,7 +271,7 @@ def cmd_ping(args: argparse.Namespace) -> int:
 
     lo, mid, hi = min(rtts_ms), statistics.median(rtts_ms), max(rtts_ms)
     if args.json:
-        _dump_json(
+        dump_json(
             {
                 "url": args.url,
                 "count": len(rtts_ms),

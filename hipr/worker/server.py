@@ -18,22 +18,22 @@ import anyio.abc
 import structlog
 
 import hipr.handlers  # noqa: F401  (registers every handler)
-from hipr import systemd
 from hipr.backends.base import Backend
-from hipr.config import ConfigError, WorkerConfig, load_config
-from hipr.connection import WorkerConnection
 from hipr.errors import AuthError, HipError, QuotaError, SessionLostError
 from hipr.handlers.args import Args
-from hipr.isolation import TenantProcesses
-from hipr.log import set_levels
-from hipr.metrics import MetricsServer, start_metrics_server
-from hipr.observe import NullObserver, WorkerObserver
-from hipr.quotas import QuotaGate, TenantState
-from hipr.session import Session
-from hipr.tenants import Quotas, Tenant, load_tenants
+from hipr.observability.log import set_levels
+from hipr.observability.metrics import MetricsServer, start_metrics_server
+from hipr.observability.observer import NullObserver, WorkerObserver
 from hipr.transports import listen as transport_listen
 from hipr.transports import peer_certificate_subject, peer_description, peer_uid
 from hipr.transports.base import TransportConfig
+from hipr.worker import systemd
+from hipr.worker.config import ConfigError, WorkerConfig, load_config
+from hipr.worker.connection import WorkerConnection
+from hipr.worker.isolation import TenantProcesses
+from hipr.worker.quotas import QuotaGate, TenantState
+from hipr.worker.session import Session
+from hipr.worker.tenants import Quotas, Tenant, load_tenants
 
 log = structlog.get_logger("hipr.worker")
 

@@ -18,7 +18,15 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from hipr.cli import human_size
+from hipr.cli.common import (
+    EXIT_OK,
+    add_client_options,
+    connect_from_args,
+    dump_json,
+    human_size,
+    positive_float,
+    positive_int,
+)
 from hipr.errors import HipConnectionError
 from hipr.protocol.header import version_text
 
@@ -161,7 +169,6 @@ def stamp() -> str:
 
 def add_status_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``hipr status`` to the CLI's subcommands."""
-    from hipr.cli import _add_client_options, _positive_float, _positive_int
 
     s = sub.add_parser(
         "status",
@@ -170,7 +177,7 @@ def add_status_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "backend and devices (utilisation, memory, temperature, power where the runtime "
         "tells). Needs the worker's admin token (admin_token_sha256 in its config).",
     )
-    _add_client_options(s)
+    add_client_options(s)
     s.add_argument(
         "--admin-token",
         help="the worker's admin token (prefer the HIPR_ADMIN_TOKEN environment variable)",
@@ -180,14 +187,14 @@ def add_status_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     s.add_argument(
         "--interval",
-        type=_positive_float,
+        type=positive_float,
         default=1.0,
         metavar="SECONDS",
         help="seconds between refreshes with --watch (default 1)",
     )
     s.add_argument(
         "--count",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="with --watch: stop after N refreshes (default: until Ctrl-C)",
     )
@@ -197,17 +204,16 @@ def add_status_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def cmd_status(args: argparse.Namespace) -> int:
     """``hipr status URL``: the status page once, or refreshed with ``--watch``;
     ``--json`` prints the reply (one JSON object a line with ``--watch``)."""
-    from hipr.cli import EXIT_OK, _connect, _dump_json
 
     token = (
         args.admin_token if args.admin_token is not None else os.environ.get("HIPR_ADMIN_TOKEN", "")
     )
     if args.watch:
         return _watch(args, token)
-    with _connect(args) as gpu:
+    with connect_from_args(args) as gpu:
         status = gpu.admin_status(token)
     if args.json:
-        _dump_json({"url": args.url, **status})
+        dump_json({"url": args.url, **status})
     else:
         print_status(status, args.url)
     return EXIT_OK
@@ -216,8 +222,6 @@ def cmd_status(args: argparse.Namespace) -> int:
 def _watch(args: argparse.Namespace, token: str) -> int:
     """Poll once per interval over one session; a lost link is shown and retried."""
     from rich.live import Live
-
-    from hipr.cli import EXIT_OK, _connect
 
     console = Console(highlight=False)
     refreshes = 0
@@ -229,7 +233,7 @@ def _watch(args: argparse.Namespace, token: str) -> int:
         while True:
             try:
                 if gpu is None:
-                    gpu = _connect(args)
+                    gpu = connect_from_args(args)
                 status = gpu.admin_status(token)
             except HipConnectionError as exc:
                 _close(gpu)

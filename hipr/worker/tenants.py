@@ -36,8 +36,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from hipr.config import ConfigError, parse_size
 from hipr.errors import AuthError
+from hipr.worker.config import ConfigError, parse_size
 
 ANONYMOUS = "anonymous"
 TOKEN_PREFIX = "hipr_"

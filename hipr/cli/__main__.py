@@ -1,0 +1,7 @@
+"""``python -m hipr.cli``: the ``hipr`` command."""
+
+import sys
+
+from hipr.cli import main
+
+sys.exit(main())

@@ -1,0 +1,101 @@
+"""What the ``hipr`` subcommands share: exit codes, argument types, client options,
+connecting from parsed arguments and printing JSON or sizes."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from typing import Any
+
+from hipr._version import __version__
+from hipr.protocol import PROTOCOL_VERSION, version_text
+
+EXIT_OK = 0
+EXIT_HIP_ERROR = 1
+EXIT_USAGE = 2
+EXIT_CONNECTION = 3
+EXIT_INTERRUPTED = 130
+
+
+def version_string() -> str:
+    """``hipr 0.1.0 (protocol 1.0)``."""
+    return f"hipr {__version__} (protocol {version_text(PROTOCOL_VERSION)})"
+
+
+def positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {n}")
+    return n
+
+
+def positive_float(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not x > 0 or x == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
+    return x
+
+
+def add_client_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", help="worker URL, e.g. tcp://gpu-node:18515 or unix:///run/hipr.sock")
+    p.add_argument(
+        "--token",
+        help="tenant token (prefer the HIPR_TOKEN environment variable: "
+        "a command line is visible to other users)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=positive_float,
+        metavar="SECONDS",
+        help="give up connecting after this long (default: the client's)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def connect_from_args(args: argparse.Namespace) -> Any:
+    import hipr
+
+    kwargs: dict[str, Any] = {}
+    if args.token is not None:
+        kwargs["token"] = args.token
+    if args.timeout is not None:
+        kwargs["timeout"] = args.timeout
+    return hipr.connect(args.url, **kwargs)  # type: ignore[attr-defined]
+
+
+def as_dict(obj: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
+    if isinstance(obj, dict):
+        return dict(obj)
+    to_wire = getattr(obj, "to_wire", None)
+    if callable(to_wire):
+        return dict(to_wire())
+    return dict(vars(obj))
+
+
+def json_default(obj: Any) -> Any:
+    if isinstance(obj, bytes | bytearray):
+        return obj.hex()
+    return str(obj)
+
+
+def dump_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, default=json_default))
+
+
+def human_size(n: int | float) -> str:
+    """``8.0 GiB``, ``512 B``: sizes for people."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
