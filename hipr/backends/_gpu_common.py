@@ -1,9 +1,10 @@
-"""Pieces the cuda and hip backends share, free of either vendor's library.
+"""Building blocks of the GPU backend, free of either vendor's library.
 
-The two GPU backends are mirrors of each other; what is not a runtime call lives here
-once: host-buffer addresses, the ``extra`` launch-argument block, the pinned staging
-pool for asynchronous host-to-device copies, handle wrappers, resource accounting and
-the compile cache.
+:class:`~hipr.backends.gpu.GpuBackend` is built from these: host-buffer addresses, the
+``extra`` launch-argument block, the pinned staging pool for asynchronous host-to-device
+copies, handle wrappers, resource accounting and the compile cache. None of them calls
+a runtime itself; where one needs a runtime call (the staging pool), the backend
+supplies it.
 """
 
 from __future__ import annotations
@@ -89,6 +90,12 @@ def cstr(value: Any) -> str:
     if isinstance(value, bytes | bytearray):
         value = bytes(value).split(b"\0", 1)[0].decode(errors="replace")
     return str(value).split("\0", 1)[0].strip()
+
+
+def with_default_target(options: list[str], chose_target: bool, default: str) -> list[str]:
+    """Compiler ``options`` with ``default`` (the flag naming the device's own target)
+    first, unless the user chose a target themselves."""
+    return options if chose_target else [default, *options]
 
 
 def check_dims(grid: Dim3, block: Dim3) -> None:
