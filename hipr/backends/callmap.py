@@ -22,6 +22,7 @@ import functools
 from typing import Any, Generic, Literal, NamedTuple, TypeVar
 
 __all__ = [
+    "ADAPTER_SHAPED_CALLS",
     "CONSTANTS",
     "CUDA_CALLS",
     "DRIVER_CALLS",
@@ -180,6 +181,10 @@ DRIVER_CALLS: DriverCalls[Names] = DriverCalls(
     graph_launch=Names("cuGraphLaunch", "hipGraphLaunch"),
     graph_exec_destroy=Names("cuGraphExecDestroy", "hipGraphExecDestroy"),
 )
+
+#: The rows of :data:`DRIVER_CALLS` whose two functions differ in arguments: after
+#: (graph, dependencies, count) each takes what its runtime adapter builds.
+ADAPTER_SHAPED_CALLS: frozenset[str] = frozenset({"graph_add_memset_node", "graph_add_memcpy_node"})
 
 #: Each operation of :class:`RtcCalls`: (NVRTC, HIPRTC).
 RTC_CALLS: RtcCalls[Names] = RtcCalls(

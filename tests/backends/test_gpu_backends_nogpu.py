@@ -12,12 +12,16 @@ staging and capture bugs show up as wrong bytes.
 
 from __future__ import annotations
 
+import ast
 import ctypes
 import importlib
+import inspect
 import re
 import struct
 import sys
+import types
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -33,6 +37,19 @@ from hipr.backends._gpu_common import (
     host_address,
 )
 from hipr.backends.base import Backend
+from hipr.backends.callmap import (
+    ADAPTER_SHAPED_CALLS,
+    CUDA_CALLS,
+    DRIVER_CALLS,
+    HIP_CALLS,
+    HIPRTC_CALLS,
+    NVRTC_CALLS,
+    RTC_CALLS,
+    DriverCalls,
+    RtcCalls,
+    RuntimeConstants,
+    resolve_constants,
+)
 from hipr.backends.cuda import HIP_PRELUDE, PRELUDE_INCLUDE_NAMES, nvrtc_options
 from hipr.backends.errmap import (
     CU_RESULT_TO_HIP,
@@ -46,7 +63,10 @@ from hipr.backends.errmap import (
     hip_error_name,
     rtc_error,
 )
+from hipr.backends.gpu import GpuBackend, Runtime
 from hipr.backends.hip import hiprtc_options
+from hipr.backends.runtime_cuda import CudaRuntime
+from hipr.backends.runtime_hip import HipRuntime
 from hipr.errors import HipError, HipErrorCode
 from hipr.kernels.builtins import BUILTIN_SOURCE, BUILTINS
 
@@ -371,6 +391,125 @@ def test_pinned_staging_reuses_only_after_fence() -> None:
     assert not ops.live
 
 
+# === the runtime tables ===================================================================
+# GpuBackend reaches the GPU only through the names in hipr.backends.callmap and the
+# adapters; these tests keep the tables and the shared logic in step.
+
+_RUNTIMES: tuple[type[Any], ...] = (CudaRuntime, HipRuntime)
+_RUNTIME_FUNCTION = re.compile(r"(cu|hip|nvrtc|hiprtc)[A-Z]\w*")
+
+
+def _gpu_source_tree() -> ast.Module:
+    from hipr.backends import gpu
+
+    return ast.parse(Path(gpu.__file__).read_text())
+
+
+def test_shared_logic_spells_no_runtime_function() -> None:
+    # A name written into gpu.py would reach one runtime only; it belongs in callmap.
+    tree = _gpu_source_tree()
+    strings = {
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    }
+    assert not {s for s in strings if _RUNTIME_FUNCTION.fullmatch(s)}
+
+
+def test_every_table_row_is_used_by_the_shared_logic() -> None:
+    # mypy checks that what gpu.py uses is in the tables; this checks the converse, so
+    # that no row is left behind when the logic stops needing it.
+    used = {node.attr for node in ast.walk(_gpu_source_tree()) if isinstance(node, ast.Attribute)}
+    for table in (DriverCalls, RtcCalls, RuntimeConstants):
+        assert set(table._fields) <= used, set(table._fields) - used
+
+
+def test_table_columns() -> None:
+    assert list(CUDA_CALLS) == [row.cuda for row in DRIVER_CALLS]
+    assert list(HIP_CALLS) == [row.hip for row in DRIVER_CALLS]
+    assert list(NVRTC_CALLS) == [row.cuda for row in RTC_CALLS]
+    assert list(HIPRTC_CALLS) == [row.hip for row in RTC_CALLS]
+    for name in CUDA_CALLS:
+        assert name.startswith("cu"), name
+    for name in HIP_CALLS:
+        assert name.startswith("hip"), name
+    assert all(n.startswith("nvrtc") for n in NVRTC_CALLS)
+    assert all(n.startswith("hiprtc") for n in HIPRTC_CALLS)
+    assert set(DriverCalls._fields) >= ADAPTER_SHAPED_CALLS
+    assert CudaRuntime.calls == CUDA_CALLS and CudaRuntime.rtc_calls == NVRTC_CALLS
+    assert HipRuntime.calls == HIP_CALLS and HipRuntime.rtc_calls == HIPRTC_CALLS
+
+
+def test_adapters_implement_the_runtime_protocol() -> None:
+    members = set(Runtime.__annotations__) | {
+        name for name, value in vars(Runtime).items() if inspect.isfunction(value)
+    }
+    assert {"calls", "open", "bind", "memset_node_args"} <= members
+    for runtime in _RUNTIMES:
+        missing = {m for m in members if not hasattr(runtime, m)}
+        assert not missing, (runtime.__name__, missing)
+
+
+def _functions_named(module: Any, names: list[str]) -> list[str]:
+    """The names that are not callables of ``module``."""
+    return [n for n in names if not callable(getattr(module, n, None))]
+
+
+@needs_cuda_bindings
+def test_cuda_column_names_cuda_bindings_functions() -> None:
+    from cuda.bindings import driver, nvrtc
+
+    driver_names = [*CUDA_CALLS, str(CudaRuntime.param_info_call)]
+    assert not _functions_named(driver, driver_names)
+    rtc_names = [*NVRTC_CALLS, *(n for pair in CudaRuntime.rtc_images for n in pair)]
+    assert not _functions_named(nvrtc, rtc_names)
+    consts = resolve_constants(driver, "cuda")
+    assert int(consts.launch_end) == 0 and int(consts.stream_flags) == 1
+
+
+@needs_hip_python
+def test_hip_column_names_hip_python_functions() -> None:
+    from hip import hip, hiprtc
+
+    assert HipRuntime.param_info_call is None
+    assert not _functions_named(hip, list(HIP_CALLS))
+    rtc_names = [*HIPRTC_CALLS, *(n for pair in HipRuntime.rtc_images for n in pair)]
+    assert not _functions_named(hiprtc, rtc_names)
+    consts = resolve_constants(hip, "hip")
+    assert int(consts.launch_end) == 3 and int(consts.stream_flags) == 1
+
+
+@needs_cuda_bindings
+@needs_hip_python
+def test_both_columns_take_the_same_arguments() -> None:
+    # The shared logic passes one argument list to either runtime's function; only the
+    # graph node rows named in ADAPTER_SHAPED_CALLS take adapter-built tails.
+    from cuda.bindings import driver, nvrtc
+    from hip import hip, hiprtc
+
+    def arity(module: Any, name: str) -> int:
+        return _signature_arity(getattr(module, name).__doc__, name)
+
+    for field, row in zip(DriverCalls._fields, DRIVER_CALLS, strict=True):
+        if field not in ADAPTER_SHAPED_CALLS:
+            assert arity(driver, row.cuda) == arity(hip, row.hip), row
+    for row in RTC_CALLS:
+        assert arity(nvrtc, row.cuda) == arity(hiprtc, row.hip), row
+
+
+def test_backends_are_declarations() -> None:
+    from hipr.backends.cuda import CudaBackend
+    from hipr.backends.hip import HipBackend
+
+    for cls, params in ((CudaBackend, ["_driver", "_nvrtc"]), (HipBackend, ["_hip", "_hiprtc"])):
+        assert issubclass(cls, GpuBackend)
+        own = {k for k in vars(cls) if not (k.startswith("__") and k != "__init__")}
+        assert own == {"__init__"}, own
+        sig = inspect.signature(cls)
+        assert list(sig.parameters) == params
+        assert all(p.kind is p.KEYWORD_ONLY and p.default is None for p in sig.parameters.values())
+
+
 # === real "library missing" paths ========================================================
 
 
@@ -441,6 +580,31 @@ def test_cuda_backend_unavailable_without_cuda_bindings(monkeypatch: pytest.Monk
     err = info.value
     assert err.library == "cuda-bindings" and err.kind == "backend_unavailable"
     assert "cuda-bindings package is not installed" in _one_line(err)
+
+
+def test_cuda_bindings_that_fail_to_import_name_libcuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Installed but broken (a module of the package raising ImportError) is the driver
+    # library's fault on CUDA...
+    from hipr.backends.cuda import CudaBackend
+
+    package = types.ModuleType("cuda.bindings")
+    package.__path__ = []
+    monkeypatch.setitem(sys.modules, "cuda", types.ModuleType("cuda"))
+    monkeypatch.setitem(sys.modules, "cuda.bindings", package)
+    with pytest.raises(BackendUnavailable) as info:
+        CudaBackend()
+    assert info.value.library == "libcuda.so.1"
+    assert "could not load libcuda.so.1" in _one_line(info.value)
+
+
+def test_hip_python_that_fails_to_import_is_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # ... while on HIP any ImportError means hip-python itself is not usable.
+    from hipr.backends.hip import HipBackend
+
+    monkeypatch.setitem(sys.modules, "hip", types.ModuleType("hip"))
+    with pytest.raises(BackendUnavailable) as info:
+        HipBackend()
+    assert info.value.library == "hip-python"
 
 
 def test_cuda_backend_driver_present_but_no_device() -> None:
@@ -891,7 +1055,7 @@ def _common_handlers(
         f"{p}MemcpyDtoDAsync": dtod,
         f"{p}MemsetD8Async": memset,
         f"{p}StreamDestroy": stream_destroy,
-        f"{p}StreamQuery": lambda s: None,
+        f"{p}StreamQuery": stream_sync,
         f"{p}StreamWaitEvent": lambda s, e, flags: None,
         f"{p}EventRecord": record,
         f"{p}EventQuery": event_query,
@@ -1417,4 +1581,42 @@ def test_sim_tail_padding_is_trimmed_but_junk_is_not(sim: Any) -> None:
             backend.launch(fill, (1, 1, 1), (32, 1, 1), 0, None, junk)
         assert info.value.code == E.hipErrorLaunchOutOfResources
         assert gpu.launches[-2][1] == _fill_args(x, 5.0, 4)  # trimmed to 24 bytes
+    backend.free(x)
+
+
+def test_sim_query_reports_an_asynchronous_failure(sim: Any) -> None:
+    backend, _ = sim
+    fill = backend.module_get_function(backend.builtin_module(), "fill_f32")
+    backend.launch(fill, (1, 1, 1), (32, 1, 1), 0, None, _fill_args(0x10, 1.0, 4))  # async
+    with pytest.raises(HipError) as info:
+        backend.stream_query(None)
+    assert info.value.code == E.hipErrorIllegalAddress
+    call = "cuStreamQuery" if backend.name == "cuda" else "hipStreamQuery"
+    assert info.value.message.startswith(f"{call} failed: ")
+    # Sticky, as on a GPU: the next synchronising call reports it again.
+    with pytest.raises(HipError) as info:
+        backend.synchronize()
+    assert info.value.code == E.hipErrorIllegalAddress
+
+
+def test_sim_graph_nodes_get_the_adapters_parameter_blocks(sim: Any) -> None:
+    backend, gpu = sim
+    x = backend.malloc(8)
+    g = backend.graph_create()
+    backend.graph_add_memset(g, [], x, 0x1AB, 8)  # only the low byte is a memset value
+    n = backend.graph_add_memcpy(g, [], x + 4, x, 4)
+    assert n is not None
+    gexec = backend.graph_instantiate(g)
+    backend.graph_launch(gexec, None)
+    backend.synchronize()
+    assert gpu.read(x, 8) == b"\xab" * 8
+    node_calls = {c for c in gpu.calls if "GraphAdd" in c}
+    expected = (
+        {"cuGraphAddMemsetNode", "cuGraphAddMemcpyNode"}
+        if backend.name == "cuda"
+        else {"hipGraphAddMemsetNode", "hipGraphAddMemcpyNode1D"}
+    )
+    assert node_calls == expected
+    backend.graph_exec_destroy(gexec)
+    backend.graph_destroy(g)
     backend.free(x)
