@@ -8,12 +8,11 @@ worker on one vendor's node never needs the other's library.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import structlog
 
-from hipr.backends.base import Backend
-from hipr.errors import HipError, HipErrorCode
+from hipr.backends.base import Backend, BackendUnavailable
 
 __all__ = ["BACKEND_NAMES", "BackendUnavailable", "load_backend"]
 
@@ -21,26 +20,6 @@ __all__ = ["BACKEND_NAMES", "BackendUnavailable", "load_backend"]
 BACKEND_NAMES: tuple[str, ...] = ("hip", "cuda", "emulator", "auto")
 
 _log = structlog.get_logger("hipr.backends")
-
-
-class BackendUnavailable(HipError):
-    """A backend's runtime could not be loaded here: its Python package or native
-    library is missing, the driver is too old, or it sees no device. The message is one
-    line naming the library, e.g. ``cuda backend unavailable: could not load
-    libcuda.so.1 (...)``; ``details["library"]`` names it too."""
-
-    kind: ClassVar[str] = "backend_unavailable"
-    default_code: ClassVar[int] = HipErrorCode.hipErrorNoDevice
-
-    def __init__(self, code: int | None = None, message: str = "", **details: Any) -> None:
-        # One line: this text ends up in logs and CLI errors, where a multi-line
-        # loader traceback would bury the library's name.
-        super().__init__(code, " ".join(message.split()), **details)
-
-    @property
-    def library(self) -> str:
-        """The library (or package) that could not be used."""
-        return str(self.details.get("library", ""))
 
 
 def load_backend(name: str, /, **emulator_options: Any) -> Backend:

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from hipr.errors import HipError, HipErrorCode
 
 #: An opaque backend object: a stream, event, module, function, graph or graph exec.
 Handle = Any
@@ -259,3 +261,23 @@ class Backend(Protocol):
     def close(self) -> None:
         """Release the runtime at worker shutdown."""
         ...
+
+
+class BackendUnavailable(HipError):
+    """A backend's runtime could not be loaded here: its Python package or native
+    library is missing, the driver is too old, or it sees no device. The message is one
+    line naming the library, e.g. ``cuda backend unavailable: could not load
+    libcuda.so.1 (...)``; ``details["library"]`` names it too."""
+
+    kind: ClassVar[str] = "backend_unavailable"
+    default_code: ClassVar[int] = HipErrorCode.hipErrorNoDevice
+
+    def __init__(self, code: int | None = None, message: str = "", **details: Any) -> None:
+        # One line: this text ends up in logs and CLI errors, where a multi-line
+        # loader traceback would bury the library's name.
+        super().__init__(code, " ".join(message.split()), **details)
+
+    @property
+    def library(self) -> str:
+        """The library (or package) that could not be used."""
+        return str(self.details.get("library", ""))

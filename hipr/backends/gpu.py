@@ -43,7 +43,6 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from hipr.backends import BackendUnavailable
 from hipr.backends._gpu_common import (
     CodeCache,
     GpuEvent,
@@ -61,7 +60,7 @@ from hipr.backends._gpu_common import (
     live,
     release_refs,
 )
-from hipr.backends.base import BackendStats, DeviceProperties, Dim3, Handle
+from hipr.backends.base import BackendStats, BackendUnavailable, DeviceProperties, Dim3, Handle
 from hipr.backends.callmap import DriverCalls, RtcCalls, RuntimeConstants
 from hipr.backends.errmap import rtc_error
 from hipr.errors import HipError, HipErrorCode

@@ -1,0 +1,177 @@
+"""The package's import graph: no circles, and layers import only downward.
+
+Every ``import`` in every module counts, also those inside functions and under
+``TYPE_CHECKING``: a cycle that only type checkers see is still a cycle in the design.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import hipr
+
+ROOT = Path(hipr.__file__).parent
+
+#: Which layer may import which (a layer always imports itself). Lower layers never
+#: name higher ones; see docs/architecture.md.
+ALLOWED: dict[str, set[str]] = {
+    "errors": set(),
+    "_version": set(),
+    "protocol": {"errors"},
+    "kernels": {"errors"},
+    "transports": {"errors"},
+    "backends": {"errors", "kernels"},
+    "observability": {"errors", "_version", "protocol", "backends"},
+    "client": {"errors", "_version", "protocol", "transports", "kernels", "backends"},
+    "handlers": {
+        "errors",
+        "_version",
+        "protocol",
+        "kernels",
+        "backends",
+        "observability",
+        "worker",
+    },
+    "worker": {
+        "errors",
+        "_version",
+        "protocol",
+        "transports",
+        "kernels",
+        "backends",
+        "observability",
+        "handlers",
+    },
+    "testing": {
+        "errors",
+        "_version",
+        "protocol",
+        "transports",
+        "kernels",
+        "backends",
+        "observability",
+        "worker",
+        "client",
+        "hipr",
+    },
+    "cli": {
+        "errors",
+        "_version",
+        "protocol",
+        "transports",
+        "kernels",
+        "backends",
+        "observability",
+        "worker",
+        "client",
+        "handlers",
+        "hipr",
+    },
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = {module_name(p): p for p in ROOT.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    origin = ".".join([*base, *([node.module] if node.module else [])])
+                else:
+                    origin = node.module or ""
+                targets = [
+                    f"{origin}.{a.name}" if f"{origin}.{a.name}" in modules else origin
+                    for a in node.names
+                ]
+            else:
+                continue
+            deps.update(t for t in targets if t in modules and t != name)
+        graph[name] = deps
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "hipr"
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    assert cycles(import_graph()) == []
+
+
+def test_cycle_finder_finds_a_cycle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_layers_import_only_downward() -> None:
+    wrong = []
+    for module, deps in import_graph().items():
+        own = layer(module)
+        if own not in ALLOWED:
+            continue  # the package root and top-level modules (hipr/__init__, __main__)
+        for dep in deps:
+            other = layer(dep)
+            if other != own and other not in ALLOWED[own]:
+                wrong.append(f"{module} -> {dep}")
+    assert wrong == []
+
+
+@pytest.mark.parametrize("layer_name", sorted(ALLOWED))
+def test_every_layer_is_a_real_part_of_the_package(layer_name: str) -> None:
+    assert (ROOT / layer_name).is_dir() or (ROOT / f"{layer_name}.py").is_file()
+
+
+def test_few_modules_lie_directly_in_the_package() -> None:
+    loose = sorted(p.name for p in ROOT.glob("*.py"))
+    assert len(loose) <= 8, loose
