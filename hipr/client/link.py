@@ -1,0 +1,364 @@
+"""The client's side of a session without I/O: request ids, the resend buffer, reply
+routing and how a request is cut into frames.
+
+Both client I/O layers drive this one core (the h11/httpcore pattern): the async
+:class:`~hipr.client.connection.ClientConnection` over anyio streams and the blocking
+:class:`~hipr.client.blocking.BlockingConnection` over plain sockets in the caller's
+thread. Neither duplicates the protocol's rules; each only moves bytes and waits.
+
+Exactly-once over a flaky link works like this. Request ids increase in the order
+requests go on the wire (the I/O layer assigns them under its send lock). Every request
+stays in an ordered resend buffer until a reply to it, or to a later request, proves
+that the worker ran it (the worker runs a session's requests in order). After a
+reconnect the I/O layer sends RESUME and re-sends the buffer in order; the worker skips
+fire-and-forget requests it already ran and answers replied ones from its reply cache.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import structlog
+
+from hipr.errors import HipError, ProtocolError, SessionLostError
+from hipr.protocol.codec import Frame, encode_frame_parts
+from hipr.protocol.header import MAX_REQUEST_ID, Flags
+from hipr.protocol.opcodes import Opcode
+
+log = structlog.get_logger("hipr.client")
+
+Buffer = bytes | bytearray | memoryview
+Part = bytes | bytearray | memoryview
+#: ``progress(done_bytes, total_bytes)``, called as a large copy's chunks go or come.
+Progress = Callable[[int, int], None]
+#: ``on_event(kind, details)``: kind is disconnected, reconnecting, resumed or session_lost.
+EventCallback = Callable[[str, dict[str, Any]], None]
+#: A request whose frames all fit in one write of at most this many bytes is batched.
+SMALL_REQUEST = 4096
+
+
+class ReplySink(Protocol):
+    """Where a reply's bulk bytes go, chunk by chunk; ``reset`` before a replayed reply."""
+
+    def write(self, chunk: memoryview) -> None:
+        """Take the next chunk."""
+        ...
+
+    def reset(self) -> None:
+        """Forget what was written: the reply is coming again from its start."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class LinkOptions:
+    """Heartbeats, reconnection and batching of one client connection."""
+
+    #: Send a heartbeat when nothing was received for this long (seconds).
+    heartbeat_interval: float = 5.0
+    #: A link silent for this long is dead.
+    heartbeat_timeout: float = 15.0
+    #: Reconnection gives up after this many attempts ...
+    reconnect_attempts: int = 10
+    #: ... or this many seconds, whichever comes first.
+    reconnect_timeout: float = 60.0
+    #: First backoff delay; doubled after each failed attempt, with jitter.
+    reconnect_delay: float = 0.05
+    reconnect_max_delay: float = 5.0
+    #: Bytes of unacknowledged requests kept for resending before the client waits.
+    resend_buffer_bytes: int = 64 << 20
+    #: Fire-and-forget bytes batched into one write.
+    coalesce_bytes: int = 64 << 10
+    #: Longest a fire-and-forget frame waits for its batch (seconds).
+    coalesce_delay: float = 0.002
+    #: Time for one connection attempt and its handshake.
+    connect_timeout: float = 30.0
+
+
+@dataclass(slots=True)
+class Pending:
+    """A request waiting for its reply. ``finished`` is the truth; the I/O layer adds
+    its own way to wake the waiter (``waiter``: an anyio Event, or None for blocking
+    callers, which are woken through the connection's condition)."""
+
+    opcode: int
+    sink: ReplySink | None = None
+    waiter: Any = None
+    finished: bool = False
+    result: Any = None
+    error: HipError | None = None
+    bulk: bytearray | None = None
+
+
+@dataclass(slots=True)
+class Sent:
+    """A request on the wire, kept until the worker has provably run it."""
+
+    request_id: int
+    opcode: int
+    flags: Flags
+    args: Any
+    data: memoryview
+    progress: Progress | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes + 64
+
+
+def describe(error: BaseException | None) -> str:
+    """An error in a few words, for 'could not reconnect' messages."""
+    if error is None:
+        return "none"
+    if isinstance(error, TimeoutError):
+        return "timed out"
+    return str(error) or type(error).__name__
+
+
+def byte_view(data: Buffer) -> memoryview:
+    """A flat byte view of any C-contiguous buffer, without copying it."""
+    view = memoryview(data)
+    if view.ndim != 1 or view.itemsize != 1:
+        try:
+            view = view.cast("B")
+        except TypeError as exc:
+            raise HipError(
+                1, f"host buffer must be C-contiguous ({exc}); use numpy.ascontiguousarray"
+            ) from None
+    return view
+
+
+@dataclass(slots=True)
+class Handshake:
+    """What HELLO or RESUME answered, and the bytes that arrived behind the answer."""
+
+    reply: dict[str, Any]
+    leftover: list[Frame] = field(default_factory=list)
+
+
+def handshake_reply(frame: Frame, opcode: int, url: str) -> dict[str, Any] | None:
+    """The worker's answer to HELLO/RESUME in ``frame``; None for a frame to skip (a
+    heartbeat that crossed the handshake); raises the worker's refusal."""
+    if frame.request_id != 0 or frame.opcode not in (opcode, 0):
+        return None
+    if Flags.ERROR in frame.flags:
+        raise HipError.from_wire(frame.args)
+    if frame.error is not None:
+        raise frame.error
+    if not isinstance(frame.args, dict):
+        raise ProtocolError(message=f"unexpected handshake reply from {url}")
+    return frame.args
+
+
+class LinkState:
+    """Session state shared by the async and blocking client connections."""
+
+    def __init__(
+        self,
+        url: str,
+        max_payload: int,
+        options: LinkOptions | None = None,
+        on_event: EventCallback | None = None,
+    ) -> None:
+        self.url = url
+        self.options = options or LinkOptions()
+        self.chunk_bytes = 1 << 20
+        self.session_id = ""
+        self._max_payload = max_payload
+        self._on_event = on_event
+        self._resume_token = ""
+        self._pending: dict[int, Pending] = {}
+        self._unacked: OrderedDict[int, Sent] = OrderedDict()
+        self._unacked_bytes = 0
+        self._next_id = 1
+        self._last_received = time.monotonic()
+        self._broken: HipError | None = None
+        self._closing = False
+
+    # --- events and failure ----------------------------------------------------------
+    def _emit(self, kind: str, **details: Any) -> None:
+        log.info(kind, url=self.url, session=self.session_id, **details)
+        if self._on_event is not None:
+            try:
+                self._on_event(kind, details)
+            except Exception:  # a user callback must not take the connection down
+                log.exception("on_event callback failed", event=kind)
+
+    @property
+    def broken(self) -> HipError | None:
+        """Why the session can no longer be used, if it can't."""
+        return self._broken
+
+    def _wake(self, pending: Pending) -> None:
+        """Wake whoever waits for ``pending`` (the I/O layer's way)."""
+        raise NotImplementedError
+
+    def _lose(self, error: HipError) -> None:
+        if self._broken is None:
+            self._broken = error
+            if isinstance(error, SessionLostError):
+                self._emit("session_lost", error=error.message)
+        self._fail_all(error)
+
+    def _fail_all(self, error: HipError) -> None:
+        self._broken = self._broken or error
+        pending_list = list(self._pending.values())
+        self._pending.clear()
+        for pending in pending_list:
+            pending.error = pending.error or error
+            pending.finished = True
+            self._wake(pending)
+
+    def begin_close(self) -> None:
+        """The session is ending on purpose: a link that drops from now on (the worker
+        closes it after GOODBYE) is not a reason to reconnect."""
+        self._closing = True
+
+    def _accept_handshake(self, reply: dict[str, Any]) -> None:
+        self.session_id = str(reply.get("session_id", ""))
+        self._resume_token = str(reply.get("resume_token", ""))
+        self.chunk_bytes = int(reply.get("chunk_bytes", self.chunk_bytes))
+
+    def _resume_args(self) -> dict[str, Any]:
+        return {"session_id": self.session_id, "resume_token": self._resume_token}
+
+    # --- requests --------------------------------------------------------------------
+    def _track(
+        self,
+        opcode: int,
+        flags: Flags,
+        args: Any,
+        data: memoryview,
+        pending: Pending | None,
+        progress: Progress | None,
+    ) -> Sent:
+        """Give the request the next id and keep it for resending (call under the send
+        lock, so that ids follow wire order)."""
+        request_id = self._next_id
+        self._next_id = 1 if request_id >= MAX_REQUEST_ID else request_id + 1
+        if pending is not None:
+            self._pending[request_id] = pending
+        sent = Sent(request_id, opcode, flags, args, data, progress)
+        self._unacked[request_id] = sent
+        self._unacked_bytes += sent.nbytes
+        return sent
+
+    def _forget_sent(self, request_id: int) -> None:
+        sent = self._unacked.pop(request_id, None)
+        if sent is not None:
+            self._unacked_bytes -= sent.nbytes
+
+    def _abandon(self, request_id: int) -> None:
+        """The caller stopped waiting (timeout): drop its reply when it comes, and keep
+        a private copy of the bytes a resend may still need (the caller has its buffer
+        back now)."""
+        self._pending.pop(request_id, None)
+        sent = self._unacked.get(request_id)
+        if sent is not None and sent.data.nbytes:
+            sent.data = memoryview(bytes(sent.data))
+
+    def _frames(self, sent: Sent) -> Iterator[tuple[list[Part], int]]:
+        """The request's frames: (buffers of one frame, bulk bytes sent once it is out).
+        Large requests continue in DATA frames of at most ``chunk_bytes``."""
+        chunk = self.chunk_bytes
+        data = sent.data
+        first, rest = data[:chunk], data[chunk:]
+        head_flags = sent.flags | (Flags.MORE if rest.nbytes else Flags.NONE)
+        yield encode_frame_parts(sent.opcode, sent.request_id, head_flags, sent.args, first), (
+            first.nbytes
+        )
+        offset = 0
+        while offset < rest.nbytes:
+            piece = rest[offset : offset + chunk]
+            offset += piece.nbytes
+            more = Flags.MORE if offset < rest.nbytes else Flags.NONE
+            yield (
+                encode_frame_parts(Opcode.DATA, sent.request_id, more, None, piece),
+                first.nbytes + offset,
+            )
+
+    @staticmethod
+    def _is_small(sent: Sent, chunk_bytes: int) -> bool:
+        return sent.data.nbytes < min(SMALL_REQUEST, chunk_bytes)
+
+    def _to_resend(self, last_executed: int) -> list[Sent]:
+        """What to send again after RESUME, in order: everything the worker may not have
+        run (fire-and-forget requests up to ``last_executed`` ran)."""
+        again = []
+        for request_id, sent in list(self._unacked.items()):
+            if request_id <= last_executed and Flags.NO_REPLY in sent.flags:
+                self._forget_sent(request_id)
+                continue
+            pending = self._pending.get(request_id)
+            if pending is not None:
+                pending.bulk = None
+                if pending.sink is not None:
+                    pending.sink.reset()
+            again.append(sent)
+        return again
+
+    # --- replies ---------------------------------------------------------------------
+    def _deliver(self, frame: Frame) -> None:
+        """Apply a reply frame (request id != 0) to its request; wakes its waiter when
+        the reply is complete."""
+        final = Flags.MORE not in frame.flags
+        if final and frame.opcode != Opcode.PING:
+            # Requests run in order: an answer to this one proves all earlier ones ran.
+            unacked = self._unacked
+            while unacked:
+                first = next(iter(unacked))
+                if first > frame.request_id:
+                    break
+                self._forget_sent(first)
+        pending = self._pending.get(frame.request_id)
+        if pending is None:
+            return  # the caller timed out and left; the reply is dropped
+        if frame.error is not None:
+            pending.error = frame.error
+        elif Flags.ERROR in frame.flags:
+            pending.error = HipError.from_wire(frame.args)
+        else:
+            if frame.bulk.nbytes:
+                if pending.sink is not None:
+                    try:
+                        pending.sink.write(frame.bulk)
+                    except HipError as exc:
+                        pending.error = exc
+                else:
+                    if pending.bulk is None:
+                        pending.bulk = bytearray()
+                    pending.bulk += frame.bulk
+            if not final:
+                return
+            pending.result = frame.args
+        if not final:
+            return
+        del self._pending[frame.request_id]
+        pending.finished = True
+        self._wake(pending)
+
+    def _from_worker(self, frame: Frame) -> bool:
+        """Handle a worker-initiated frame (request id 0); True when it is a heartbeat
+        the I/O layer must answer with a PING reply."""
+        if frame.opcode == Opcode.PING and Flags.REPLY not in frame.flags:
+            return True
+        if frame.opcode == Opcode.GOODBYE:
+            reason = frame.args.get("reason", "") if isinstance(frame.args, dict) else ""
+            self._lose(SessionLostError(message=f"the worker ended the session: {reason}"))
+        elif Flags.ERROR in frame.flags:
+            error = HipError.from_wire(frame.args)
+            self._lose(
+                error
+                if isinstance(error, SessionLostError)
+                else SessionLostError(message=f"the worker closed the session: {error}")
+            )
+        return False
+
+    @staticmethod
+    def _result(pending: Pending) -> tuple[Any, bytes]:
+        if pending.error is not None:
+            raise pending.error
+        return pending.result, bytes(pending.bulk) if pending.bulk else b""
