@@ -15,7 +15,7 @@ the backend; the worker never sends them over the wire, it maps them to per-sess
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from hipr.errors import HipError, HipErrorCode
@@ -41,6 +41,10 @@ class DeviceProperties:
     major: int = 0
     minor: int = 0
     max_shared_memory_per_block: int = 0
+    #: More ``hipDeviceProp_t`` fields by their HIP names (``maxThreadsDim``,
+    #: ``maxGridSize``, ``l2CacheSize``...): ints or lists of ints, as far as the runtime
+    #: tells them (:mod:`hipr.backends.hipprops`). ``hipr.hip`` serves them.
+    hip_props: dict[str, int | list[int]] = field(default_factory=dict, compare=False)
 
     def to_wire(self) -> dict[str, Any]:
         """The CBOR map sent to clients."""

@@ -626,6 +626,19 @@ class EmulatorBackend:
             major=1,
             minor=0,
             max_shared_memory_per_block=_MAX_SHARED_MEMORY_PER_BLOCK,
+            hip_props={
+                "maxThreadsDim": list(_MAX_BLOCK_DIM),
+                "maxGridSize": list(_MAX_GRID_DIM),
+                "totalConstMem": 64 << 10,
+                "l2CacheSize": 4 << 20,
+                "maxThreadsPerMultiProcessor": 2048,
+                "regsPerBlock": 65536,
+                "memoryClockRate": 1_000_000,
+                "memoryBusWidth": 4096,
+                "concurrentKernels": 1,
+                "integrated": 0,
+                "ECCEnabled": 0,
+            },
         )
 
     def bind_thread(self, device: int) -> None:

@@ -22,6 +22,7 @@ from hipr.backends.base import DeviceProperties, Dim3
 from hipr.backends.callmap import HIP_CALLS, HIPRTC_CALLS, RuntimeConstants, resolve_constants
 from hipr.backends.errmap import hip_error_name
 from hipr.backends.gpu import RuntimeBase, import_bindings
+from hipr.backends.hipprops import struct_hip_props
 from hipr.errors import HipError, HipErrorCode
 
 __all__ = ["LIBHIP", "HipRuntime", "hiprtc_options"]
@@ -142,6 +143,7 @@ class HipRuntime(RuntimeBase):
             major=int(p.major),
             minor=int(p.minor),
             max_shared_memory_per_block=int(p.sharedMemPerBlock),
+            hip_props=struct_hip_props(p, skip=frozenset({"reserved", "hipReserved"})),
         )
 
     def compile_options(self, options: Sequence[str], arch: str) -> list[str]:

@@ -236,6 +236,20 @@ class AsyncGpu:
         )
         return Module(self, result["module"])
 
+    async def compile_code(
+        self, source: str, name: str = "kernel.hip", options: list[str] | tuple[str, ...] = ()
+    ) -> bytes:
+        """Compile HIP C++ source on the worker and return its code object, unloaded (for
+        :meth:`module_load`, as hiprtc gives it); a compile error raises HipError whose
+        message carries the compiler's log."""
+        sink = _Collect()
+        await self._conn.request(
+            Opcode.PROGRAM_COMPILE,
+            {"source": source, "name": name, "options": list(options)},
+            sink=sink,
+        )
+        return sink.data()
+
     async def module_load(self, image: Buffer) -> Module:
         """Load a code object (HSACO on AMD, CUBIN or PTX on NVIDIA)."""
         return Module(self, (await self._call(Opcode.MODULE_LOAD, None, image))["module"])
@@ -279,6 +293,22 @@ class _IntoBuffer:
 
     def reset(self) -> None:
         self.offset = 0
+
+
+class _Collect:
+    """Gathers a reply's chunks of unknown total size; restartable for a replayed reply."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+
+    def write(self, chunk: memoryview) -> None:
+        self.chunks.append(bytes(chunk))
+
+    def reset(self) -> None:
+        self.chunks.clear()
+
+    def data(self) -> bytes:
+        return b"".join(self.chunks)
 
 
 def _check_size(size: object) -> None:

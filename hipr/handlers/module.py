@@ -7,7 +7,7 @@ from typing import Any
 
 from hipr.errors import invalid_value
 from hipr.handlers.args import Args
-from hipr.handlers.context import Request, or_restore, run_ordered
+from hipr.handlers.context import Reply, Request, or_restore, run_ordered
 from hipr.handlers.registry import handler
 from hipr.protocol.opcodes import Opcode, OpcodeRange
 from hipr.worker.resources import FunctionEntry, ModuleEntry
@@ -18,6 +18,8 @@ OPCODE_RANGE = OpcodeRange.MODULE
 MAX_SOURCE = 4 << 20
 MAX_KERNEL_ARGS_BYTES = 4096
 MAX_SHARED_MEMORY = 1 << 20
+#: Reply chunk of a code object (PROGRAM_COMPILE), as for device-to-host copies.
+CODE_CHUNK = 4 << 20
 
 
 def _add_module(session: Session, handle: Any, *, shared: bool) -> int:
@@ -47,6 +49,22 @@ async def module_compile(session: Session, request: Request) -> Any:
     image = await session.gpu(backend.compile, source, name, options)
     handle = await session.gpu_create(backend.module_load, image)
     return {"module": _add_module(session, handle, shared=False)}
+
+
+@handler(Opcode.PROGRAM_COMPILE)
+async def program_compile(session: Session, request: Request) -> Any:
+    """``{source, name?, options?}`` -> ``{size}`` and the code object as bulk bytes (REPLY|MORE
+    chunks for a large one): compile HIP C++ on the worker without loading it, as hiprtc does.
+    The image loads with MODULE_LOAD. A compile error's message carries the compiler log."""
+    source = request.args.text("source", max_length=MAX_SOURCE)
+    name = request.args.text("name", default="kernel.hip", max_length=256)
+    options = request.args.str_list("options")
+    image = memoryview(await session.gpu(session.backend.compile, source, name, options))
+    # Whole chunks first, so no frame is larger than a copy's.
+    while image.nbytes > CODE_CHUNK:
+        await request.send_chunk(image[:CODE_CHUNK])
+        image = image[CODE_CHUNK:]
+    return Reply({"size": image.nbytes}, image)
 
 
 @handler(Opcode.COMPILE_AND_GET_FUNCTION)

@@ -73,6 +73,8 @@ class Opcode(IntEnum):
     MODULE_GET_FUNCTION = 0x0504
     MODULE_BUILTIN = 0x0505
     COMPILE_AND_GET_FUNCTION = 0x0506
+    #: Compile only: the code object comes back (hiprtcGetCode), nothing is loaded.
+    PROGRAM_COMPILE = 0x0507
     LAUNCH_KERNEL = 0x0510
 
     # graph 0x06xx
