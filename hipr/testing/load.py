@@ -9,9 +9,13 @@ checking every result. Sessions run in this process or spread over client proces
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
+import os
 import random
+import threading
 import time
+import tracemalloc
 from array import array
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -53,6 +57,27 @@ class LoadOptions:
     #: Runs of ``seconds`` each, every session reconnecting between them; the worker's
     #: RSS after each run shows whether it settles or keeps growing.
     rounds: int = 1
+    #: Soak: repeat rounds until this many seconds have passed (``rounds`` is then a
+    #: minimum), sampling RSS, open descriptors and threads after each.
+    soak_seconds: float | None = None
+    #: Soak: tracemalloc snapshots at half time and at the end, their top differences in
+    #: the report (slows the worker; for hunting what grows, not for the figures).
+    trace: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """The worker process after one round, its sessions closed."""
+
+    #: Seconds since the first round began.
+    t: float
+    rss: int
+    fds: int
+    threads: int
+    #: Objects the garbage collector tracks (a Python-level leak shows here first).
+    gc_objects: int
+    p50_ms: float
+    p99_ms: float
 
 
 @dataclass
@@ -92,6 +117,10 @@ class LoadReport:
     leaks: list[str] = field(default_factory=list)
     crashes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    #: One per round (soak mode fills them; a plain run has one per round too).
+    samples: list[Sample] = field(default_factory=list)
+    #: Soak with ``trace``: the allocation sites that grew most over the last half.
+    trace_top: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -223,6 +252,11 @@ async def run_load(options: LoadOptions, watch: LogWatch | None = None) -> LoadR
     started = time.monotonic()
     # No tenants file: one anonymous tenant without quotas.
     config = WorkerConfig(max_frame_bytes=8 << 20, resume_grace=0.0, listen=(options.listen,))
+    totals = ClientStats()
+    # A soak runs for hours of requests: every round's latencies would pile up in this
+    # process (the worker's) and read as the worker growing. Keep them per round only.
+    p50s: list[float] = []
+    p99s: list[float] = []
     with watch.installed():
         try:
             async with running_worker(config, backend, [options.listen]) as worker:
@@ -231,34 +265,116 @@ async def run_load(options: LoadOptions, watch: LogWatch | None = None) -> LoadR
                 await wait_for_no_sessions(worker)
                 baseline = backend.stats()
                 report.rss_start = rss_bytes()
-                stats = ClientStats()
-                for round_index in range(max(1, options.rounds)):
+                soak_started = time.monotonic()
+                half_snapshot: tracemalloc.Snapshot | None = None
+                if options.trace:
+                    tracemalloc.start(8)
+                round_index = 0
+                while True:
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(_sample_sessions, worker, report)
                         try:
-                            stats.merge(await _clients(url, options, round_index))
+                            stats = await _clients(url, options, round_index)
                         except Exception as exc:  # the clients' fault, not the worker's
                             report.errors.append(f"client side failed: {exc!r}")
+                            stats = ClientStats()
                         tg.cancel_scope.cancel()
                     if not await wait_for_no_sessions(worker, timeout=30):
                         report.errors.append("sessions still open 30 s after the clients left")
                     report.leaks += leaks(backend, worker, baseline)
-                    report.rss_rounds.append(rss_bytes())
+                    latencies = sorted(stats.latencies)
+                    stats.latencies = array("d")
+                    totals.merge(stats)
+                    p50s.append(percentile(latencies, 0.50) * 1000)
+                    p99s.append(percentile(latencies, 0.99) * 1000)
+                    del latencies
+                    report.samples.append(
+                        _sample(time.monotonic() - soak_started, p50s[-1], p99s[-1])
+                    )
+                    report.rss_rounds.append(report.samples[-1].rss)
+                    round_index += 1
+                    elapsed = time.monotonic() - soak_started
+                    if (
+                        options.trace
+                        and half_snapshot is None
+                        and options.soak_seconds
+                        and elapsed >= options.soak_seconds / 2
+                    ):
+                        half_snapshot = tracemalloc.take_snapshot()
+                    if round_index >= max(1, options.rounds) and (
+                        options.soak_seconds is None or elapsed >= options.soak_seconds
+                    ):
+                        break
+                    if report.crashes or len(report.errors) > 100:
+                        break  # a broken worker is not worth soaking further
+                if options.trace:
+                    if half_snapshot is not None:
+                        report.trace_top = _trace_diff(half_snapshot, tracemalloc.take_snapshot())
+                    tracemalloc.stop()
                 report.rss_end = report.rss_rounds[-1]
         except Exception as exc:
             report.crashes.append(f"worker serve task died: {exc!r}")
-            stats = ClientStats()
     report.crashes += [f"{c.event}: {c.error}" for c in watch.crashes]
-    report.requests = stats.requests
-    report.verified = stats.verified
-    report.errors += stats.errors
-    if stats.connected < options.sessions:
-        report.errors.append(f"only {stats.connected} of {options.sessions} sessions connected")
-    latencies = sorted(stats.latencies)
-    report.p50_ms = percentile(latencies, 0.50) * 1000
-    report.p99_ms = percentile(latencies, 0.99) * 1000
+    report.requests = totals.requests
+    report.verified = totals.verified
+    report.errors += totals.errors
+    rounds = max(1, len(p50s))
+    if totals.connected < options.sessions * rounds:
+        report.errors.append(
+            f"only {totals.connected} of {options.sessions * rounds} sessions connected"
+        )
+    # One round: its own percentiles. Several: the median round's p50 and the worst p99.
+    report.p50_ms = sorted(p50s)[len(p50s) // 2] if p50s else 0.0
+    report.p99_ms = max(p99s, default=0.0)
     report.seconds = time.monotonic() - started
     return report
+
+
+def _sample(t: float, p50_ms: float, p99_ms: float) -> Sample:
+    gc.collect()
+    return Sample(
+        t=t,
+        rss=rss_bytes(),
+        fds=open_fds(),
+        threads=thread_count(),
+        gc_objects=len(gc.get_objects()),
+        p50_ms=p50_ms,
+        p99_ms=p99_ms,
+    )
+
+
+def open_fds() -> int:
+    """File descriptors this process has open (-1 where /proc is missing)."""
+    try:
+        return len(os.listdir("/proc/self/fd")) - 1  # less the one listdir itself opened
+    except OSError:
+        return -1
+
+
+def thread_count() -> int:
+    """OS threads of this process, native ones included (Python's count where /proc is
+    missing)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Threads:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return threading.active_count()
+
+
+def _trace_diff(before: tracemalloc.Snapshot, after: tracemalloc.Snapshot) -> list[str]:
+    """The allocation sites (8 frames deep) that grew most between two snapshots."""
+    ignore = [tracemalloc.Filter(False, tracemalloc.__file__)]
+    stats = after.filter_traces(ignore).compare_to(before.filter_traces(ignore), "traceback")
+    top: list[str] = []
+    for stat in stats[:15]:
+        if stat.size_diff <= 0:
+            break
+        frames = " <- ".join(f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno}" for f in stat.traceback)
+        top.append(f"{stat.size_diff / 1024:+.1f} KiB in {stat.count_diff:+d} blocks: {frames}")
+    return top
 
 
 async def _sample_sessions(worker: Any, report: LoadReport) -> None:

@@ -158,7 +158,20 @@ def main_report(argv: list[str] | None = None) -> int:
     parser.add_argument("--loop", choices=("trio", "asyncio"), default="trio")
     parser.add_argument("--fuzz-minutes", type=float, help="cap the fuzzing time")
     parser.add_argument("--output", type=Path, help="also write the report to this file")
+    parser.add_argument(
+        "--soak",
+        type=float,
+        metavar="MINUTES",
+        help="soak instead: load rounds for this long, sampling RSS, fds and threads",
+    )
+    parser.add_argument("--sessions", type=int, default=256, help="soak: sessions per round")
+    parser.add_argument("--round-seconds", type=float, default=20.0, help="soak: round length")
+    parser.add_argument(
+        "--trace", action="store_true", help="soak: tracemalloc diff of the last half"
+    )
     args = parser.parse_args(argv)
+    if args.soak is not None:
+        return _main_soak(args, argv)
     plan = plan_for(args.long, args.seed, args.loop, args.fuzz_minutes)
     started = time.monotonic()
     fuzz, faults, load = anyio.run(_run_all, plan, backend=args.loop)
@@ -176,6 +189,41 @@ def main_report(argv: list[str] | None = None) -> int:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(text)
     return 0 if fuzz.ok and faults.ok and load.ok else 1
+
+
+def _main_soak(args: argparse.Namespace, argv: list[str] | None) -> int:
+    from hipr.testing.soak import render_soak, soak_ok
+
+    options = LoadOptions(
+        sessions=args.sessions,
+        processes=_processes(4),
+        seconds=args.round_seconds,
+        seed=args.seed,
+        rounds=6,
+        soak_seconds=args.soak * 60,
+        trace=args.trace,
+    )
+    say(
+        f"soak: {args.soak:g} min of {options.sessions} sessions from {options.processes} "
+        f"process(es), rounds of {options.seconds:g} s"
+    )
+    started = time.monotonic()
+    load = anyio.run(run_load, options, backend=args.loop)
+    say(f"soak done: {load.summary()}")
+    command = "scripts/reliability-report " + shlex.join(sys.argv[1:] if argv is None else argv)
+    title = (
+        f"# hipr soak report, {datetime.date.today().isoformat()}\n\n"
+        f"Command: `{command.strip()}` (seed {args.seed}, worker loop {args.loop}); "
+        f"{time.monotonic() - started:.0f} s on {platform.machine()} with {os.cpu_count()} "
+        f"CPUs, Python {platform.python_version()}, emulator backend; the worker and this "
+        f"harness share one process, the clients run in {options.processes} other(s)."
+    )
+    text = render_soak(load, title=title)
+    print(text)
+    if args.output is not None:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(text)
+    return 0 if soak_ok(load) else 1
 
 
 def main_fuzz(argv: list[str] | None = None) -> int:
