@@ -17,6 +17,7 @@ import threading
 import time
 import tracemalloc
 from array import array
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,6 +64,8 @@ class LoadOptions:
     #: Soak: tracemalloc snapshots at half time and at the end, their top differences in
     #: the report (slows the worker; for hunting what grows, not for the figures).
     trace: bool = False
+    #: Called with each round's sample as it is taken (progress of a long soak).
+    on_sample: Callable[[Sample], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +295,8 @@ async def run_load(options: LoadOptions, watch: LogWatch | None = None) -> LoadR
                         _sample(time.monotonic() - soak_started, p50s[-1], p99s[-1])
                     )
                     report.rss_rounds.append(report.samples[-1].rss)
+                    if options.on_sample is not None:
+                        options.on_sample(report.samples[-1])
                     round_index += 1
                     elapsed = time.monotonic() - soak_started
                     if (

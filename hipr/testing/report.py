@@ -202,6 +202,10 @@ def _main_soak(args: argparse.Namespace, argv: list[str] | None) -> int:
         rounds=6,
         soak_seconds=args.soak * 60,
         trace=args.trace,
+        on_sample=lambda s: say(
+            f"t {s.t:.0f} s: RSS {s.rss / 2**20:.1f} MiB, fds {s.fds}, threads {s.threads}, "
+            f"gc objects {s.gc_objects}, p50 {s.p50_ms:.1f} ms"
+        ),
     )
     say(
         f"soak: {args.soak:g} min of {options.sessions} sessions from {options.processes} "
