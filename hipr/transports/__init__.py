@@ -6,6 +6,9 @@ the built-ins (``tcp``, ``unix``, ``tls``, ``ssh``) exactly as a third party's::
     [project.entry-points."hipr.transports"]
     quic = "hipr_quic:QuicTransport"
 
+The synchronous client opens a blocking socket instead (:func:`connect_blocking`), from
+the transports that offer one (every built-in does).
+
 Nothing here knows the wire protocol; the functions at the bottom describe a peer for
 the worker's logs and its authentication (Unix peer uid, TLS client certificate).
 """
@@ -16,6 +19,7 @@ import functools
 import importlib
 import importlib.metadata
 import socket
+import ssl
 import struct
 from collections.abc import Iterable
 from typing import Any
@@ -25,7 +29,10 @@ from anyio.abc import ByteStream, Listener, SocketAttribute
 from anyio.streams.stapled import MultiListener
 from anyio.streams.tls import TLSAttribute
 
+from hipr.errors import HipConnectionError
 from hipr.transports.base import (
+    BlockingStream,
+    BlockingTransport,
     Transport,
     TransportAttribute,
     TransportConfig,
@@ -37,13 +44,17 @@ from hipr.transports.base import (
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "BlockingStream",
+    "BlockingTransport",
     "Transport",
     "TransportAttribute",
     "TransportConfig",
     "TransportFailedError",
     "TransportUrl",
     "available_transports",
+    "blocking_transport_for",
     "connect",
+    "connect_blocking",
     "get_transport",
     "listen",
     "listen_many",
@@ -51,6 +62,7 @@ __all__ = [
     "peer_certificate_subject",
     "peer_description",
     "peer_uid",
+    "stream_failure",
 ]
 
 ENTRY_POINT_GROUP = "hipr.transports"
@@ -124,6 +136,55 @@ async def connect(url: str, **options: Any) -> ByteStream:
     """
     parsed = parse_url(url)
     return await get_transport(parsed.scheme).connect(parsed, **options)
+
+
+def blocking_transport_for(url: str) -> BlockingTransport | None:
+    """The transport of ``url``'s scheme if it can connect blocking, else ``None``.
+
+    Raises :class:`ValueError` for a malformed URL or an unknown scheme, as ``connect``.
+    """
+    transport = get_transport(parse_url(url).scheme)
+    return transport if isinstance(transport, BlockingTransport) else None
+
+
+def connect_blocking(url: str, **options: Any) -> BlockingStream:
+    """Open a blocking stream to the worker at ``url``, for the synchronous client.
+
+    The transport is found by scheme as :func:`connect` finds it, and takes the same
+    options; the errors are the same too. A transport without ``connect_blocking`` (a
+    third-party plugin may lack it) raises :class:`NotImplementedError` naming the
+    scheme, so the caller can fall back to :func:`connect`.
+    """
+    parsed = parse_url(url)
+    transport = get_transport(parsed.scheme)
+    if not isinstance(transport, BlockingTransport):
+        raise NotImplementedError(
+            f"transport {parsed.scheme!r} has no blocking connect (connect_blocking); "
+            "use the async connect for it"
+        )
+    return transport.connect_blocking(parsed, **options)
+
+
+def stream_failure(
+    stream: BlockingStream, exc: BaseException | None = None
+) -> HipConnectionError | None:
+    """The transport's reason why a blocking stream failed, when it knows one.
+
+    Call it when ``sendall``/``recv_into`` raised ``exc`` (or ``recv_into`` returned 0
+    unexpectedly, with ``exc=None``): an ssh tunnel gives ssh's message, a TLS socket
+    OpenSSL's reason with a hint; both as :class:`TransportFailedError`, the text the
+    async streams raise. ``None`` means a plain dropped connection.
+    """
+    hook = getattr(stream, "failure", None)
+    if callable(hook):
+        found = hook(exc)
+        if isinstance(found, HipConnectionError):
+            return found
+    if isinstance(exc, ssl.SSLError) and not isinstance(exc, ssl.SSLEOFError):
+        from hipr.transports.tls import tls_failure  # only a TLS stream gets here
+
+        return tls_failure(exc, stream.description)
+    return None
 
 
 async def listen(url: str, config: TransportConfig | None = None) -> Listener[ByteStream]:

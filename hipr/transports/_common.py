@@ -1,11 +1,13 @@
-"""Helpers shared by the built-in transports: option handling and connect-error messages."""
+"""Helpers shared by the built-in transports: option handling, connect-error messages and
+the blocking socket the synchronous client gets."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import socket
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Self
 
 from hipr.errors import HipConnectionError
 from hipr.transports.base import TransportUrl
@@ -101,3 +103,34 @@ def connect_timeout_error(target: str, seconds: float) -> HipConnectionError:
     return HipConnectionError(
         message=f"could not connect to {target}: timed out after {seconds:g} s ({_HINT})"
     )
+
+
+@contextlib.contextmanager
+def connect_errors(target: str, time_limit: float | None) -> Iterator[None]:
+    """Turn a failed connect's ``TimeoutError``/``OSError`` into ``HipConnectionError``."""
+    try:
+        yield
+    except TimeoutError:
+        raise connect_timeout_error(target, time_limit or 0) from None
+    except OSError as exc:
+        raise connect_error(target, exc) from exc
+
+
+class BlockingSocket(socket.socket):
+    """A connected, blocking socket with a ``description`` for logs.
+
+    A subclass rather than a wrapper: ``sendall`` and ``recv_into`` stay the C socket
+    methods, so the synchronous client pays nothing per call for it.
+    """
+
+    #: see :class:`hipr.transports.base.BlockingStream`
+    description: str = ""
+
+    @classmethod
+    def adopt(cls, sock: socket.socket, description: str) -> Self:
+        """Take over ``sock``'s connection (``sock`` is left detached), in blocking mode."""
+        adopted = cls(sock.family, sock.type, sock.proto, fileno=sock.detach())
+        # The descriptor may still be non-blocking from a connect timeout.
+        adopted.settimeout(None)
+        adopted.description = description
+        return adopted

@@ -1,8 +1,10 @@
 """The transport plugin interface: URLs, listener settings and the ``Transport`` protocol.
 
 A transport turns a URL into an anyio ``Listener`` of byte streams (worker side) or one
-``ByteStream`` (client side). Nothing above this layer knows which transport it has, so
-this module knows nothing of the wire protocol either: bytes in, bytes out.
+``ByteStream`` (client side, async); a transport that also implements
+``connect_blocking`` (:class:`BlockingTransport`) opens a :class:`BlockingStream` for the
+synchronous client. Nothing above this layer knows which transport it has, so this
+module knows nothing of the wire protocol either: bytes in, bytes out.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from anyio.abc import ByteStream, Listener
 from hipr.errors import HipConnectionError
 
 __all__ = [
+    "BlockingStream",
+    "BlockingTransport",
     "Transport",
     "TransportAttribute",
     "TransportConfig",
@@ -172,7 +176,9 @@ class Transport(Protocol):
 
     The class is instantiated with no arguments. ``listen`` may raise :class:`ValueError`
     for a URL or config it cannot serve; ``connect`` raises
-    :class:`hipr.errors.HipConnectionError` when the peer cannot be reached.
+    :class:`hipr.errors.HipConnectionError` when the peer cannot be reached. A transport
+    may also offer ``connect_blocking(url, **options) -> BlockingStream`` for the
+    synchronous client (see :class:`BlockingTransport`).
     """
 
     scheme: ClassVar[str]
@@ -183,4 +189,56 @@ class Transport(Protocol):
 
     async def connect(self, url: TransportUrl, **options: Any) -> ByteStream:
         """Open one stream to ``url``; ``options`` are transport-specific (``ca=``, ...)."""
+        ...
+
+
+@runtime_checkable
+class BlockingStream(Protocol):
+    """A connected blocking byte stream, for the synchronous client's own I/O.
+
+    A ``socket.socket`` or ``ssl.SSLSocket`` has every method here, so the built-in
+    transports return one (a subclass, or the socket with ``description`` set on it):
+    ``sendall`` and ``recv_into`` are the socket's own methods, with no Python-level
+    wrapper on the hot path. ``recv_into`` returns 0 at end of stream; a timeout set
+    with ``settimeout`` raises ``TimeoutError``. When a call fails,
+    :func:`hipr.transports.stream_failure` gives the transport's reason, if it knows one
+    (ssh's message, a TLS alert).
+    """
+
+    #: how the stream is described in logs, e.g. ``"ssh me@gpu01:22 -> /run/w.sock"``
+    description: str
+
+    def sendall(self, data: bytes | bytearray | memoryview, /) -> None:
+        """Send all of ``data``, blocking (up to the timeout) while the buffer is full."""
+        ...
+
+    def recv_into(self, buffer: memoryview | bytearray, nbytes: int = 0, /) -> int:
+        """Receive up to ``nbytes`` (0: the buffer's size) into ``buffer``; 0 at end."""
+        ...
+
+    def settimeout(self, seconds: float | None, /) -> None:
+        """Limit each later call to ``seconds`` (``None``: block without limit)."""
+        ...
+
+    def close(self) -> None:
+        """Close the stream and release what carries it (an ssh process, ...)."""
+        ...
+
+    def fileno(self) -> int:
+        """The file descriptor, for ``select``/``poll`` (-1 once closed)."""
+        ...
+
+
+@runtime_checkable
+class BlockingTransport(Transport, Protocol):
+    """A transport that can also open a blocking connection (all built-ins can).
+
+    ``connect_blocking`` is optional for a plugin, so it is not part of
+    :class:`Transport` itself (``isinstance`` would then refuse plugins without it):
+    a plugin without it makes :func:`hipr.transports.connect_blocking` raise
+    ``NotImplementedError``, and the synchronous client falls back to its async path.
+    """
+
+    def connect_blocking(self, url: TransportUrl, **options: Any) -> BlockingStream:
+        """Open one blocking stream to ``url``; same options and errors as ``connect``."""
         ...

@@ -23,25 +23,45 @@ dies with a message mid-session surfaces from ``receive``/``send`` as
 :class:`~hipr.transports.base.TransportFailedError` (also anyio's
 ``BrokenResourceError``); an ssh process that is killed silently is an ordinary end
 of stream. Either way the client sees a dropped transport and may reconnect.
+
+The blocking connect (:class:`SshSocket`, for the synchronous client) starts ssh the same
+way (:func:`spawn_ssh`, one helper for both) and connects a blocking Unix socket to the
+forward. On Linux the ssh child gets ``PR_SET_PDEATHSIG``, so it dies with its client
+even when the client is SIGKILLed; because the kernel ties that signal to the *thread*
+that forked, every ssh is forked from one long-lived thread, never from a caller's
+thread (or anyio's worker threads) that may exit while the tunnel is in use.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import math
 import os
 import shutil
+import signal
 import stat
 import subprocess
+import sys
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import IO, Any, ClassVar
 
 import anyio
-from anyio.abc import ByteStream, Listener, Process
+from anyio.abc import ByteStream, Listener
 
 from hipr.errors import HipConnectionError
-from hipr.transports._common import DEFAULT_CONNECT_TIMEOUT, as_timeout, merge_options
+from hipr.transports._common import (
+    DEFAULT_CONNECT_TIMEOUT,
+    BlockingSocket,
+    as_timeout,
+    merge_options,
+)
 from hipr.transports.base import (
     TransportAttribute,
     TransportConfig,
@@ -51,9 +71,12 @@ from hipr.transports.base import (
     query_values,
 )
 from hipr.transports.tcp import DEFAULT_HOST, DEFAULT_PORT
-from hipr.transports.unix import UnixSocketStream, open_unix_stream
+from hipr.transports.unix import UnixSocketStream, connect_unix_socket, open_unix_stream
 
-__all__ = ["SshStream", "SshTransport", "ssh_command"]
+__all__ = ["SshSocket", "SshStream", "SshTransport", "end_process", "spawn_ssh", "ssh_command"]
+
+#: ssh as both connect paths start it (a Popen, so the two share one spawner)
+SshProcess = subprocess.Popen[bytes]
 
 _CONNECT_OPTIONS = frozenset(
     {
@@ -198,13 +221,231 @@ def _hint(message: str) -> str:
     return ""
 
 
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def _death_signal_preexec() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGKILL when its parent thread ends (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL))
+        # The parent may have died before prctl; the signal would then never come.
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
+
+
+_spawner: ThreadPoolExecutor | None = None
+_spawner_lock = threading.Lock()
+
+
+def _forget_spawner() -> None:
+    global _spawner, _spawner_lock
+    # A forked child has the executor object but not its thread.
+    _spawner, _spawner_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_spawner)
+
+
+def _popen(argv: list[str], errfile: IO[bytes]) -> SshProcess:
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=errfile,
+        # Out of the terminal's process group: a Ctrl-C meant for the program must not
+        # kill the tunnel before the program has closed it.
+        start_new_session=True,
+        # preexec_fn is unsafe only where other threads may hold locks the child needs;
+        # it runs prctl and getppid alone, forked from the spawner thread.
+        preexec_fn=_death_signal_preexec(),
+    )
+
+
+def _end_if_spawned(future: Future[SshProcess]) -> None:
+    if not future.cancelled() and future.exception() is None:
+        end_process(future.result())
+
+
+def spawn_ssh(argv: Sequence[str], errfile: IO[bytes]) -> SshProcess:
+    """Start ``argv`` (from :func:`ssh_command`) as both connect paths do; blocks briefly.
+
+    stderr goes to ``errfile``, an unlinked temporary file rather than a pipe: nothing has
+    to drain it for the life of the tunnel, and it is there to read when something
+    fails. The fork happens on one long-lived thread (see the module docstring).
+    """
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None:
+            _spawner = ThreadPoolExecutor(1, thread_name_prefix="hipr-ssh-spawner")
+        future = _spawner.submit(_popen, list(argv), errfile)
+    try:
+        return future.result()
+    except BaseException:
+        # Interrupted while ssh was starting: nobody will own that process.
+        future.add_done_callback(_end_if_spawned)
+        raise
+
+
+def end_process(process: SshProcess) -> None:
+    """Terminate, give ssh a moment to exit cleanly, then kill; always reap (blocking)."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            process.terminate()
+        try:
+            process.wait(_TERMINATE_GRACE)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            process.wait()
+
+
+def _tunnel_failure(
+    errfile: IO[bytes], stderr_start: int, description: str
+) -> TransportFailedError | None:
+    """ssh's reason, when it printed one after the tunnel was set up."""
+    message = _read_tail(errfile, stderr_start)
+    if not message:
+        return None
+    return TransportFailedError(
+        message=f"{description}: the tunnel failed: {message}{_hint(message)}"
+    )
+
+
+def _exit_error(process: SshProcess, errfile: IO[bytes], description: str) -> HipConnectionError:
+    message = _read_tail(errfile) or f"ssh exited with status {process.returncode}"
+    return HipConnectionError(
+        message=f"{description}: could not connect: {message}{_hint(message)}"
+    )
+
+
+def _slow_error(
+    errfile: IO[bytes], description: str, time_limit: float | None
+) -> HipConnectionError:
+    message = _read_tail(errfile)
+    return HipConnectionError(
+        message=f"{description}: could not connect: ssh did not finish connecting within "
+        f"{time_limit or 0:g} s" + (f": {message}" if message else "")
+    )
+
+
+def _poll_delays() -> Iterator[float]:
+    """Sleeps between looks for the forward's socket: quick at first, then every 50 ms.
+
+    The socket appears once ssh has authenticated and bound it; polling for it is cheap
+    next to an ssh handshake and needs no parsing of ssh's logs.
+    """
+    delay = 0.005
+    while True:
+        yield delay
+        delay = min(delay * 2, 0.05)
+
+
+@dataclass
+class _Tunnel:
+    """One ssh forward being set up; both connect paths share it.
+
+    Used as a context manager around the setup: the private directory goes at the end
+    either way (hipr connects to the socket once, then nobody may), ``errfile`` only
+    when the setup fails (a stream owns it afterwards).
+    """
+
+    argv: list[str]
+    local: str
+    tmpdir: str
+    description: str
+    timeout: float | None
+    errfile: IO[bytes]
+
+    def __enter__(self) -> _Tunnel:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+        if exc_type is not None:
+            self.errfile.close()
+
+    def forward_is_up(self, process: SshProcess) -> bool:
+        """Whether the local socket is there; raises ssh's message if ssh has exited."""
+        if _is_socket(self.local):
+            return True
+        if process.poll() is not None:
+            raise _exit_error(process, self.errfile, self.description)
+        return False
+
+    def stderr_mark(self) -> int:
+        """Where ssh's stderr is now: what it prints from here on is news to the stream.
+
+        Taken before connecting: a refused forward is reported within a round trip.
+        """
+        return self.errfile.seek(0, os.SEEK_END)
+
+    def connected(self) -> None:
+        """Remove the forward's socket so nothing else can use this tunnel."""
+        with contextlib.suppress(OSError):
+            os.unlink(self.local)
+
+
+def _prepare(url: TransportUrl, options: Mapping[str, Any]) -> _Tunnel:
+    """Check the URL and options, find ssh, and make the private socket directory."""
+    if not url.host:
+        raise ValueError(f"{url.raw!r}: an ssh:// URL needs a host, e.g. ssh://me@gpu01/...")
+    opts = merge_options(url, options, _CONNECT_OPTIONS)
+    target = _target(url, opts)
+    connect_timeout = as_timeout(
+        opts.get("connect_timeout", DEFAULT_CONNECT_TIMEOUT), "connect_timeout"
+    )
+    timeout = as_timeout(opts.get("timeout", (connect_timeout or 10) + 20), "timeout")
+    ssh = shutil.which(str(opts.get("ssh_command", "ssh")))
+    if ssh is None:
+        raise HipConnectionError(
+            message="ssh transport needs the OpenSSH client: "
+            f"`{opts.get('ssh_command', 'ssh')}` not found on PATH"
+        )
+    host = url.host if url.port is None else format_host_port(url.host, url.port)
+    dest = f"{url.user}@{host}" if url.user else host
+    extra = _extra_options(url, options)
+    tmpdir = tempfile.mkdtemp(prefix="hipr-ssh-")  # mode 0700: ours alone
+    local = os.path.join(tmpdir, "s")
+    argv = ssh_command(
+        ssh,
+        url,
+        local,
+        target,
+        identity=opts.get("identity"),
+        ssh_config=opts.get("ssh_config"),
+        known_hosts=opts.get("known_hosts"),
+        options=extra,
+        connect_timeout=connect_timeout,
+    )
+    return _Tunnel(
+        argv=argv,
+        local=local,
+        tmpdir=tmpdir,
+        description=f"ssh {dest} -> {target}",
+        timeout=timeout,
+        # The stream that comes of this owns it (see __exit__ for a failed setup).
+        errfile=tempfile.TemporaryFile(),
+    )
+
+
 class SshStream(ByteStream):
     """A byte stream through an ssh forward; owns the ``ssh`` process behind it."""
 
     def __init__(
         self,
         stream: UnixSocketStream,
-        process: Process,
+        process: SshProcess,
         errfile: IO[bytes],
         stderr_start: int,
         description: str,
@@ -218,18 +459,12 @@ class SshStream(ByteStream):
         self._closed = False
 
     @property
-    def process(self) -> Process:
+    def process(self) -> SshProcess:
         """The ``ssh`` process carrying this stream."""
         return self._process
 
     def _failure(self) -> TransportFailedError | None:
-        """ssh's reason, when it printed one after the tunnel was set up."""
-        message = _read_tail(self._errfile, self._stderr_start)
-        if not message:
-            return None
-        return TransportFailedError(
-            message=f"{self.description}: the tunnel failed: {message}{_hint(message)}"
-        )
+        return _tunnel_failure(self._errfile, self._stderr_start, self.description)
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         """Bytes from the worker; ``EndOfStream`` when the tunnel closed."""
@@ -279,19 +514,10 @@ class SshStream(ByteStream):
         return {TransportAttribute.description: lambda: self.description}
 
 
-async def _end_process(process: Process) -> None:
-    """Terminate, give ssh a moment to exit cleanly, then kill; always reap."""
+async def _end_process(process: SshProcess) -> None:
+    """:func:`end_process` off the event loop, which it may block for the grace period."""
     with anyio.CancelScope(shield=True):
-        if process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                process.terminate()
-            with anyio.move_on_after(_TERMINATE_GRACE):
-                await process.wait()
-        if process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            await process.wait()
-        await process.aclose()
+        await anyio.to_thread.run_sync(end_process, process)
 
 
 def _is_socket(path: str) -> bool:
@@ -326,94 +552,110 @@ class SshTransport:
 
     async def connect(self, url: TransportUrl, **options: Any) -> ByteStream:
         """Start ssh, wait until the forward is up, and connect through it."""
-        if not url.host:
-            raise ValueError(f"{url.raw!r}: an ssh:// URL needs a host, e.g. ssh://me@gpu01/...")
-        opts = merge_options(url, options, _CONNECT_OPTIONS)
-        target = _target(url, opts)
-        connect_timeout = as_timeout(
-            opts.get("connect_timeout", DEFAULT_CONNECT_TIMEOUT), "connect_timeout"
-        )
-        timeout = as_timeout(opts.get("timeout", (connect_timeout or 10) + 20), "timeout")
-        ssh = shutil.which(str(opts.get("ssh_command", "ssh")))
-        if ssh is None:
-            raise HipConnectionError(
-                message="ssh transport needs the OpenSSH client: "
-                f"`{opts.get('ssh_command', 'ssh')}` not found on PATH"
-            )
-        host = url.host if url.port is None else format_host_port(url.host, url.port)
-        dest = f"{url.user}@{host}" if url.user else host
-        description = f"ssh {dest} -> {target}"
-
-        extra = _extra_options(url, options)
-        tmpdir = tempfile.mkdtemp(prefix="hipr-ssh-")  # mode 0700: ours alone
-        local = os.path.join(tmpdir, "s")
-        argv = ssh_command(
-            ssh,
-            url,
-            local,
-            target,
-            identity=opts.get("identity"),
-            ssh_config=opts.get("ssh_config"),
-            known_hosts=opts.get("known_hosts"),
-            options=extra,
-            connect_timeout=connect_timeout,
-        )
-        # stderr goes to an unlinked temporary file, not a pipe: nothing has to drain it
-        # for the life of the tunnel, and it is there to read when something fails.
-        errfile = tempfile.TemporaryFile()  # noqa: SIM115 - the returned stream owns it
-        process: Process | None = None
-        try:
-            process = await anyio.open_process(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=errfile,
-                # Out of the terminal's process group: a Ctrl-C meant for the program
-                # must not kill the tunnel before the program has closed it.
-                start_new_session=True,
-            )
-            stream, stderr_start = await self._wait_and_connect(
-                process, local, errfile, description, timeout
-            )
-            return SshStream(stream, process, errfile, stderr_start, description)
-        except BaseException:
-            if process is not None:
-                await _end_process(process)
-            errfile.close()
-            raise
-        finally:
-            shutil.rmtree(tmpdir, ignore_errors=True)
-
-    @staticmethod
-    async def _wait_and_connect(
-        process: Process,
-        local: str,
-        errfile: IO[bytes],
-        description: str,
-        time_limit: float | None,
-    ) -> tuple[UnixSocketStream, int]:
-        # The forward's socket appears once ssh has authenticated and bound it; polling
-        # for it is cheap next to an ssh handshake and needs no parsing of ssh's logs.
-        delay = 0.005
-        with anyio.move_on_after(time_limit):
-            while not _is_socket(local):
-                if process.returncode is not None:
-                    message = _read_tail(errfile) or f"ssh exited with status {process.returncode}"
-                    raise HipConnectionError(
-                        message=f"{description}: could not connect: {message}{_hint(message)}"
+        with _prepare(url, options) as tunnel:
+            process = await anyio.to_thread.run_sync(spawn_ssh, tunnel.argv, tunnel.errfile)
+            try:
+                with anyio.fail_after(tunnel.timeout):
+                    for delay in _poll_delays():
+                        if tunnel.forward_is_up(process):
+                            break
+                        await anyio.sleep(delay)
+                    stderr_start = tunnel.stderr_mark()
+                    stream = await open_unix_stream(
+                        tunnel.local, f"the local end of {tunnel.description}", None
                     )
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 0.05)
-            # Before connecting: a refused forward is reported within a round trip, and
-            # its message must count as news to the stream.
-            stderr_start = errfile.seek(0, os.SEEK_END)
-            stream = await open_unix_stream(local, f"the local end of {description}", None)
-            # Connected: remove the socket so nothing else can use this tunnel.
-            with contextlib.suppress(OSError):
-                os.unlink(local)
-            return stream, stderr_start
-        message = _read_tail(errfile)
-        raise HipConnectionError(
-            message=f"{description}: could not connect: ssh did not finish connecting within "
-            f"{time_limit or 0:g} s" + (f": {message}" if message else "")
-        )
+            except TimeoutError:
+                await _end_process(process)
+                raise _slow_error(tunnel.errfile, tunnel.description, tunnel.timeout) from None
+            except BaseException:
+                await _end_process(process)
+                raise
+            tunnel.connected()
+            return SshStream(stream, process, tunnel.errfile, stderr_start, tunnel.description)
+
+    def connect_blocking(self, url: TransportUrl, **options: Any) -> SshSocket:
+        """The blocking twin of :meth:`connect`: same ssh, options and errors.
+
+        Closing the returned socket ends the ssh process (SIGTERM, then SIGKILL) and
+        reaps it; the private socket directory is gone as soon as this returns.
+        """
+        with _prepare(url, options) as tunnel:
+            process = spawn_ssh(tunnel.argv, tunnel.errfile)
+            deadline = None if tunnel.timeout is None else time.monotonic() + tunnel.timeout
+            try:
+                for delay in _poll_delays():
+                    if tunnel.forward_is_up(process):
+                        break
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise _slow_error(tunnel.errfile, tunnel.description, tunnel.timeout)
+                    time.sleep(delay)
+                stderr_start = tunnel.stderr_mark()
+                left = None if deadline is None else max(deadline - time.monotonic(), 1e-3)
+                sock = connect_unix_socket(
+                    tunnel.local, f"the local end of {tunnel.description}", left
+                )
+            except BaseException:
+                end_process(process)
+                raise
+            tunnel.connected()
+            return SshSocket.adopt_tunnel(sock, process, tunnel.errfile, stderr_start, tunnel)
+
+
+def _kill_quietly(process: SshProcess) -> None:
+    with contextlib.suppress(Exception):
+        process.kill()
+
+
+class SshSocket(BlockingSocket):
+    """A blocking stream through an ssh forward (a Unix socket); owns the ssh process.
+
+    ``close()`` ends the ssh process (SIGTERM, then SIGKILL after a grace period) and
+    reaps it; a socket dropped without ``close()`` still gets its ssh killed. When a
+    call fails or the stream ends, :meth:`failure` gives ssh's reason if it printed one.
+    """
+
+    _process: SshProcess | None = None
+    _errfile: IO[bytes] | None = None
+    _stderr_start = 0
+    _finalizer: weakref.finalize[Any, Any] | None = None
+
+    @classmethod
+    def adopt_tunnel(
+        cls,
+        sock: BlockingSocket,
+        process: SshProcess,
+        errfile: IO[bytes],
+        stderr_start: int,
+        tunnel: _Tunnel,
+    ) -> SshSocket:
+        """Take over ``sock`` (connected to the forward) and the ssh process behind it."""
+        adopted = cls.adopt(sock, tunnel.description)
+        adopted._process = process
+        adopted._errfile = errfile
+        # What ssh printed while connecting is not news; only what follows is.
+        adopted._stderr_start = stderr_start
+        adopted._finalizer = weakref.finalize(adopted, _kill_quietly, process)
+        return adopted
+
+    @property
+    def process(self) -> SshProcess | None:
+        """The ``ssh`` process carrying this stream (``None`` for a detached socket)."""
+        return self._process
+
+    def failure(self, exc: BaseException | None = None) -> TransportFailedError | None:
+        """ssh's reason for a failed call or an unexpected end, if ssh printed one."""
+        if self._errfile is None or self._errfile.closed:
+            return None
+        return _tunnel_failure(self._errfile, self._stderr_start, self.description)
+
+    def close(self) -> None:
+        """Close the socket, then end and reap the ssh process."""
+        try:
+            super().close()
+        finally:
+            if self._finalizer is not None:
+                self._finalizer.detach()
+            if self._process is not None:
+                end_process(self._process)
+            if self._errfile is not None:
+                self._errfile.close()

@@ -16,14 +16,20 @@ import anyio
 from anyio.abc import ByteStream, Listener, SocketAttribute, SocketStream
 
 from hipr.transports._common import (
-    connect_error,
-    connect_timeout_error,
+    BlockingSocket,
+    connect_errors,
     connect_timeout_option,
     merge_options,
 )
 from hipr.transports.base import TransportConfig, TransportUrl, format_host_port
 
-__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "TcpTransport", "open_tcp_stream"]
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "TcpTransport",
+    "connect_tcp_socket",
+    "open_tcp_stream",
+]
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 18515
@@ -39,26 +45,42 @@ def check_no_path(url: TransportUrl) -> None:
         )
 
 
-def set_nodelay(stream: SocketStream) -> None:
-    """Turn Nagle off (see the module docstring); harmless where anyio already did."""
-    sock = stream.extra(SocketAttribute.raw_socket, None)
+def _set_nodelay(sock: socket.socket | None) -> None:
     if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def set_nodelay(stream: SocketStream) -> None:
+    """Turn Nagle off (see the module docstring); harmless where anyio already did."""
+    _set_nodelay(stream.extra(SocketAttribute.raw_socket, None))
 
 
 async def open_tcp_stream(
     host: str, port: int, target: str, time_limit: float | None
 ) -> SocketStream:
     """Connect to ``host:port``; failures become ``HipConnectionError`` naming ``target``."""
-    try:
-        with anyio.fail_after(time_limit):
-            stream = await anyio.connect_tcp(host, port)
-    except TimeoutError:
-        raise connect_timeout_error(target, time_limit or 0) from None
-    except OSError as exc:
-        raise connect_error(target, exc) from exc
+    with connect_errors(target, time_limit), anyio.fail_after(time_limit):
+        stream = await anyio.connect_tcp(host, port)
     set_nodelay(stream)
     return stream
+
+
+def connect_tcp_socket(
+    host: str, port: int, target: str, time_limit: float | None
+) -> BlockingSocket:
+    """The blocking twin of :func:`open_tcp_stream`: same errors, Nagle off, IPv4 or IPv6.
+
+    The returned socket blocks without a time limit; ``time_limit`` bounds each address
+    tried (``socket.create_connection`` tries the resolved addresses in turn).
+    """
+    with connect_errors(target, time_limit):
+        sock = socket.create_connection((host, port), timeout=time_limit)
+    try:
+        _set_nodelay(sock)
+        return BlockingSocket.adopt(sock, target)
+    except BaseException:
+        sock.close()
+        raise
 
 
 async def create_tcp_listener(url: TransportUrl, default_port: int) -> Listener[SocketStream]:
@@ -91,9 +113,17 @@ class TcpTransport:
 
     async def connect(self, url: TransportUrl, **options: Any) -> ByteStream:
         """Connect, with a message that says what to check when the worker is not there."""
-        check_no_path(url)
-        opts = merge_options(url, options, _CONNECT_OPTIONS)
-        timeout = connect_timeout_option(opts)
-        host, port = url.host_port(DEFAULT_HOST, DEFAULT_PORT)
-        target = f"tcp://{format_host_port(host, port)}"
-        return await open_tcp_stream(host, port, target, timeout)
+        return await open_tcp_stream(*_connect_args(url, options))
+
+    def connect_blocking(self, url: TransportUrl, **options: Any) -> BlockingSocket:
+        """The blocking twin of :meth:`connect`: same options, defaults and errors."""
+        return connect_tcp_socket(*_connect_args(url, options))
+
+
+def _connect_args(url: TransportUrl, options: dict[str, Any]) -> tuple[str, int, str, float | None]:
+    """``(host, port, target, time_limit)`` of a ``tcp://`` connect."""
+    check_no_path(url)
+    opts = merge_options(url, options, _CONNECT_OPTIONS)
+    timeout = connect_timeout_option(opts)
+    host, port = url.host_port(DEFAULT_HOST, DEFAULT_PORT)
+    return host, port, f"tcp://{format_host_port(host, port)}", timeout

@@ -18,9 +18,11 @@ import os
 import re
 import ssl
 import tempfile
+import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import wraps
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, cast
 
 import anyio
 from anyio.abc import AnyByteStream, ByteStream, Listener, SocketAttribute, TaskGroup
@@ -29,12 +31,19 @@ from anyio.streams.tls import TLSAttribute
 from hipr.errors import HipConnectionError
 from hipr.transports._common import connect_timeout_option, merge_options
 from hipr.transports.base import (
+    BlockingStream,
     TransportConfig,
     TransportFailedError,
     TransportUrl,
     format_host_port,
 )
-from hipr.transports.tcp import DEFAULT_HOST, check_no_path, create_tcp_listener, open_tcp_stream
+from hipr.transports.tcp import (
+    DEFAULT_HOST,
+    check_no_path,
+    connect_tcp_socket,
+    create_tcp_listener,
+    open_tcp_stream,
+)
 
 __all__ = [
     "DEFAULT_PORT",
@@ -43,6 +52,7 @@ __all__ = [
     "TlsTransport",
     "client_context",
     "server_context",
+    "tls_failure",
 ]
 
 DEFAULT_PORT = 18516
@@ -165,10 +175,21 @@ def client_context(
     return ctx
 
 
+def _is_eof(exc: BaseException) -> bool:
+    """Whether an ``ssl`` error only says the peer hung up (no close_notify)."""
+    if isinstance(exc, (ssl.SSLEOFError, ssl.SSLZeroReturnError)):
+        return True
+    return isinstance(exc, ssl.SSLError) and "UNEXPECTED_EOF" in (exc.strerror or "")
+
+
 def _handshake_reason(exc: BaseException) -> str:
     """OpenSSL's reason for a failed handshake, as short as it stays clear."""
     if isinstance(exc, ssl.SSLCertVerificationError):
         return f"certificate verify failed: {exc.verify_message}"
+    if _is_eof(exc) or isinstance(exc, ConnectionError):
+        # What a blocking socket sees where an anyio stream raises EndOfStream or
+        # BrokenResourceError: the same words for both clients.
+        return "the peer closed the connection during the handshake"
     if isinstance(exc, ssl.SSLError):
         # str() reads "[SSL: CODE] human words (_ssl.c:NNNN)"; the words are the reason.
         match = _SSL_MESSAGE.search(str(exc))
@@ -298,9 +319,7 @@ class TlsStream(ByteStream):
                 await self._flush()
             except ssl.SSLError as exc:
                 self._broken = True
-                if isinstance(exc, (ssl.SSLEOFError, ssl.SSLZeroReturnError)) or (
-                    exc.strerror and "UNEXPECTED_EOF" in exc.strerror
-                ):
+                if _is_eof(exc):
                     # The peer hung up without close_notify; the protocol above frames
                     # its own messages, so this is an ordinary end of stream.
                     raise anyio.EndOfStream from None
@@ -319,10 +338,7 @@ class TlsStream(ByteStream):
                 pass
 
     def _failed(self, exc: ssl.SSLError) -> TransportFailedError:
-        hint = _server_hint(exc) if self._ssl.server_side else _client_hint(exc)
-        return TransportFailedError(
-            message=f"TLS connection with {self._target} failed: {_handshake_reason(exc)}{hint}"
-        )
+        return tls_failure(exc, self._target, server_side=self._ssl.server_side)
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         """Decrypted bytes; ``EndOfStream`` when the peer closed the connection."""
@@ -447,6 +463,62 @@ def _peer(stream: Any) -> str:
     return "a client"
 
 
+def tls_failure(
+    exc: BaseException, target: str, *, server_side: bool = False
+) -> TransportFailedError:
+    """The error of an open TLS stream that failed (an alert, a bad record), with a hint."""
+    hint = _server_hint(exc) if server_side else _client_hint(exc)
+    return TransportFailedError(
+        message=f"TLS connection with {target} failed: {_handshake_reason(exc)}{hint}"
+    )
+
+
+def _handshake_error(target: str, exc: BaseException) -> HipConnectionError:
+    return HipConnectionError(
+        message=f"TLS handshake with {target} failed: {_handshake_reason(exc)}{_client_hint(exc)}"
+    )
+
+
+def _handshake_timeout_error(target: str, timeout: float | None) -> HipConnectionError:
+    return HipConnectionError(
+        message=f"could not connect to {target}: the TLS handshake timed out after "
+        f"{timeout or 0:g} s (is the worker listening with TLS there?)"
+    )
+
+
+@dataclass(frozen=True)
+class _ClientSettings:
+    """What a client connect needs, from the URL and the options (both paths share it)."""
+
+    host: str
+    port: int
+    target: str
+    timeout: float | None
+    context: ssl.SSLContext
+    hostname: str
+
+
+def _client_settings(url: TransportUrl, options: dict[str, Any]) -> _ClientSettings:
+    check_no_path(url)
+    opts = merge_options(url, options, _CONNECT_OPTIONS)
+    host, port = url.host_port(DEFAULT_HOST, DEFAULT_PORT)
+    ctx = opts.get("ssl_context")
+    if ctx is None:
+        ctx = client_context(
+            opts.get("ca"), opts.get("cert"), opts.get("key"), opts.get("min_version", "1.2")
+        )
+    elif not isinstance(ctx, ssl.SSLContext):
+        raise ValueError(f"ssl_context must be an ssl.SSLContext, not {type(ctx).__name__}")
+    return _ClientSettings(
+        host=host,
+        port=port,
+        target=f"tls://{format_host_port(host, port)}",
+        timeout=connect_timeout_option(opts),
+        context=ctx,
+        hostname=opts.get("server_hostname") or host,
+    )
+
+
 def _server_hint(exc: BaseException) -> str:
     reason = _handshake_reason(exc).lower()
     if "http request" in reason or "wrong version number" in reason or "record" in reason:
@@ -481,36 +553,54 @@ class TlsTransport:
 
     async def connect(self, url: TransportUrl, **options: Any) -> ByteStream:
         """Connect and complete the handshake, or raise one ``HipConnectionError``."""
-        check_no_path(url)
-        opts = merge_options(url, options, _CONNECT_OPTIONS)
-        timeout = connect_timeout_option(opts)
-        host, port = url.host_port(DEFAULT_HOST, DEFAULT_PORT)
-        target = f"tls://{format_host_port(host, port)}"
-        ctx = opts.get("ssl_context")
-        if ctx is None:
-            ctx = client_context(
-                opts.get("ca"), opts.get("cert"), opts.get("key"), opts.get("min_version", "1.2")
-            )
-        elif not isinstance(ctx, ssl.SSLContext):
-            raise ValueError(f"ssl_context must be an ssl.SSLContext, not {type(ctx).__name__}")
-        hostname = opts.get("server_hostname") or host
-        with anyio.move_on_after(timeout):
-            stream = await open_tcp_stream(host, port, target, timeout)
+        s = _client_settings(url, options)
+        with anyio.move_on_after(s.timeout):
+            stream = await open_tcp_stream(s.host, s.port, s.target, s.timeout)
             try:
                 return await TlsStream.handshake(
-                    stream, ctx, server_side=False, hostname=hostname, target=target
+                    stream, s.context, server_side=False, hostname=s.hostname, target=s.target
                 )
             except (ssl.SSLError, anyio.EndOfStream, anyio.BrokenResourceError) as exc:
                 await anyio.aclose_forcefully(stream)
-                raise HipConnectionError(
-                    message=f"TLS handshake with {target} failed: "
-                    f"{_handshake_reason(exc)}{_client_hint(exc)}"
-                ) from exc
+                raise _handshake_error(s.target, exc) from exc
             except BaseException:
                 await anyio.aclose_forcefully(stream)
                 raise
         # Only reached when the time limit cancelled the connect or the handshake.
-        raise HipConnectionError(
-            message=f"could not connect to {target}: the TLS handshake timed out after "
-            f"{timeout:g} s (is the worker listening with TLS there?)"
-        )
+        raise _handshake_timeout_error(s.target, s.timeout)
+
+    def connect_blocking(self, url: TransportUrl, **options: Any) -> BlockingStream:
+        """The blocking twin of :meth:`connect`: an ``ssl.SSLSocket``, same options and errors.
+
+        The TCP connect and the handshake share ``connect_timeout``, as in ``connect``.
+        A failure on the open socket raises ``ssl.SSLError``/``OSError``; pass it to
+        :func:`hipr.transports.stream_failure` for the same message ``receive`` gives.
+        """
+        s = _client_settings(url, options)
+        deadline = None if s.timeout is None else time.monotonic() + s.timeout
+        sock = connect_tcp_socket(s.host, s.port, s.target, s.timeout)
+        try:
+            tls = s.context.wrap_socket(
+                sock, server_hostname=s.hostname, do_handshake_on_connect=False
+            )
+        except BaseException:
+            sock.close()
+            raise
+        try:
+            if deadline is not None:
+                tls.settimeout(max(deadline - time.monotonic(), 1e-3))
+            tls.do_handshake()
+            tls.settimeout(None)
+        except TimeoutError:
+            tls.close()
+            raise _handshake_timeout_error(s.target, s.timeout) from None
+        except OSError as exc:  # ssl.SSLError included
+            tls.close()
+            raise _handshake_error(s.target, exc) from exc
+        except BaseException:
+            tls.close()
+            raise
+        # Set on the SSLSocket itself (its instances take attributes) rather than through a
+        # wrapper: sendall/recv_into stay ssl's own, with no call of ours in between.
+        cast(Any, tls).description = s.target
+        return cast(BlockingStream, tls)

@@ -31,8 +31,8 @@ import anyio.lowlevel
 from anyio.abc import ByteStream, Listener, SocketAttribute, TaskGroup
 
 from hipr.transports._common import (
-    connect_error,
-    connect_timeout_error,
+    BlockingSocket,
+    connect_errors,
     connect_timeout_option,
     merge_options,
 )
@@ -42,6 +42,7 @@ __all__ = [
     "UnixSocketListener",
     "UnixSocketStream",
     "UnixTransport",
+    "connect_unix_socket",
     "open_unix_stream",
     "socket_path",
 ]
@@ -264,14 +265,26 @@ def _bind(path: Path, mode: int) -> socket.socket:
     return sock
 
 
-def _connect_blocking(path: str, time_limit: float | None) -> socket.socket:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+def _connect_blocking(path: str, time_limit: float | None) -> BlockingSocket:
+    sock = BlockingSocket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(time_limit)
         sock.connect(path)
+        sock.settimeout(None)
     except BaseException:
         sock.close()
         raise
+    return sock
+
+
+def connect_unix_socket(path: str, target: str, time_limit: float | None) -> BlockingSocket:
+    """The blocking twin of :func:`open_unix_stream`: the same errors, naming ``target``.
+
+    The socket blocks without a time limit once connected; its description is ``target``.
+    """
+    with connect_errors(target, time_limit):
+        sock = _connect_blocking(path, time_limit)
+    sock.description = target
     return sock
 
 
@@ -283,15 +296,10 @@ async def open_unix_stream(path: str, target: str, time_limit: float | None) -> 
     listener's backlog is full, and then a blocking connect with a timeout is the
     simple correct way to wait (non-blocking it fails with EAGAIN rather than waiting).
     """
-    try:
-        with anyio.fail_after(time_limit):
-            sock = await anyio.to_thread.run_sync(
-                _connect_blocking, path, time_limit, abandon_on_cancel=True
-            )
-    except TimeoutError:
-        raise connect_timeout_error(target, time_limit or 0) from None
-    except OSError as exc:
-        raise connect_error(target, exc) from exc
+    with connect_errors(target, time_limit), anyio.fail_after(time_limit):
+        sock = await anyio.to_thread.run_sync(
+            _connect_blocking, path, time_limit, abandon_on_cancel=True
+        )
     return UnixSocketStream(sock)
 
 
@@ -314,8 +322,15 @@ class UnixTransport:
 
     async def connect(self, url: TransportUrl, **options: Any) -> ByteStream:
         """Connect to the socket at the URL's path."""
-        path = socket_path(url)
-        opts = merge_options(url, options, _CONNECT_OPTIONS)
-        return await open_unix_stream(
-            os.fspath(path), f"unix://{path}", connect_timeout_option(opts)
-        )
+        return await open_unix_stream(*_connect_args(url, options))
+
+    def connect_blocking(self, url: TransportUrl, **options: Any) -> BlockingSocket:
+        """The blocking twin of :meth:`connect`: same options, defaults and errors."""
+        return connect_unix_socket(*_connect_args(url, options))
+
+
+def _connect_args(url: TransportUrl, options: dict[str, Any]) -> tuple[str, str, float | None]:
+    """``(path, target, time_limit)`` of a ``unix://`` connect."""
+    path = socket_path(url)
+    opts = merge_options(url, options, _CONNECT_OPTIONS)
+    return os.fspath(path), f"unix://{path}", connect_timeout_option(opts)
