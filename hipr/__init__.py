@@ -2,12 +2,16 @@
 
 ``hipr.connect(url)`` (sync) and ``hipr.aconnect(url)`` (async) return a remote device
 that speaks HIP: queries, memory, copies, streams, events, run-time compiled kernels,
-graphs. Every failure is a :class:`HipError` carrying HIP's own error code.
+graphs. Every failure is a :class:`HipError` carrying HIP's own error code. Several
+URLs (a list, or commas) give one client over all their workers' devices, and
+:func:`pick_device` chooses a device for new work.
 """
 
 from hipr._version import __version__
 from hipr.client import (
     AsyncGpu,
+    AsyncMultiGpu,
+    DeviceLoad,
     DevicePtr,
     Event,
     Function,
@@ -16,9 +20,12 @@ from hipr.client import (
     GraphExec,
     GraphNode,
     Module,
+    MultiGpu,
     Stream,
     aconnect,
+    apick_device,
     connect,
+    pick_device,
 )
 from hipr.errors import (
     AuthError,
@@ -35,7 +42,9 @@ from hipr.observability import log as _log  # noqa: F401  (logging that never ra
 
 __all__ = [
     "AsyncGpu",
+    "AsyncMultiGpu",
     "AuthError",
+    "DeviceLoad",
     "DevicePtr",
     "Event",
     "Function",
@@ -48,6 +57,7 @@ __all__ = [
     "HipErrorCode",
     "HipTimeoutError",
     "Module",
+    "MultiGpu",
     "ProtocolError",
     "QuotaError",
     "SessionLostError",
@@ -55,5 +65,7 @@ __all__ = [
     "VersionMismatchError",
     "__version__",
     "aconnect",
+    "apick_device",
     "connect",
+    "pick_device",
 ]
