@@ -21,6 +21,7 @@ from hipr.client.connection import (
     Progress,
 )
 from hipr.client.connection import _view as _bytes_view
+from hipr.client.link import RequestLink
 from hipr.client.objects import DevicePtr, Event, Function, Graph, Module, Stream, handle_id
 from hipr.client.timeouts import with_timeouts
 from hipr.errors import HipError, ProtocolError, SessionLostError, invalid_value
@@ -36,7 +37,7 @@ class AsyncGpu:
     """A remote device. Every method is a coroutine; handles it returns are bound to
     this session. The same names exist, synchronous, on :func:`hipr.connect`'s object."""
 
-    def __init__(self, connection: ClientConnection, hello: dict[str, Any]) -> None:
+    def __init__(self, connection: RequestLink, hello: dict[str, Any]) -> None:
         self._conn = connection
         self._hello = hello
         self.session_id: str = str(hello.get("session_id", ""))
@@ -332,6 +333,23 @@ def _host_source(dst: DevicePtr | int, src: Buffer, size: int | None) -> tuple[m
     return data[:size], size
 
 
+def hello_args(token: str | None, version: str) -> dict[str, Any]:
+    """The HELLO arguments: who we are and the token (default ``$HIPR_TOKEN``)."""
+    token = token if token is not None else os.environ.get("HIPR_TOKEN")
+    args: dict[str, Any] = {"client": f"hipr-py/{version}"}
+    if token:
+        args["token"] = token
+    return args
+
+
+def check_hello(hello: dict[str, Any], url: str) -> None:
+    """Refuse a HELLO reply of another protocol major; drop the resume secret from what
+    the API shows (``worker_info``)."""
+    if hello.get("protocol", 0) >> 8 != PROTOCOL_VERSION >> 8:
+        raise ProtocolError(message=f"unexpected HELLO reply from {url}: {hello!r:.200}")
+    hello.pop("resume_token", None)
+
+
 @asynccontextmanager
 async def aconnect(
     url: str = DEFAULT_URL,
@@ -352,21 +370,18 @@ async def aconnect(
     """
     from hipr.transports import connect as transport_connect
 
-    token = token if token is not None else os.environ.get("HIPR_TOKEN")
     options = link or LinkOptions(connect_timeout=timeout)
 
     async def connector() -> anyio.abc.ByteStream:
         return await transport_connect(url, **transport_options)
 
     connection = ClientConnection(url, connector, DEFAULT_MAX_PAYLOAD, options, on_event)
-    hello_args: dict[str, Any] = {"client": f"hipr-py/{__version__}"}
-    if token:
-        hello_args["token"] = token
-    hello = await connection.open(hello_args)
-    if hello.get("protocol", 0) >> 8 != PROTOCOL_VERSION >> 8:
+    hello = await connection.open(hello_args(token, __version__))
+    try:
+        check_hello(hello, url)
+    except BaseException:
         await connection.aclose()
-        raise ProtocolError(message=f"unexpected HELLO reply from {url}: {hello!r:.200}")
-    hello.pop("resume_token", None)
+        raise
     # The caller's own exception is re-raised after the task group, not from inside it,
     # where it would reach the caller wrapped in an ExceptionGroup.
     raised: Exception | None = None

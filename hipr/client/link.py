@@ -16,6 +16,7 @@ fire-and-forget requests it already ran and answers replied ones from its reply 
 
 from __future__ import annotations
 
+import contextvars
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -37,6 +38,11 @@ Part = bytes | bytearray | memoryview
 Progress = Callable[[int, int], None]
 #: ``on_event(kind, details)``: kind is disconnected, reconnecting, resumed or session_lost.
 EventCallback = Callable[[str, dict[str, Any]], None]
+#: The absolute deadline (time.monotonic) of the public call under way in this context:
+#: ``timeout=`` on a sync API call sets it; every blocking request of the call obeys it.
+DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "hipr_deadline", default=None
+)
 #: A request whose frames all fit in one write of at most this many bytes is batched.
 SMALL_REQUEST = 4096
 
@@ -50,6 +56,42 @@ class ReplySink(Protocol):
 
     def reset(self) -> None:
         """Forget what was written: the reply is coming again from its start."""
+        ...
+
+
+class RequestLink(Protocol):
+    """What the API needs of a connection, async or blocking (both implement it)."""
+
+    #: True when requests block the thread instead of suspending (the sync client).
+    inline: bool
+    session_id: str
+
+    @property
+    def broken(self) -> HipError | None: ...
+
+    async def request(
+        self,
+        opcode: Opcode,
+        args: Any = None,
+        data: Buffer = b"",
+        *,
+        sink: ReplySink | None = None,
+        timeout: float | None = None,
+        progress: Progress | None = None,
+    ) -> tuple[Any, bytes]:
+        """Send a request and wait for its reply."""
+        ...
+
+    async def notify(self, opcode: Opcode, args: Any = None, data: Buffer = b"") -> None:
+        """Send a fire-and-forget request."""
+        ...
+
+    def begin_close(self) -> None:
+        """The session is ending on purpose."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close for good."""
         ...
 
 
@@ -267,8 +309,9 @@ class LinkState:
         data = sent.data
         first, rest = data[:chunk], data[chunk:]
         head_flags = sent.flags | (Flags.MORE if rest.nbytes else Flags.NONE)
-        yield encode_frame_parts(sent.opcode, sent.request_id, head_flags, sent.args, first), (
-            first.nbytes
+        yield (
+            encode_frame_parts(sent.opcode, sent.request_id, head_flags, sent.args, first),
+            (first.nbytes),
         )
         offset = 0
         while offset < rest.nbytes:

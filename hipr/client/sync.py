@@ -1,25 +1,51 @@
-"""The synchronous client: the async API run on a private event loop thread.
+"""The synchronous client: the async API's own code, run in the caller's thread.
 
-``hipr.connect(url)`` returns an object with exactly the async API's names; each call
-runs the coroutine on a background event loop (an anyio blocking portal) and returns
-its result. Handles come back wrapped the same way, so ``s.synchronize()`` works on a
-stream from ``gpu.stream_create()``.
+``hipr.connect(url)`` returns an object with exactly the async API's names. Its calls
+run the same coroutines as :class:`~hipr.client.api.AsyncGpu`, but over a
+:class:`~hipr.client.blocking.BlockingConnection` whose requests block on the socket
+and never suspend: each coroutine runs to completion in one ``send(None)``, with no
+event loop and no thread hop. The API is written once and the two clients cannot drift.
+
+Handles come back wrapped the same way, so ``s.synchronize()`` works on a stream from
+``gpu.stream_create()``. A third-party transport with no blocking connect falls back to
+the async client on a private event-loop thread (one hop per call, as before).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from hipr.client.api import DEFAULT_URL, AsyncGpu, aconnect
+from hipr._version import __version__
+from hipr.client.api import DEFAULT_URL, AsyncGpu, aconnect, check_hello, hello_args
+from hipr.client.blocking import BlockingConnection
+from hipr.client.link import EventCallback, LinkOptions
 from hipr.client.objects import _Handle
+from hipr.protocol.codec import DEFAULT_MAX_PAYLOAD
 
-#: The event loop behind the sync API.
+#: The event loop behind the fallback for transports without a blocking connect.
 SYNC_LOOP = "asyncio"
+
+Runner = Callable[[Callable[..., Coroutine[Any, Any, Any]], tuple[Any, ...], dict[str, Any]], Any]
+
+
+def run_inline(
+    fn: Callable[..., Coroutine[Any, Any, Any]], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """Run an API coroutine on a blocking connection: it never suspends, so one
+    ``send`` runs it to the end."""
+    coro = fn(*args, **kwargs)
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise RuntimeError(f"{getattr(fn, '__qualname__', fn)} suspended on a blocking connection")
 
 
 def _unwrap(value: Any) -> Any:
@@ -33,29 +59,33 @@ def _unwrap(value: Any) -> Any:
 
 
 class SyncProxy:
-    """Wraps an async API object; its coroutine methods become blocking calls."""
+    """Wraps an async API object; its coroutine methods become blocking calls.
 
-    def __init__(self, target: Any, portal: BlockingPortal) -> None:
+    The blocking version of a method is made on first use and kept on the instance,
+    so later calls find it as a plain attribute (no ``__getattr__`` per call)."""
+
+    def __init__(self, target: Any, runner: Runner) -> None:
         self._target = target
-        self._portal = portal
+        self._runner = runner
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
         attr = getattr(self._target, name)
         if not inspect.iscoroutinefunction(attr):
             return attr
-        portal = self._portal
+        runner = self._runner
 
+        @functools.wraps(attr)
         def call(*args: Any, **kwargs: Any) -> Any:
-            result = portal.call(
-                _call_with,
-                attr,
-                [_unwrap(a) for a in args],
-                {k: _unwrap(v) for k, v in kwargs.items()},
-            )
-            return SyncProxy(result, portal) if isinstance(result, _Handle) else result
+            if args:
+                args = tuple(_unwrap(a) for a in args)
+            if kwargs:
+                kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
+            result = runner(attr, args, kwargs)
+            return SyncProxy(result, runner) if isinstance(result, _Handle) else result
 
-        call.__name__ = name
-        call.__doc__ = attr.__doc__
+        self.__dict__[name] = call
         return call
 
     def __repr__(self) -> str:
@@ -68,27 +98,81 @@ class SyncProxy:
         return hash(self._target)
 
 
-async def _call_with(fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
-    return await fn(*args, **kwargs)
-
-
 class Gpu(SyncProxy):
-    """A remote device for synchronous code; use as a context manager or ``close()``."""
+    """A remote device for synchronous code; use as a context manager or ``close()``.
 
-    def __init__(self, url: str = DEFAULT_URL, **options: Any) -> None:
+    Thread-safe: several threads may share one ``Gpu``; each call still costs one
+    round trip on the caller's thread."""
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        token: str | None = None,
+        timeout: float = 30.0,
+        on_event: EventCallback | None = None,
+        link: LinkOptions | None = None,
+        **transport_options: Any,
+    ) -> None:
+        from hipr.transports import connect_blocking
+
+        self._connection: BlockingConnection | None = None
         self._stack = contextlib.ExitStack()
+        options = link or LinkOptions(connect_timeout=timeout)
+
+        def connector(seconds: float) -> Any:
+            return connect_blocking(url, connect_timeout=seconds, **transport_options)
+
+        connection = BlockingConnection(url, connector, DEFAULT_MAX_PAYLOAD, options, on_event)
         try:
-            portal = self._stack.enter_context(start_blocking_portal(SYNC_LOOP))
+            hello = connection.open(hello_args(token, __version__))
+        except NotImplementedError:  # a transport plugin without a blocking connect
+            self._open_on_portal(url, token, timeout, on_event, link, transport_options)
+            return
+        try:
+            check_hello(hello, url)
+        except BaseException:
+            connection.close()
+            raise
+        self._connection = connection
+        super().__init__(AsyncGpu(connection, hello), run_inline)
+
+    def _open_on_portal(
+        self,
+        url: str,
+        token: str | None,
+        timeout: float,
+        on_event: EventCallback | None,
+        link: LinkOptions | None,
+        transport_options: dict[str, Any],
+    ) -> None:
+        try:
+            portal: BlockingPortal = self._stack.enter_context(start_blocking_portal(SYNC_LOOP))
             gpu: AsyncGpu = self._stack.enter_context(
-                portal.wrap_async_context_manager(aconnect(url, **options))
+                portal.wrap_async_context_manager(
+                    aconnect(
+                        url,
+                        token=token,
+                        timeout=timeout,
+                        on_event=on_event,
+                        link=link,
+                        **transport_options,
+                    )
+                )
             )
         except BaseException:
             self._stack.close()
             raise
-        super().__init__(gpu, portal)
+
+        def on_portal(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            return portal.call(functools.partial(fn, *args, **kwargs))
+
+        super().__init__(gpu, on_portal)
 
     def close(self) -> None:
-        """End the session and stop the background loop."""
+        """End the session (the worker frees everything it holds) and close the link."""
+        if self._connection is not None:
+            self._connection.goodbye()
         self._stack.close()
 
     def __enter__(self) -> Gpu:
@@ -101,7 +185,7 @@ class Gpu(SyncProxy):
 def connect(url: str = DEFAULT_URL, **options: Any) -> Gpu:
     """Connect to a worker from synchronous code: ``with hipr.connect(url) as gpu: ...``.
 
-    Takes the same options as :func:`hipr.aconnect` (``token=``, ``timeout=``, transport
-    options).
+    Takes the same options as :func:`hipr.aconnect` (``token=``, ``timeout=``,
+    ``on_event=``, ``link=``, transport options).
     """
     return Gpu(url, **options)

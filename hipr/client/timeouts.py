@@ -2,18 +2,22 @@
 
 A call that passes its timeout raises :class:`HipTimeoutError` and the session stays
 usable: sending is shielded from cancellation (see ``ClientConnection._submit``), so a
-timeout only ever abandons the wait for the reply.
+timeout only ever abandons the wait for the reply. On the async client the whole call
+runs under an anyio deadline; on the blocking one (no event loop) the deadline goes to
+every request the call makes through :data:`~hipr.client.link.DEADLINE`.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
 
+from hipr.client.link import DEADLINE
 from hipr.errors import HipTimeoutError
 
 C = TypeVar("C", bound=type)
@@ -24,6 +28,16 @@ def _timed(name: str, method: Callable[..., Awaitable[Any]]) -> Callable[..., Aw
     async def call(*args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
         if timeout is None:
             return await method(*args, **kwargs)
+        if _runs_inline(args[0]):
+            token = DEADLINE.set(time.monotonic() + timeout)
+            try:
+                return await method(*args, **kwargs)
+            except HipTimeoutError:
+                raise HipTimeoutError(
+                    message=f"{name} did not complete within {timeout} s"
+                ) from None
+            finally:
+                DEADLINE.reset(token)
         try:
             with anyio.fail_after(timeout):
                 return await method(*args, **kwargs)
@@ -31,6 +45,12 @@ def _timed(name: str, method: Callable[..., Awaitable[Any]]) -> Callable[..., Aw
             raise HipTimeoutError(message=f"{name} did not complete within {timeout} s") from None
 
     return call
+
+
+def _runs_inline(owner: Any) -> bool:
+    """True when ``owner`` (an API object or a handle) talks over a blocking connection."""
+    gpu = getattr(owner, "_gpu", owner)
+    return bool(getattr(getattr(gpu, "_conn", None), "inline", False))
 
 
 def with_timeouts(cls: C) -> C:

@@ -1,0 +1,560 @@
+"""The sync client's I/O: blocking sockets driven in the caller's own thread.
+
+A call sends its request and reads its own reply, with no event loop and no thread
+hop: one round trip costs about what a blocking socket echo costs. The protocol's rules
+come from :class:`~hipr.client.link.LinkState`, shared with the async client.
+
+Several threads may share one connection. Sending is serialised by a lock (request ids
+follow wire order). Reading is done by one thread at a time, whichever caller is
+waiting: it reads frames and hands every reply to its owner, then gives the reading
+role to the next waiter when its own reply is in (leader/follower). A single caller
+never waits on a condition or another thread.
+
+A small daemon thread keeps an idle link alive (a fire-and-forget PING each
+``heartbeat_interval``, answers to the worker's PINGs), flushes batched
+fire-and-forget frames after ``coalesce_delay`` and notices a dead link while nobody
+calls. It takes no part in a call.
+"""
+
+from __future__ import annotations
+
+import random
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from hipr.client.link import (
+    DEADLINE,
+    Buffer,
+    EventCallback,
+    LinkOptions,
+    LinkState,
+    Pending,
+    Progress,
+    ReplySink,
+    Sent,
+    byte_view,
+    describe,
+    handshake_reply,
+    log,
+)
+from hipr.errors import (
+    AuthError,
+    HipConnectionError,
+    HipError,
+    HipTimeoutError,
+    SessionLostError,
+    VersionMismatchError,
+)
+from hipr.protocol.codec import FrameDecoder, encode_frame, encode_frame_parts
+from hipr.protocol.header import Flags
+from hipr.protocol.opcodes import Opcode, opcode_name
+from hipr.transports.base import BlockingStream
+
+#: Opens a new blocking stream to the worker (the transport's connect_blocking).
+BlockingConnector = Callable[[float], BlockingStream]
+_LINK_ERRORS = (OSError, EOFError)
+_RECEIVE = 1 << 16
+
+
+class _LinkDown(Exception):
+    """The link failed under us; the caller reconnects (or waits for whoever does)."""
+
+
+class BlockingConnection(LinkState):
+    """A session with a worker over a blocking stream, outliving dropped links."""
+
+    #: API coroutines run to completion without suspending on this connection.
+    inline = True
+
+    def __init__(
+        self,
+        url: str,
+        connector: BlockingConnector,
+        max_payload: int,
+        options: LinkOptions | None = None,
+        on_event: EventCallback | None = None,
+    ) -> None:
+        super().__init__(url, max_payload, options, on_event)
+        self._connector = connector
+        self._stream: BlockingStream | None = None
+        self._poller = select.poll()
+        self._tls = False
+        self._decoder = FrameDecoder(max_payload)
+        self._buffer = bytearray(_RECEIVE)
+        self._send_lock = threading.RLock()
+        self._state = threading.Condition(threading.Lock())
+        #: True while one thread reads on behalf of all (the leader).
+        self._reading = False
+        #: Threads waiting for a reply without the reading role.
+        self._followers = 0
+        #: Bumped each time a new link is installed (reconnect happens once per loss).
+        self._generation = 0
+        self._outbox: list[bytes | bytearray | memoryview] = []
+        self._outbox_bytes = 0
+        self._outbox_since = 0.0
+        self._last_sent = time.monotonic()
+        self._keeper: threading.Thread | None = None
+        self._keeper_wake = threading.Event()
+
+    # --- waking waiters ----------------------------------------------------------------
+    def _wake(self, pending: Pending) -> None:
+        # Only followers wait on the condition; a lone caller is the reader itself.
+        if self._followers:
+            with self._state:
+                self._state.notify_all()
+
+    # --- connecting --------------------------------------------------------------------
+    def _handshake(
+        self, stream: BlockingStream, opcode: Opcode, args: dict[str, Any], timeout: float
+    ) -> tuple[dict[str, Any], FrameDecoder]:
+        decoder = FrameDecoder(self._max_payload)
+        stream.settimeout(timeout)
+        for part in encode_frame_parts(opcode, 0, Flags.NONE, args):
+            stream.sendall(part)
+        buffer = bytearray(_RECEIVE)
+        while True:
+            frame = decoder.next_frame()
+            if frame is None:
+                try:
+                    n = stream.recv_into(buffer)
+                except TimeoutError:
+                    raise HipConnectionError(
+                        message=f"{self.url} accepted the connection but did not answer "
+                        f"{opcode_name(opcode)} within {timeout} s: is it a hipr worker?"
+                    ) from None
+                if not n:
+                    raise HipConnectionError(
+                        message=f"{self.url} closed the connection during the handshake"
+                    )
+                decoder.feed(memoryview(buffer)[:n])
+                continue
+            reply = handshake_reply(frame, opcode, self.url)
+            if reply is not None:
+                stream.settimeout(None)
+                return reply, decoder
+
+    def open(self, hello: dict[str, Any]) -> dict[str, Any]:
+        """Connect and say HELLO; the worker's answer. Starts the keep-alive thread."""
+        timeout = self.options.connect_timeout
+        stream = self._connector(timeout)
+        try:
+            reply, decoder = self._handshake(stream, Opcode.HELLO, hello, timeout)
+        except BaseException:
+            stream.close()
+            raise
+        self._accept_handshake(reply)
+        self._install(stream, decoder)
+        self._keeper = threading.Thread(
+            target=self._keep_alive, name=f"hipr-keepalive {self.url}", daemon=True
+        )
+        self._keeper.start()
+        return reply
+
+    def _install(self, stream: BlockingStream, decoder: FrameDecoder) -> None:
+        self._stream = stream
+        self._decoder = decoder
+        # The socket stays in blocking mode for good: a timeout set for one thread's
+        # read would also cut another thread's sendall short. Reads wait in poll().
+        self._poller = select.poll()
+        self._poller.register(stream.fileno(), select.POLLIN)
+        self._tls = hasattr(stream, "pending")
+        self._last_received = self._last_sent = time.monotonic()
+        self._outbox, self._outbox_bytes = [], 0
+        self._generation += 1
+
+    def _link_failed(self, generation: int) -> None:
+        """Reconnect and resume after the link of ``generation`` failed (once, by the
+        first thread to notice; later ones find a newer generation and return)."""
+        with self._send_lock:
+            if self._generation != generation or self._broken is not None:
+                return
+            stream, self._stream = self._stream, None
+            if stream is not None:
+                stream.close()
+            if self._closing:
+                self._lose(HipConnectionError(message="the connection is closed"))
+                return
+            self._emit("disconnected")
+            self._reconnect()
+
+    def _reconnect(self) -> None:
+        options = self.options
+        deadline = time.monotonic() + options.reconnect_timeout
+        delay = options.reconnect_delay
+        last_error: BaseException | None = None
+        for attempt in range(1, options.reconnect_attempts + 1):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self._emit("reconnecting", attempt=attempt)
+            try:
+                timeout = min(remaining, options.connect_timeout)
+                stream = self._connector(timeout)
+                try:
+                    reply, decoder = self._handshake(
+                        stream, Opcode.RESUME, self._resume_args(), timeout
+                    )
+                except BaseException:
+                    stream.close()
+                    raise
+            except (SessionLostError, AuthError, VersionMismatchError) as exc:
+                self._lose(
+                    SessionLostError(message=f"session {self.session_id} cannot resume: {exc}")
+                )
+                return
+            except (HipError, TimeoutError, *_LINK_ERRORS) as exc:
+                last_error = exc
+                # Full jitter: clients cut off together don't come back in lockstep.
+                time.sleep(
+                    min(delay, max(0.0, deadline - time.monotonic())) * random.uniform(0.5, 1.0)
+                )
+                delay = min(delay * 2, options.reconnect_max_delay)
+                continue
+            self._install(stream, decoder)
+            again = self._to_resend(int(reply.get("last_executed_id", 0)))
+            try:
+                for sent in again:
+                    self._write_locked(sent)
+                self._flush_locked()
+            except _LINK_ERRORS:
+                pass  # the next read finds the link dead again and starts over
+            self._emit("resumed", attempt=attempt, resent=len(again))
+            with self._state:
+                self._state.notify_all()  # followers: a new link may carry your reply
+            return
+        self._lose(
+            SessionLostError(
+                message=f"lost the link to {self.url} and could not reconnect within "
+                f"{options.reconnect_attempts} attempts / {options.reconnect_timeout:g} s "
+                f"(last error: {describe(last_error)}); the session and its handles are gone"
+            )
+        )
+
+    def _lose(self, error: HipError) -> None:
+        super()._lose(error)
+        with self._state:
+            self._state.notify_all()
+
+    # --- sending -----------------------------------------------------------------------
+    def _flush_locked(self) -> None:
+        if not self._outbox:
+            return
+        batch, self._outbox, self._outbox_bytes = self._outbox, [], 0
+        stream = self._stream
+        if stream is None:
+            return  # the resend after reconnecting carries these requests
+        stream.sendall(b"".join(batch) if len(batch) > 1 else batch[0])
+        self._last_sent = time.monotonic()
+
+    def _write_locked(self, sent: Sent) -> None:
+        """Batch a small request; send a large one frame by frame from the caller's
+        buffer (no copy: sendall reads the memoryview)."""
+        total = sent.data.nbytes
+        if self._is_small(sent, self.chunk_bytes):
+            if not self._outbox:
+                self._outbox_since = time.monotonic()
+            for part in next(self._frames(sent))[0]:
+                self._outbox.append(part)
+                self._outbox_bytes += len(part)
+            if sent.progress is not None:
+                sent.progress(total, total)
+            return
+        self._flush_locked()
+        stream = self._stream
+        if stream is None:
+            return
+        for parts, done in self._frames(sent):
+            for part in parts:
+                stream.sendall(part)
+            self._last_sent = time.monotonic()
+            if sent.progress is not None:
+                sent.progress(done, total)
+
+    def _submit(
+        self,
+        opcode: int,
+        flags: Flags,
+        args: Any,
+        data: memoryview,
+        pending: Pending | None,
+        progress: Progress | None = None,
+    ) -> int:
+        while True:
+            if self._broken is not None:
+                raise self._broken
+            with self._send_lock:
+                if self._broken is not None:
+                    raise self._broken
+                generation = self._generation
+                sent = self._track(opcode, flags, args, data, pending, progress)
+                try:
+                    self._write_locked(sent)
+                    if pending is not None or self._outbox_bytes >= self.options.coalesce_bytes:
+                        self._flush_locked()
+                    elif len(self._outbox) <= 2:
+                        self._keeper_wake.set()  # a new batch: flush it after the delay
+                except _LINK_ERRORS:
+                    pass  # the resend after reconnecting carries it
+                else:
+                    return sent.request_id
+            self._link_failed(generation)
+            return sent.request_id
+
+    # --- receiving ---------------------------------------------------------------------
+    def _read_once(self, timeout: float | None) -> bool:
+        """Read what the link has (at most ``timeout`` seconds) and route it; False on
+        timeout. Raises _LinkDown when the link failed."""
+        stream = self._stream
+        if stream is None:
+            raise _LinkDown
+        frame = self._decoder.next_frame()
+        if frame is None:
+            try:
+                # TLS may hold decrypted bytes that poll() cannot see.
+                if not _pending_bytes(stream) and not self._poller.poll(
+                    None if timeout is None else timeout * 1000
+                ):
+                    return False
+                if self._tls:
+                    # One SSL object must not read and write in two threads at once.
+                    with self._send_lock:
+                        n = stream.recv_into(self._buffer)
+                else:
+                    n = stream.recv_into(self._buffer)
+            except _LINK_ERRORS:
+                raise _LinkDown from None
+            if not n:
+                raise _LinkDown
+            self._last_received = time.monotonic()
+            self._decoder.feed(memoryview(self._buffer)[:n])
+            frame = self._decoder.next_frame()
+        while frame is not None:
+            if frame.request_id:
+                self._deliver(frame)
+            elif self._from_worker(frame):
+                self._send_raw(encode_frame(Opcode.PING, 0, Flags.REPLY))
+            frame = self._decoder.next_frame()
+        return True
+
+    def _send_raw(self, data: bytes) -> None:
+        """A frame outside the request sequence (heartbeats); dropped if the link is down."""
+        with self._send_lock:
+            stream = self._stream
+            if stream is None:
+                return
+            try:
+                self._flush_locked()
+                stream.sendall(data)
+                self._last_sent = time.monotonic()
+            except _LINK_ERRORS:
+                pass
+
+    def _wait(self, pending: Pending, deadline: float | None) -> None:
+        """Wait for ``pending``'s reply, reading the link ourselves unless another
+        thread already does."""
+        options = self.options
+        while not pending.finished:
+            with self._state:
+                if pending.finished:
+                    return
+                if self._reading:
+                    self._followers += 1
+                    try:
+                        self._state.wait(_remaining(deadline, options.heartbeat_interval))
+                    finally:
+                        self._followers -= 1
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise TimeoutError
+                    continue
+                self._reading = True
+            generation = self._generation
+            try:
+                while not pending.finished:
+                    wait = _remaining(deadline, options.heartbeat_interval)
+                    if not self._read_once(wait):
+                        now = time.monotonic()
+                        if deadline is not None and now >= deadline:
+                            raise TimeoutError
+                        silent = now - self._last_received
+                        if silent >= options.heartbeat_timeout:
+                            log.warning(
+                                "link silent; treating it as dead", url=self.url, seconds=silent
+                            )
+                            raise _LinkDown
+                        if silent >= options.heartbeat_interval:
+                            self._send_raw(encode_frame(Opcode.PING, 0))
+                    if self._broken is not None and not pending.finished:
+                        raise self._broken
+            except _LinkDown:
+                self._release_reader()
+                self._link_failed(generation)
+                continue
+            except BaseException:
+                self._release_reader()
+                raise
+            self._release_reader()
+
+    def _release_reader(self) -> None:
+        with self._state:
+            self._reading = False
+            if self._followers:
+                self._state.notify_all()
+
+    # --- the keep-alive thread ---------------------------------------------------------
+    def _keep_alive(self) -> None:
+        options = self.options
+        period = max(0.01, min(options.heartbeat_interval, options.heartbeat_timeout) / 4)
+        while not self._closing and self._broken is None:
+            woke = self._keeper_wake.wait(period)
+            if woke:
+                self._keeper_wake.clear()
+                time.sleep(options.coalesce_delay)
+            if self._closing or self._broken is not None:
+                return
+            with self._send_lock:
+                try:
+                    if self._outbox:
+                        self._flush_locked()
+                except _LINK_ERRORS:
+                    pass
+            self._tend_idle_link(options)
+
+    def _tend_idle_link(self, options: LinkOptions) -> None:
+        """While nobody reads: answer the worker's PINGs, notice a dead link, and send
+        a heartbeat when we have been quiet for ``heartbeat_interval``."""
+        with self._state:
+            if self._reading:
+                return
+            self._reading = True
+        generation = self._generation
+        try:
+            self._read_once(0)
+        except _LinkDown:
+            self._release_reader()
+            if not self._closing:
+                self._link_failed(generation)
+            return
+        except (HipError, TimeoutError):
+            pass
+        finally:
+            if self._reading:
+                self._release_reader()
+        if time.monotonic() - self._last_sent >= options.heartbeat_interval:
+            # NO_REPLY: the worker counts it as life and sends nothing back.
+            self._send_raw(encode_frame(Opcode.PING, 0, Flags.NO_REPLY))
+
+    # --- requests ----------------------------------------------------------------------
+    async def request(
+        self,
+        opcode: Opcode,
+        args: Any = None,
+        data: Buffer = b"",
+        *,
+        sink: ReplySink | None = None,
+        timeout: float | None = None,
+        progress: Progress | None = None,
+    ) -> tuple[Any, bytes]:
+        """Send a request and wait for its reply, blocking this thread: (result, bulk
+        bytes not given to sink). An ``async def`` only so that the API's coroutines,
+        shared with the async client, run on it to completion without an event loop."""
+        return self.call(opcode, args, data, sink=sink, timeout=timeout, progress=progress)
+
+    def call(
+        self,
+        opcode: Opcode,
+        args: Any = None,
+        data: Buffer = b"",
+        *,
+        sink: ReplySink | None = None,
+        timeout: float | None = None,
+        progress: Progress | None = None,
+    ) -> tuple[Any, bytes]:
+        """The blocking request itself."""
+        view = byte_view(data)
+        pending = Pending(opcode, sink)
+        deadline = DEADLINE.get()
+        if timeout is not None:
+            mine = time.monotonic() + timeout
+            deadline = mine if deadline is None else min(deadline, mine)
+        request_id = 0
+        try:
+            request_id = self._submit(opcode, Flags.NONE, args, view, pending, progress)
+            self._wait(pending, deadline)
+        except TimeoutError:
+            self._abandon(request_id)
+            shown = timeout if timeout is not None else "the call's timeout"
+            raise HipTimeoutError(
+                message=f"{opcode_name(opcode)} got no reply within {shown} s"
+            ) from None
+        except BaseException:
+            if request_id and not pending.finished:
+                self._abandon(request_id)
+            raise
+        return self._result(pending)
+
+    async def notify(self, opcode: Opcode, args: Any = None, data: Buffer = b"") -> None:
+        """Send a fire-and-forget request: no reply; an error comes with a later call.
+        The bytes are copied, so the caller may reuse its buffer at once."""
+        view = byte_view(data)
+        if view.nbytes:
+            view = memoryview(bytes(view))
+        self._submit(opcode, Flags.NO_REPLY, args, view, None)
+        if self._unacked_bytes > self.options.resend_buffer_bytes:
+            # Bound the resend buffer: a barrier's reply acknowledges everything before it.
+            self.call(Opcode.BARRIER)
+
+    # --- closing -----------------------------------------------------------------------
+    def goodbye(self, timeout: float = 5.0) -> None:
+        """End the session on purpose (the worker frees it), then close."""
+        if self._broken is None:
+            self.begin_close()
+            try:
+                self.call(Opcode.GOODBYE, timeout=timeout)
+            except HipError:
+                pass
+        self.close()
+
+    def close(self) -> None:
+        """Close for good; whatever still waits fails."""
+        self._closing = True
+        self._keeper_wake.set()
+        with self._send_lock:
+            stream, self._stream = self._stream, None
+            if stream is not None:
+                try:
+                    self._flush_locked_to(stream)
+                except _LINK_ERRORS:
+                    pass
+                stream.close()
+        self._lose(HipConnectionError(message="the connection is closed"))
+
+    def _flush_locked_to(self, stream: BlockingStream) -> None:
+        if self._outbox:
+            stream.sendall(b"".join(self._outbox))
+            self._outbox, self._outbox_bytes = [], 0
+
+    async def aclose(self) -> None:
+        """Close (the async API's name for :meth:`close`)."""
+        self.close()
+
+
+def _pending_bytes(stream: BlockingStream) -> int:
+    pending = getattr(stream, "pending", None)
+    return int(pending()) if pending is not None else 0
+
+
+def _remaining(deadline: float | None, cap: float) -> float:
+    """Seconds to block at most: until ``deadline``, and never over ``cap``."""
+    if deadline is None:
+        return cap
+    return max(0.0, min(cap, deadline - time.monotonic()))
+
+
+def tcp_nodelay(sock: socket.socket) -> None:
+    """Small requests leave at once (no Nagle delay waiting for an ACK)."""
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
