@@ -39,7 +39,9 @@ from hipr.cli.common import (
     version_string,
 )
 from hipr.cli.completion import add_completion_parser
+from hipr.cli.fleet import info_many, urls_of
 from hipr.cli.status_view import add_status_parser
+from hipr.cli.workers import add_workers_parser
 from hipr.errors import HipConnectionError, HipError
 from hipr.protocol import version_text
 from hipr.worker.config import BACKENDS, LOG_FORMATS, LOG_LEVELS, ConfigError, load_config
@@ -88,9 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser(
         "info",
         help="show a worker's devices",
-        description="Show the worker, its backend and each device's properties and memory.",
+        description="Show the worker, its backend and each device's properties and memory; "
+        "with several URLs, one table of all their devices, numbered as a multi-worker "
+        "client numbers them.",
     )
-    add_client_options(i)
+    add_client_options(i, several=True)
     i.set_defaults(func=cmd_info, client=True)
 
     p = sub.add_parser(
@@ -131,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.set_defaults(func=cmd_transports, client=False)
 
     add_status_parser(sub)
+    add_workers_parser(sub)
     add_completion_parser(sub, parser)
 
     add_bench_parser(sub)
@@ -203,6 +208,10 @@ def _protocol_text(value: Any) -> str:
 
 def cmd_info(args: argparse.Namespace) -> int:
     """``hipr info URL``: the worker and every device, as a table or JSON."""
+    urls = urls_of(args)
+    if len(urls) > 1:
+        return info_many(args, urls)
+    args.url = urls[0]
     with connect_from_args(args) as gpu:
         worker = as_dict(gpu.worker_info())
         devices: list[dict[str, Any]] = []

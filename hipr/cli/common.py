@@ -43,8 +43,16 @@ def positive_float(text: str) -> float:
     return x
 
 
-def add_client_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("url", help="worker URL, e.g. tcp://gpu-node:18515 or unix:///run/hipr.sock")
+def add_client_options(p: argparse.ArgumentParser, several: bool = False) -> None:
+    if several:
+        p.add_argument(
+            "url",
+            nargs="+",
+            help="worker URL, e.g. tcp://gpu-node:18515 or unix:///run/hipr.sock; several "
+            "(or one with commas, as `hipr workers` prints) give one table for all",
+        )
+    else:
+        p.add_argument("url", help="worker URL, e.g. tcp://gpu-node:18515 or unix:///run/hipr.sock")
     p.add_argument(
         "--token",
         help="tenant token (prefer the HIPR_TOKEN environment variable: "

@@ -27,8 +27,10 @@ from hipr.cli.common import (
     positive_float,
     positive_int,
 )
+from hipr.cli.fleet import status_many, urls_of
 from hipr.errors import HipConnectionError
 from hipr.protocol.header import version_text
+from hipr.worker.config import ConfigError
 
 
 def human_duration(seconds: float) -> str:
@@ -177,7 +179,7 @@ def add_status_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "backend and devices (utilisation, memory, temperature, power where the runtime "
         "tells). Needs the worker's admin token (admin_token_sha256 in its config).",
     )
-    add_client_options(s)
+    add_client_options(s, several=True)
     s.add_argument(
         "--admin-token",
         help="the worker's admin token (prefer the HIPR_ADMIN_TOKEN environment variable)",
@@ -208,6 +210,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     token = (
         args.admin_token if args.admin_token is not None else os.environ.get("HIPR_ADMIN_TOKEN", "")
     )
+    urls = urls_of(args)
+    if len(urls) > 1:
+        if args.watch:
+            raise ConfigError("--watch takes one worker URL; without it, several give one table")
+        return status_many(args, urls, token)
+    args.url = urls[0]
     if args.watch:
         return _watch(args, token)
     with connect_from_args(args) as gpu:

@@ -388,6 +388,21 @@ class AsyncMultiGpu(_MultiBase):
         slot, a, kw = self._route(name, args, kwargs)
         return _tag(await getattr(slot.gpu, name)(*a, **kw), slot, AsyncWorkerHandle)
 
+    def __getattr__(self, name: str) -> Any:
+        # A public call of the single-worker API that this class does not spell out
+        # (added there later) is routed like the others: by its objects, else to the
+        # current device's worker.
+        attr = getattr(self._current.gpu, name) if not name.startswith("_") else None
+        if attr is None or not inspect.iscoroutinefunction(attr):
+            raise AttributeError(name)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            return await self._do(name, *args, **kwargs)
+
+        call.__name__ = name
+        call.__doc__ = attr.__doc__
+        return call
+
     # --- devices -------------------------------------------------------------------
     async def ping(self, **kw: Any) -> float:
         """Seconds for one null round trip to the current device's worker."""
@@ -569,6 +584,11 @@ class AsyncMultiGpu(_MultiBase):
         result: AsyncWorkerHandle = await self._do("compile", source, *a, **kw)
         return result
 
+    async def compile_code(self, source: str, *a: Any, **kw: Any) -> bytes:
+        """Compile HIP C++ on the current device's worker; its code object, unloaded
+        (load it on any worker with :meth:`module_load`)."""
+        return bytes(await self._do("compile_code", source, *a, **kw))
+
     async def module_load(self, image: Any, **kw: Any) -> AsyncWorkerHandle:
         """Load a code object on the current device's worker."""
         result: AsyncWorkerHandle = await self._do("module_load", image, **kw)
@@ -599,6 +619,19 @@ class MultiGpu(_MultiBase):
     def _do(self, name: str, *args: Any, **kwargs: Any) -> Any:
         slot, a, kw = self._route(name, args, kwargs)
         return _tag(getattr(slot.gpu, name)(*a, **kw), slot, WorkerHandle)
+
+    def __getattr__(self, name: str) -> Any:
+        # As AsyncMultiGpu.__getattr__: later additions to the single-worker API route.
+        attr = getattr(self._current.gpu, name) if not name.startswith("_") else None
+        if attr is None or not callable(attr):
+            raise AttributeError(name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self._do(name, *args, **kwargs)
+
+        call.__name__ = name
+        call.__doc__ = attr.__doc__
+        return call
 
     # --- devices -------------------------------------------------------------------
     def ping(self, **kw: Any) -> float:
@@ -769,6 +802,11 @@ class MultiGpu(_MultiBase):
         """Compile HIP C++ on the current device's worker and load it."""
         result: WorkerHandle = self._do("compile", source, *a, **kw)
         return result
+
+    def compile_code(self, source: str, *a: Any, **kw: Any) -> bytes:
+        """Compile HIP C++ on the current device's worker; its code object, unloaded
+        (load it on any worker with :meth:`module_load`)."""
+        return bytes(self._do("compile_code", source, *a, **kw))
 
     def module_load(self, image: Any, **kw: Any) -> WorkerHandle:
         """Load a code object on the current device's worker."""
