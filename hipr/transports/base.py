@@ -203,6 +203,10 @@ class BlockingStream(Protocol):
     with ``settimeout`` raises ``TimeoutError``. When a call fails,
     :func:`hipr.transports.stream_failure` gives the transport's reason, if it knows one
     (ssh's message, a TLS alert).
+
+    Threads: one thread may send while another receives on a plain socket (tcp, unix,
+    ssh), but not on a TLS one: ``ssl.SSLSocket`` adds no lock and OpenSSL's connection
+    objects must not be used from two threads at once.
     """
 
     #: how the stream is described in logs, e.g. ``"ssh me@gpu01:22 -> /run/w.sock"``
