@@ -11,15 +11,23 @@ from __future__ import annotations
 import hashlib
 import hmac
 import time
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import anyio.to_thread
+import structlog
 
 from hipr._version import __version__
 from hipr.errors import AuthError, HipError, HipErrorCode
 from hipr.handlers.context import Request
 from hipr.handlers.registry import handler
-from hipr.observability.metrics import HANDLE_KINDS, tenant_usage
+from hipr.observability.metrics import (
+    HANDLE_KINDS,
+    ChildFigures,
+    add_child_usage,
+    child_figures,
+    tenant_usage,
+)
 from hipr.observability.metrics import Worker as MetricsWorker
 from hipr.observability.telemetry import device_telemetry
 from hipr.protocol.header import PROTOCOL_VERSION
@@ -67,7 +75,7 @@ def _worker_of(request: Request) -> Worker:
     return worker  # type: ignore[no-any-return]
 
 
-def session_status(session: Session, caller: Session) -> dict[str, Any]:
+def session_status(session: Session, caller: Session | None) -> dict[str, Any]:
     """One session's row of the status reply."""
     return {
         "id": session.id,
@@ -81,10 +89,26 @@ def session_status(session: Session, caller: Session) -> dict[str, Any]:
     }
 
 
-def worker_status(worker: Worker, caller: Session) -> dict[str, Any]:
-    """Sessions, tenants, uptime and identity of ``worker``: the status reply less devices."""
+def child_row(child: ChildFigures) -> dict[str, Any]:
+    """One tenant child worker's row of the status reply."""
+    return {
+        "tenant": child.tenant,
+        "pid": child.pid,
+        "rss": child.rss,
+        "sessions": len(child.sessions),
+        "memory": sum(int(s.get("memory", 0)) for s in child.sessions),
+        "error": child.error,
+    }
+
+
+def worker_status(
+    worker: Worker, caller: Session | None, children: Sequence[ChildFigures] = ()
+) -> dict[str, Any]:
+    """Sessions, tenants, uptime and identity of ``worker`` and its tenant child workers
+    (``children``, whose sessions count as the worker's): the status reply less devices."""
     sessions = list(worker.sessions.values())
     usage = tenant_usage(sessions)
+    add_child_usage(usage, children)
     tenants = []
     for name in sorted(set(worker.tenants.tenants) | set(usage)):
         quotas = worker.quotas_of(name)
@@ -106,9 +130,31 @@ def worker_status(worker: Worker, caller: Session) -> dict[str, Any]:
         "uptime_s": max(0.0, time.time() - worker.started_at),
         "listen": list(worker.bound_urls),
         "max_clients": worker.config.max_clients,
-        "sessions": [session_status(s, caller) for s in sessions],
+        "sessions": [session_status(s, caller) for s in sessions]
+        + [row for child in children for row in child.sessions],
         "tenants": tenants,
+        "children": [child_row(child) for child in children],
     }
+
+
+async def _whole_status_from_parent(worker: Worker, caller: Session) -> dict[str, Any] | None:
+    """In a tenant's child worker (process isolation), the whole worker's status as the
+    parent sees it, the caller's session marked; None in any other worker, or when the
+    parent cannot tell (this child's own view is then shown)."""
+    ask = getattr(worker, "status_from_parent", None)
+    if ask is None:
+        return None
+    try:
+        status = await ask()
+    except (OSError, TimeoutError, ValueError) as exc:
+        structlog.get_logger("hipr.admin").warning("parent status unavailable", error=str(exc))
+        return None
+    if not isinstance(status, dict):
+        return None
+    for row in status.get("sessions") or []:
+        if isinstance(row, dict):
+            row["current"] = row.get("id") == caller.id
+    return status
 
 
 @handler(Opcode.ADMIN_STATUS)
@@ -118,8 +164,12 @@ async def admin_status(session: Session, request: Request) -> Any:
 
     ``sessions``: one map per live session, ``{id, tenant, peer, device, memory,
     allocations, handles: {streams, events, modules, functions, graphs, graph_execs},
-    current}`` (``current`` marks the caller's own). ``tenants``: ``{name, sessions,
-    memory, max_sessions, max_device_memory}``, quotas null when unlimited. ``devices``:
+    current}`` (``current`` marks the caller's own); with ``isolation = "process"`` the
+    sessions of the tenant child workers too, each with its ``worker_pid``.
+    ``children``: ``{tenant, pid, rss, sessions, memory, error}`` per tenant child
+    worker (``error`` when it did not answer: its last figures are shown).
+    ``tenants``: ``{name, sessions, memory, max_sessions, max_device_memory}``, quotas
+    null when unlimited, child workers' sessions included. ``devices``:
     ``{index, name, pci_bus_id, memory_used, memory_total, utilization, temperature_c,
     power_w, source}``, null where the runtime does not tell (``source``: nvml, amdsmi,
     emulator or runtime). Needs the admin token: AuthError without it, or when the
@@ -128,7 +178,13 @@ async def admin_status(session: Session, request: Request) -> Any:
     worker = _worker_of(request)
     token = request.args.text("admin_token", default="", max_length=4096)
     check_admin_token(worker.config.admin_token_sha256, token)
-    status = worker_status(worker, session)
+    status = await _whole_status_from_parent(worker, session)
+    if status is None:
+        poll = getattr(worker, "poll_children", None)
+        # Asked now rather than read from the metrics' cache: status is what an operator
+        # looks at while acting, and a few child round trips are cheap.
+        children = await poll() if poll is not None else child_figures(worker)
+        status = worker_status(worker, session, children)
     devices = await anyio.to_thread.run_sync(device_telemetry, worker.backend)
     status["devices"] = [d.to_wire() for d in devices]
     return status

@@ -72,6 +72,21 @@ class TenantNames(Protocol):
     def tenants(self) -> Any: ...
 
 
+class ChildFigures(Protocol):
+    """A tenant's child worker as the parent last saw it (``isolation = "process"``)."""
+
+    @property
+    def tenant(self) -> str: ...
+    @property
+    def pid(self) -> int: ...
+    @property
+    def rss(self) -> int: ...
+    @property
+    def sessions(self) -> list[dict[str, Any]]: ...
+    @property
+    def error(self) -> str | None: ...
+
+
 class Worker(Protocol):
     """What the metrics read of a worker (``hipr.worker.server.Worker`` implements it;
     this module never imports the worker)."""
@@ -238,6 +253,28 @@ def tenant_usage(sessions: Iterable[Session]) -> dict[str, TenantUsage]:
     return {t: TenantUsage(counts[t], memory[t], handles[t]) for t in counts}
 
 
+def child_figures(worker: object) -> list[ChildFigures]:
+    """The worker's tenant child workers as last polled; none for a worker without
+    process isolation (or a stand-in worker without ``child_statuses``)."""
+    statuses = getattr(worker, "child_statuses", None)
+    return list(statuses()) if callable(statuses) else []
+
+
+def add_child_usage(usage: dict[str, TenantUsage], children: Iterable[ChildFigures]) -> None:
+    """Add the sessions, memory and handles of tenant child workers to ``usage``."""
+    for child in children:
+        for row in child.sessions:
+            tenant = str(row.get("tenant", child.tenant))
+            old = usage.get(tenant, TenantUsage(0, 0, dict.fromkeys(HANDLE_KINDS, 0)))
+            handles = dict(old.handles)
+            for kind, n in dict(row.get("handles") or {}).items():
+                if kind in handles:
+                    handles[kind] += int(n)
+            usage[tenant] = TenantUsage(
+                old.sessions + 1, old.memory + int(row.get("memory", 0)), handles
+            )
+
+
 class WorkerCollector(Collector):
     """Gauges read from the worker at scrape time (sessions, memory, quotas, devices)."""
 
@@ -272,6 +309,8 @@ class WorkerCollector(Collector):
     def _tenant_metrics(self) -> Iterator[Metric]:
         worker = self.worker
         usage = tenant_usage(_snapshot(worker.sessions))
+        children = child_figures(worker)
+        add_child_usage(usage, children)
         # Configured tenants show zeros too, so dashboards see them before first use.
         tenants = sorted(set(worker.tenants.tenants) | set(usage))
         sessions = GaugeMetricFamily("hipr_sessions", "Live sessions.", labels=["tenant"])
@@ -307,6 +346,27 @@ class WorkerCollector(Collector):
             if quotas.max_sessions is not None:
                 session_quota.add_metric([tenant], quotas.max_sessions)
         yield from (sessions, memory, memory_quota, session_quota, handles)
+        yield from child_metrics(children)
+
+
+def child_metrics(children: Iterable[ChildFigures]) -> Iterator[Metric]:
+    """Gauges of the tenant child workers: resident memory, and whether each answered
+    its last status call (their sessions are in the tenant gauges above)."""
+    rss = GaugeMetricFamily(
+        "hipr_tenant_worker_rss_bytes",
+        "Resident memory of a tenant's child worker (isolation = process).",
+        labels=["tenant", "pid"],
+    )
+    up = GaugeMetricFamily(
+        "hipr_tenant_worker_up",
+        "1 when the tenant's child worker answered the last status call, else 0.",
+        labels=["tenant", "pid"],
+    )
+    for child in children:
+        labels = [child.tenant, str(child.pid)]
+        rss.add_metric(labels, child.rss)
+        up.add_metric(labels, 0 if child.error else 1)
+    yield from (rss, up)
 
 
 def device_metrics(devices: Iterable[DeviceTelemetry]) -> Iterator[Metric]:

@@ -9,18 +9,35 @@ one tenant's kernels can neither read another's memory nor crash another's sessi
 The child is an ordinary ``hipr worker`` on a private Unix socket, configured with only
 its tenant (same quotas) and a token known to the parent alone; quotas, resume and
 exactly-once all work there unchanged.
+
+Nothing outlives the parent: a child asks the kernel for SIGKILL when its parent dies
+(``PR_SET_PDEATHSIG``), and the private socket directory is locked (``flock``) for the
+parent's life, so the next worker to start removes any directory whose lock is free.
+Status crosses the process boundary over two private sockets in that directory, each
+answering one JSON document per connection: each child's ``<tenant>.status.sock`` lists
+its sessions (the parent polls them for ``/metrics`` and status), and the parent's
+``parent.sock`` gives the whole worker's status, which a child returns for an admin call
+(an operator's ``hipr status`` reaches a child like any session does).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
+import fcntl
 import json
 import os
 import shutil
 import signal
+import stat
 import sys
 import tempfile
-from dataclasses import dataclass, fields
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -34,6 +51,142 @@ log = structlog.get_logger("hipr.isolation")
 
 #: How long a tenant's worker may take to start listening.
 START_TIMEOUT = 60.0
+#: The environment variable that tells a child worker its parent's pid.
+PARENT_PID_ENV = "HIPR_PARENT_PID"
+#: Socket directories are named ``hipr-tenants-<parent pid>-<random>``.
+DIR_PREFIX = "hipr-tenants-"
+#: Held (flock) by the parent for its whole life: a free lock means a dead parent.
+LOCK_NAME = ".lock"
+#: A directory without a lock file is a worker's between mkdtemp and taking the lock, or
+#: one from before the lock existed: removed only once older than this.
+UNLOCKED_AGE = 60.0
+#: A child serves its sessions (JSON) on the Unix socket this variable names.
+STATUS_SOCKET_ENV = "HIPR_STATUS_SOCKET"
+#: A child asks the parent for the whole worker's status on this Unix socket.
+PARENT_STATUS_ENV = "HIPR_PARENT_STATUS"
+#: The parent's status socket, in the private directory.
+PARENT_SOCKET_NAME = "parent.sock"
+#: Largest status document read from a peer (thousands of sessions fit).
+MAX_STATUS_BYTES = 64 << 20
+#: How often the parent refreshes its children's figures for ``/metrics``.
+POLL_INTERVAL = 5.0
+#: Bound on one status exchange with a child.
+STATUS_TIMEOUT = 5.0
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """In a tenant's child worker (``HIPR_PARENT_PID`` set): have the kernel SIGKILL this
+    process when its parent dies, and exit now if the parent already has.
+
+    SIGKILL rather than SIGTERM: with the parent gone its relays are gone too, so no
+    client can reach this worker any more and there is nothing to drain; the GPU driver
+    frees the context of a killed process.
+    """
+    expected = os.environ.get(PARENT_PID_ENV)
+    if not expected:
+        return
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            log.warning("PR_SET_PDEATHSIG failed", errno=ctypes.get_errno())
+    # The parent may have died between fork and prctl: the signal would never come.
+    if str(os.getppid()) != expected:
+        log.warning("the parent worker is gone; exiting", parent=expected)
+        os._exit(1)
+
+
+def runtime_base() -> Path:
+    """Where socket directories go: systemd's ``RuntimeDirectory`` when it set one,
+    else the temporary directory."""
+    runtime = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
+    return Path(runtime) if runtime else Path(tempfile.gettempdir())
+
+
+def remove_stale_dirs(base: Path) -> list[Path]:
+    """Remove the socket directories under ``base`` whose worker died without cleaning up
+    (their lock is free); the ones removed."""
+    removed: list[Path] = []
+    try:
+        entries = list(base.iterdir())
+    except OSError:
+        return removed
+    uid = os.geteuid()
+    for path in entries:
+        if not path.name.startswith(DIR_PREFIX):
+            continue
+        try:
+            info = path.lstat()
+        except OSError:
+            continue
+        # Only our own real directories: never follow a link another user planted.
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid:
+            continue
+        if _is_stale(path, info):
+            shutil.rmtree(path, ignore_errors=True)
+            if not path.exists():
+                removed.append(path)
+    if removed:
+        log.info("removed socket directories of dead workers", paths=[str(p) for p in removed])
+    return removed
+
+
+def _is_stale(path: Path, info: os.stat_result) -> bool:
+    try:
+        fd = os.open(path / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return time.time() - info.st_mtime > UNLOCKED_AGE
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False  # its worker holds the lock: alive
+    finally:
+        os.close(fd)  # also drops a lock just taken
+    return True
+
+
+@dataclass(slots=True)
+class ChildStatus:
+    """What the parent last learnt of one child worker."""
+
+    tenant: str
+    pid: int
+    #: Resident memory of the child process (bytes), read from /proc; 0 where unknown.
+    rss: int = 0
+    #: The child's sessions as its admin status lists them (the parent's own left out).
+    sessions: list[dict[str, Any]] = field(default_factory=list)
+    #: Unix time of the answer; 0 until the child first answered.
+    updated: float = 0.0
+    #: Why the last status call failed, if it did.
+    error: str | None = None
+
+    @property
+    def memory(self) -> int:
+        """Device memory held by the child's sessions."""
+        return sum(int(s.get("memory", 0)) for s in self.sessions)
+
+    def to_wire(self) -> dict[str, Any]:
+        """The child's row of the parent's status reply."""
+        return {
+            "tenant": self.tenant,
+            "pid": self.pid,
+            "rss": self.rss,
+            "sessions": len(self.sessions),
+            "memory": self.memory,
+            "updated": self.updated,
+            "error": self.error,
+        }
+
+
+def process_rss(pid: int) -> int:
+    """Resident set size of process ``pid`` in bytes; 0 where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 @dataclass(slots=True)
@@ -44,6 +197,8 @@ class TenantProcess:
     process: anyio.abc.Process
     url: str
     token: str
+    #: The Unix socket where the child lists its sessions.
+    status_path: str = ""
 
 
 def _toml_value(value: object) -> str:
@@ -65,14 +220,26 @@ def _quota_lines(quotas: Quotas) -> list[str]:
 class TenantProcesses:
     """Starts, finds and stops the per-tenant child workers."""
 
-    def __init__(self, config: WorkerConfig) -> None:
+    def __init__(self, config: WorkerConfig, base: Path | None = None) -> None:
         self.config = config
-        self._dir = Path(tempfile.mkdtemp(prefix="hipr-tenants-"))
+        base = runtime_base() if base is None else base
+        remove_stale_dirs(base)
+        self._dir = Path(tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-", dir=base))
         os.chmod(self._dir, 0o700)
+        # Held until this process ends, however it ends: the kernel drops the lock then.
+        self._dir_lock = os.open(self._dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self._dir_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self._children: dict[str, TenantProcess] = {}
         self._lock = anyio.Lock()
         #: Which tenant's process holds each session, for routing RESUME.
         self.session_tenants: dict[str, str] = {}
+        #: The children's figures as last polled (``/metrics`` reads these).
+        self.statuses: dict[str, ChildStatus] = {}
+
+    @property
+    def directory(self) -> Path:
+        """The private directory of the children's sockets and configs."""
+        return self._dir
 
     def child_pid(self, tenant: str) -> int | None:
         """The pid of ``tenant``'s worker process, if one runs."""
@@ -92,6 +259,11 @@ class TenantProcesses:
                 child = await self._start(tenant)
                 self._children[tenant.name] = child
             return child
+
+    @property
+    def parent_socket(self) -> Path:
+        """Where the parent serves the whole worker's status to its children."""
+        return self._dir / PARENT_SOCKET_NAME
 
     def _write_config(self, tenant: Tenant, token: str, socket_path: Path) -> Path:
         config = self.config
@@ -118,6 +290,12 @@ class TenantProcesses:
             f"tenants_file = {_toml_value(tenants_path)}",
             f"log_level = {_toml_value(config.log_level)}",
             f"log_format = {_toml_value(config.log_format)}",
+            # The operator's admin token works in the child: `hipr status` lands there.
+            *(
+                [f"admin_token_sha256 = {_toml_value(config.admin_token_sha256)}"]
+                if config.admin_token_sha256
+                else []
+            ),
             "[emulator]",
             f"device_count = {config.emulator.device_count}",
             f"total_memory = {config.emulator.total_memory}",
@@ -129,19 +307,31 @@ class TenantProcesses:
     async def _start(self, tenant: Tenant) -> TenantProcess:
         token = new_token()
         socket_path = self._dir / f"{tenant.name}.sock"
-        socket_path.unlink(missing_ok=True)
+        status_path = self._dir / f"{tenant.name}.status.sock"
+        for stale in (socket_path, status_path):
+            stale.unlink(missing_ok=True)
         config_path = self._write_config(tenant, token, socket_path)
         process = await anyio.open_process(
             [sys.executable, "-m", "hipr", "worker", "--config", str(config_path)],
             stdin=None,
             stdout=None,
             stderr=None,
+            env={
+                **os.environ,
+                PARENT_PID_ENV: str(os.getpid()),
+                STATUS_SOCKET_ENV: str(status_path),
+                PARENT_STATUS_ENV: str(self.parent_socket),
+            },
         )
+        listening = False
         with anyio.move_on_after(START_TIMEOUT):
-            # Polled: a socket file appearing has no event to wait on.
-            while not socket_path.exists() and process.returncode is None:  # noqa: ASYNC110
-                await anyio.sleep(0.02)
-        if not socket_path.exists():
+            # Polled: a socket file appearing has no event to wait on. The file exists
+            # from bind(), before listen(): only a connection that succeeds says ready.
+            while not listening and process.returncode is None:
+                listening = await _accepts(socket_path)
+                if not listening:
+                    await anyio.sleep(0.02)
+        if not listening:
             if process.returncode is None:
                 process.kill()
             await process.wait()
@@ -151,7 +341,43 @@ class TenantProcesses:
                 f"(exit status {process.returncode}); see the worker's log",
             )
         log.info("tenant worker started", tenant=tenant.name, pid=process.pid)
-        return TenantProcess(tenant.name, process, f"unix://{socket_path}", token)
+        return TenantProcess(tenant.name, process, f"unix://{socket_path}", token, str(status_path))
+
+    async def poll(self) -> list[ChildStatus]:
+        """Ask every running child for its sessions (and read its RSS); the answers, also
+        kept in :attr:`statuses`. A child that does not answer keeps its last figures,
+        with the error."""
+        children = [c for c in self._children.values() if c.process.returncode is None]
+        for name in set(self.statuses) - {c.tenant for c in children}:
+            del self.statuses[name]
+
+        async def one(child: TenantProcess) -> None:
+            status = self.statuses.get(child.tenant)
+            if status is None or status.pid != child.process.pid:
+                status = self.statuses[child.tenant] = ChildStatus(child.tenant, child.process.pid)
+            status.rss = process_rss(child.process.pid)
+            try:
+                reply = await fetch_json(child.status_path)
+                rows = list(reply["sessions"])
+            except (OSError, TimeoutError, ValueError, KeyError, TypeError) as exc:
+                status.error = f"{type(exc).__name__}: {exc}"
+                return
+            status.sessions = [{**row, "worker_pid": child.process.pid} for row in rows]
+            status.updated = time.time()
+            status.error = None
+
+        async with anyio.create_task_group() as tg:
+            for child in children:
+                tg.start_soon(one, child)
+        return [self.statuses[c.tenant] for c in children if c.tenant in self.statuses]
+
+    async def poll_forever(self, interval: float = POLL_INTERVAL) -> None:
+        """Refresh :attr:`statuses` every ``interval`` seconds (for ``/metrics``, which
+        is served from another thread and cannot ask the children itself)."""
+        while True:
+            if self._children:
+                await self.poll()
+            await anyio.sleep(interval)
 
     async def aclose(self) -> None:
         """Stop every child (SIGTERM: they drain and tell their clients), then clean up."""
@@ -167,4 +393,78 @@ class TenantProcesses:
             if child.process.returncode is None:
                 child.process.kill()
                 await child.process.wait()
+        self.statuses.clear()
         shutil.rmtree(self._dir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.close(self._dir_lock)
+
+
+async def _accepts(path: Path) -> bool:
+    """True when something listens on the Unix socket ``path`` (a probe: connect, close)."""
+    try:
+        stream = await anyio.connect_unix(str(path))
+    except OSError:
+        return False
+    await stream.aclose()
+    return True
+
+
+async def serve_json(
+    path: Path,
+    produce: Callable[[], Awaitable[Any]],
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Answer every connection on the Unix socket ``path`` with ``produce()`` as JSON,
+    then close it; until cancelled. Only this user reaches it (the directory is 0700)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)  # a socket left by an earlier process of the same name
+    listener = await anyio.create_unix_listener(path)
+
+    async def answer(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            try:
+                document = json.dumps(await produce()).encode()
+                await stream.send(document)
+            except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass  # the asker left
+            except Exception:  # a status that failed must not stop the listener
+                log.exception("status request failed", socket=str(path))
+
+    async with listener:
+        task_status.started()
+        await listener.serve(answer)
+
+
+async def fetch_json(path: str | Path, timeout: float = STATUS_TIMEOUT) -> Any:
+    """The JSON document served on the Unix socket ``path`` (TimeoutError past
+    ``timeout``, ValueError for a malformed or oversized one)."""
+    data = bytearray()
+    with anyio.fail_after(timeout):
+        async with await anyio.connect_unix(str(path)) as stream:
+            while True:
+                try:
+                    data += await stream.receive(1 << 20)
+                except (anyio.EndOfStream, anyio.BrokenResourceError):
+                    break
+                if len(data) > MAX_STATUS_BYTES:
+                    raise ValueError(f"status document over {MAX_STATUS_BYTES} bytes")
+    return json.loads(data)
+
+
+@dataclass(frozen=True, slots=True)
+class ChildLink:
+    """What a tenant's child worker knows of its parent (from the environment)."""
+
+    #: Where this child serves its sessions.
+    status_socket: Path
+    #: Where the parent serves the whole worker's status.
+    parent_status: Path
+
+    @classmethod
+    def from_env(cls) -> ChildLink | None:
+        """The link when this process is a tenant's child worker, else None."""
+        status, parent = os.environ.get(STATUS_SOCKET_ENV), os.environ.get(PARENT_STATUS_ENV)
+        if not status or not parent:
+            return None
+        return cls(Path(status), Path(parent))

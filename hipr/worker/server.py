@@ -20,6 +20,7 @@ import structlog
 import hipr.handlers  # noqa: F401  (registers every handler)
 from hipr.backends.base import Backend
 from hipr.errors import AuthError, HipError, QuotaError, SessionLostError
+from hipr.handlers.admin import session_status, worker_status
 from hipr.handlers.args import Args
 from hipr.observability.log import set_levels
 from hipr.observability.metrics import MetricsServer, start_metrics_server
@@ -30,7 +31,14 @@ from hipr.transports.base import TransportConfig
 from hipr.worker import systemd
 from hipr.worker.config import ConfigError, WorkerConfig, load_config
 from hipr.worker.connection import WorkerConnection
-from hipr.worker.isolation import TenantProcesses
+from hipr.worker.isolation import (
+    ChildLink,
+    ChildStatus,
+    TenantProcesses,
+    die_with_parent,
+    fetch_json,
+    serve_json,
+)
 from hipr.worker.quotas import QuotaGate, TenantState
 from hipr.worker.session import Session
 from hipr.worker.tenants import Quotas, Tenant, load_tenants
@@ -64,6 +72,8 @@ class Worker:
         self.isolation = TenantProcesses(config) if config.isolation == "process" else None
         #: Unix time the worker was made (uptime on status pages and metrics).
         self.started_at = time.time()
+        #: Set when this worker is a tenant's child (``isolation = "process"`` above it).
+        self.child_link: ChildLink | None = None
 
     def authenticate(self, hello: Args, stream: anyio.abc.ByteStream) -> Tenant:
         """The tenant a HELLO's credentials name, or AuthError."""
@@ -107,6 +117,32 @@ class Worker:
         self.sessions[session.id] = session
         self.observer.session_opened(tenant.name)
         return session
+
+    async def poll_children(self) -> list[ChildStatus]:
+        """The tenant child workers' figures, asked now (none without isolation)."""
+        return [] if self.isolation is None else await self.isolation.poll()
+
+    async def status_from_parent(self) -> dict[str, Any] | None:
+        """In a tenant's child worker: the whole worker's status, from the parent (an
+        admin call lands in a child but must show every tenant); None elsewhere."""
+        if self.child_link is None:
+            return None
+        status = await fetch_json(self.child_link.parent_status)
+        return status if isinstance(status, dict) else None
+
+    async def whole_status(self) -> dict[str, Any]:
+        """This worker's status with its children's sessions, asked now (what the
+        parent's status socket serves to its children)."""
+        return worker_status(self, None, await self.poll_children())
+
+    async def local_sessions(self) -> dict[str, Any]:
+        """This worker's own sessions (what a child's status socket serves)."""
+        return {"sessions": [session_status(s, None) for s in list(self.sessions.values())]}
+
+    def child_statuses(self) -> list[ChildStatus]:
+        """The tenant child workers' figures as last polled (safe from another thread:
+        a copy of the list, each entry replaced whole or updated field by field)."""
+        return [] if self.isolation is None else list(self.isolation.statuses.values())
 
     def tenant_sessions(self, tenant: str) -> list[Session]:
         """The live sessions of ``tenant``."""
@@ -292,6 +328,11 @@ class Worker:
         try:
             async with anyio.create_task_group() as tg:
                 self._task_group = tg
+                if self.isolation is not None:
+                    tg.start_soon(self.isolation.poll_forever)
+                    await tg.start(serve_json, self.isolation.parent_socket, self.whole_status)
+                if self.child_link is not None:
+                    await tg.start(serve_json, self.child_link.status_socket, self.local_sessions)
                 async with anyio.create_task_group() as listening:
                     self._listen_scope = listening.cancel_scope
                     for listener in listeners:
@@ -381,6 +422,8 @@ async def run_worker(config: WorkerConfig, config_path: Path | None = None) -> N
     Under systemd it reports readiness and status (``Type=notify``), pings the
     watchdog, and serves sockets passed by socket activation instead of ``listen``.
     """
+    # A tenant's child worker: die with the parent (first, before the slow backend load).
+    die_with_parent()
     try:
         backend = load_configured_backend(config)
     except HipError as exc:
@@ -389,6 +432,7 @@ async def run_worker(config: WorkerConfig, config_path: Path | None = None) -> N
     log.info("backend selected", backend=backend.name, devices=backend.device_count())
     metrics: MetricsServer | None = None
     worker = Worker(config, backend)
+    worker.child_link = ChildLink.from_env()
     check_token_exposure(config, worker.tenants.anonymous, config.listen)
     try:
         async with anyio.create_task_group() as tg:
