@@ -224,3 +224,20 @@ async def test_pick_device_by_free_memory_and_sessions(fleet: Fleet) -> None:
             await single.malloc(8 << 20)
             assert await hipr.apick_device(single) == 1
             assert await single.get_device() == 1
+
+
+async def test_an_unreachable_worker_fails_the_connect_naming_it(fleet: Fleet) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    with anyio.fail_after(30):
+        with pytest.raises(hipr.HipConnectionError) as err:
+            async with hipr.aconnect([fleet.urls[0], dead], timeout=5):
+                pass  # pragma: no cover
+        assert dead.removeprefix("tcp://") in str(err.value)
+        # The first worker's session was closed again.
+        with anyio.fail_after(5):
+            while fleet.workers[0].sessions:
+                await anyio.sleep(0.02)
