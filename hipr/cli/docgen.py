@@ -313,10 +313,20 @@ def metrics_markdown() -> str:
 # --- the command -----------------------------------------------------------------------
 
 #: Generated pages, relative to the repository root.
+def hip_facade_markdown() -> str:
+    """``docs/hip-facade.md``: what ``hipr.hip``/``hipr.hiprtc`` serve of hip-python."""
+    from hipr.facade.coverage import coverage_markdown
+
+    title, _, body = coverage_markdown().partition("\n")
+    banner = BANNER.format(source="hipr/facade/coverage.py, hipr/facade/catalog.py")
+    return f"{title}\n\n{banner}\n{body}"
+
+
 GENERATED: dict[str, Callable[[], str]] = {
     "docs/protocol.md": protocol_markdown,
     "docs/configuration.md": configuration_markdown,
     "docs/metrics.md": metrics_markdown,
+    "docs/hip-facade.md": hip_facade_markdown,
 }
 
 
