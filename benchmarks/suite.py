@@ -35,7 +35,7 @@ from hipr.protocol.opcodes import Opcode
 
 MiB = 1 << 20
 GiB = 1 << 30
-BENCHMARKS = ("rtt", "copy", "ff", "malloc", "concurrent", "local")
+BENCHMARKS = ("rtt", "copy", "ff", "malloc", "concurrent", "local", "facade")
 #: A plausible device address, for sizing frames that carry one.
 _ADDRESS = 0x7F00_0000_0000
 
@@ -545,6 +545,74 @@ async def bench_concurrent(target: Target, plan: Plan) -> list[Row]:
     ]
 
 
+# --- 7. the hip-python facade (issue 14) ------------------------------------------------
+
+
+def _facade_rows(target: Target, plan: Plan) -> list[Row]:
+    """Blocking: the same calls through ``hipr.hip`` and through ``hipr.connect()``,
+    interleaved in blocks so that drift on a shared machine hits both alike."""
+    import hipr
+    from hipr import hip
+
+    host = np.zeros(4096, np.uint8)
+    rows: list[Row] = []
+    with hipr.connect(target.url, token=target.token) as gpu:
+        hip.connect(target.url, token=target.token)
+        try:
+            dev = gpu.malloc(host.nbytes)
+            err, ptr = hip.hipMalloc(host.nbytes)
+            if int(err) != 0:
+                raise RuntimeError(f"hipMalloc: {hip.last_error_message()}")
+            kind = hip.hipMemcpyKind.hipMemcpyHostToDevice
+            cases: list[tuple[str, Callable[[], Any], Callable[[], Any]]] = [
+                ("hipGetDevice", hip.hipGetDevice, gpu.get_device),
+                ("hipMemGetInfo", hip.hipMemGetInfo, gpu.mem_get_info),
+                (
+                    "hipMemcpy 4 KiB H2D",
+                    lambda: hip.hipMemcpy(ptr, host, host.nbytes, kind),
+                    lambda: gpu.memcpy_htod(dev, host),
+                ),
+            ]
+            block = max(1, plan.rtt_count // 10)
+            for label, facade_call, client_call in cases:
+                facade_times: list[float] = []
+                client_times: list[float] = []
+                for _ in range(plan.warmup):
+                    facade_call()
+                    client_call()
+                for _ in range(max(1, plan.rtt_count // block)):
+                    for fn, times in ((facade_call, facade_times), (client_call, client_times)):
+                        for _ in range(block):
+                            start = time.perf_counter()
+                            fn()
+                            times.append(time.perf_counter() - start)
+                value = _us(statistics.median(facade_times))
+                base = _us(statistics.median(client_times))
+                rows.append(
+                    Row(
+                        "facade",
+                        f"{label} via hipr.hip, median",
+                        value,
+                        "µs",
+                        "the same call via hipr.connect()",
+                        base,
+                        goal="≤ 1.10x",
+                        met=value <= 1.10 * base,
+                    )
+                )
+            hip.hipFree(ptr)
+            gpu.free(dev)
+        finally:
+            hip.disconnect()
+    return rows
+
+
+async def bench_facade(target: Target, plan: Plan) -> list[Row]:
+    """``from hipr import hip`` vs ``hipr.connect()``: what hip-python's calling convention
+    costs on top of the client (both blocking, so they run on a worker thread here)."""
+    return await anyio.to_thread.run_sync(_facade_rows, target, plan)
+
+
 # --- the whole suite ------------------------------------------------------------------
 
 
@@ -563,4 +631,6 @@ async def run_suite(target: Target, plan: Plan, progress: ProgressLike | None = 
             rows += await bench_malloc(gpu, target, plan)
     if "concurrent" in plan.only:
         rows += await bench_concurrent(target, plan)
+    if "facade" in plan.only:
+        rows += await bench_facade(target, plan)
     return rows
