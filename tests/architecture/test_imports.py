@@ -26,6 +26,11 @@ ALLOWED: dict[str, set[str]] = {
     "backends": {"errors", "kernels"},
     "observability": {"errors", "_version", "protocol", "backends"},
     "client": {"errors", "_version", "protocol", "transports", "kernels", "backends"},
+    # hip-python's names over the client (issue 14); hipr/hip.py and hipr/hiprtc.py are
+    # its two public modules.
+    "facade": {"errors", "_version", "protocol", "kernels", "backends", "client"},
+    "hip": {"facade"},
+    "hiprtc": {"facade"},
     "handlers": {
         "errors",
         "_version",
@@ -68,6 +73,7 @@ ALLOWED: dict[str, set[str]] = {
         "worker",
         "client",
         "handlers",
+        "facade",
         "hipr",
     },
 }
