@@ -255,6 +255,12 @@ class _StubWorker:
     def quotas_of(self, tenant: str) -> Any:
         return self._quotas
 
+    def child_statuses(self) -> list[Any]:
+        """One tenant child worker, so that its gauges show their labels."""
+        from hipr.worker.isolation import ChildStatus
+
+        return [ChildStatus("example", pid=1234, rss=1 << 20)]
+
 
 def metrics_markdown() -> str:
     """``docs/metrics.md``."""

@@ -160,7 +160,7 @@ async def _whole_status_from_parent(worker: Worker, caller: Session) -> dict[str
 @handler(Opcode.ADMIN_STATUS)
 async def admin_status(session: Session, request: Request) -> Any:
     """``{admin_token}`` -> ``{worker_version, protocol, backend, started_at, uptime_s,
-    listen, max_clients, sessions, tenants, devices}``.
+    listen, max_clients, sessions, tenants, children, devices}``.
 
     ``sessions``: one map per live session, ``{id, tenant, peer, device, memory,
     allocations, handles: {streams, events, modules, functions, graphs, graph_execs},

@@ -87,7 +87,7 @@ async def test_children_die_with_a_killed_parent_and_the_next_start_removes_thei
     )
     try:
         with anyio.fail_after(60):
-            while not socket.exists():  # noqa: ASYNC110 (a file appearing has no event)
+            while not socket.exists():
                 assert parent.returncode is None, "the worker did not start"
                 await anyio.sleep(0.05)
             clients = [await RawClient.open(f"unix://{socket}", t) for t in (ALICE, BOB)]
@@ -98,7 +98,7 @@ async def test_children_die_with_a_killed_parent_and_the_next_start_removes_thei
             await parent.wait()
         started = time.monotonic()
         with anyio.fail_after(GONE_WITHIN):
-            while any(_alive(pid) for pid in children):  # noqa: ASYNC110
+            while any(_alive(pid) for pid in children):
                 await anyio.sleep(0.05)
         print(f"children gone {time.monotonic() - started:.2f} s after the parent")
         for client in clients:
