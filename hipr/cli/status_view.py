@@ -63,7 +63,7 @@ def _opt(value: Any, unit: str = "", digits: int = 0) -> str:
 
 
 def render_status(status: dict[str, Any], url: str, footer: str = "") -> RenderableType:
-    """The whole status page: summary, devices, tenants, sessions."""
+    """The whole status page: summary, devices, tenants, tenant workers, sessions."""
     summary = Table.grid(padding=(0, 2))
     summary.add_column(style="bold")
     summary.add_column()
@@ -118,6 +118,29 @@ def render_status(status: dict[str, Any], url: str, footer: str = "") -> Rendera
                 str(t.get("name", "")),
                 _of(t.get("sessions", 0), t.get("max_sessions"), str),
                 _of(t.get("memory", 0), t.get("max_device_memory"), human_size),
+            )
+        parts.append(table)
+
+    children = list(status.get("children") or [])
+    if children:
+        # isolation = "process": each tenant's sessions run in a worker of its own.
+        table = Table(
+            title="tenant workers", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False
+        )
+        table.add_column("tenant")
+        table.add_column("pid", justify="right")
+        table.add_column("sessions", justify="right")
+        table.add_column("device memory", justify="right")
+        table.add_column("RSS", justify="right")
+        table.add_column("state", overflow="fold")
+        for c in children:
+            table.add_row(
+                str(c.get("tenant", "")),
+                str(c.get("pid", "")),
+                str(c.get("sessions", 0)),
+                human_size(c.get("memory", 0)),
+                human_size(c.get("rss", 0)),
+                f"not answering: {c['error']}" if c.get("error") else "ok",
             )
         parts.append(table)
 
