@@ -357,6 +357,10 @@ class BlockingConnection(LinkState):
         """Wait for ``pending``'s reply, reading the link ourselves unless another
         thread already does."""
         options = self.options
+        # Silence counts from when we began to wait, not from the last frame received:
+        # nothing comes back while a link idles (our keep-alive PINGs ask no answer) or
+        # while a long upload holds the send lock, and that is no sign of a dead link.
+        waiting_since = time.monotonic()
         while not pending.finished:
             with self._state:
                 if pending.finished:
@@ -379,7 +383,7 @@ class BlockingConnection(LinkState):
                         now = time.monotonic()
                         if deadline is not None and now >= deadline:
                             raise TimeoutError
-                        silent = now - self._last_received
+                        silent = now - max(self._last_received, waiting_since)
                         if silent >= options.heartbeat_timeout:
                             log.warning(
                                 "link silent; treating it as dead", url=self.url, seconds=silent
