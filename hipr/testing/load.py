@@ -298,7 +298,7 @@ async def run_load(options: LoadOptions, watch: LogWatch | None = None) -> LoadR
                     if options.on_sample is not None:
                         options.on_sample(report.samples[-1])
                     round_index += 1
-                    elapsed = time.monotonic() - soak_started
+                    elapsed = report.samples[-1].t  # the soak lasts until a sample past its end
                     if (
                         options.trace
                         and half_snapshot is None
