@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio.abc
 import pytest
-from anyio.from_thread import start_blocking_portal
+from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 import hipr
 from hipr.backends.emulator import EmulatorBackend
@@ -91,7 +91,11 @@ async def worker(
 @pytest.fixture
 def endpoint(worker: Worker, transport_kind: str, request: pytest.FixtureRequest) -> Endpoint:
     """The client's way to ``worker`` over the test's transport."""
-    bound = worker.bound_urls[0]
+    return client_endpoint(worker.bound_urls[0], transport_kind, request)
+
+
+def client_endpoint(bound: str, transport_kind: str, request: pytest.FixtureRequest) -> Endpoint:
+    """How a client reaches a worker listening on ``bound`` over ``transport_kind``."""
     if transport_kind == "tls":
         return Endpoint(bound, {"ca": request.getfixturevalue("pki").ca_file})
     if transport_kind == "mtls":
@@ -124,3 +128,40 @@ def threaded_worker(sync_listen_url: str, backend: EmulatorBackend) -> Iterator[
         ) as running,
     ):
         yield running
+
+
+@dataclass(frozen=True)
+class BlockingEndpoint:
+    """A worker on its own event-loop thread and the way to it over one transport, for
+    tests of the synchronous client (a blocking call must not run on the worker's loop)."""
+
+    url: str
+    options: dict[str, Any]
+    worker: Worker
+    #: The worker's event-loop thread: async helpers (a faulty proxy) can run there too.
+    portal: BlockingPortal
+
+    def connect(self, **more: Any) -> hipr.Gpu:
+        """``hipr.connect`` to the worker over this transport."""
+        gpu = hipr.connect(self.url, **self.options, **more)
+        assert isinstance(gpu, hipr.Gpu)
+        return gpu
+
+
+@pytest.fixture
+def blocking_endpoint(
+    transport_kind: str,
+    listen_url: str,
+    backend: EmulatorBackend,
+    worker_config: WorkerConfig,
+    request: pytest.FixtureRequest,
+) -> Iterator[BlockingEndpoint]:
+    """A worker on its own thread, reached over every transport of :data:`TRANSPORTS`."""
+    with (
+        start_blocking_portal("trio") as portal,
+        portal.wrap_async_context_manager(
+            running_worker(worker_config, backend, [listen_url])
+        ) as running,
+    ):
+        way = client_endpoint(running.bound_urls[0], transport_kind, request)
+        yield BlockingEndpoint(way.url, way.options, running, portal)

@@ -1,0 +1,445 @@
+"""The synchronous client does its own blocking I/O: nothing about it may be weaker than
+the async client. Each test runs the worker on its own event-loop thread (a blocking
+call must never run on the worker's loop) and reaches it over every transport where the
+transport can matter: tcp, unix, tls, mutual TLS and ssh through a real sshd."""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+
+import hipr
+from hipr.backends.emulator import EmulatorBackend
+from hipr.client.link import LinkOptions
+from hipr.errors import HipErrorCode as E
+from hipr.worker.server import Worker
+from tests.e2e.conftest import EMULATED_MEMORY, BlockingEndpoint
+from tests.resilience.proxy import faulty_proxy
+from tests.resilience.test_resume import REQUESTS, N, expected_y
+from tests.resilience.test_service import worker_process  # noqa: F401  (fixture)
+
+#: Short enough that a dead link is found in a test's time, long enough for a busy CI box.
+FAST = LinkOptions(
+    heartbeat_interval=0.2,
+    heartbeat_timeout=2.0,
+    reconnect_delay=0.01,
+    reconnect_max_delay=0.1,
+    reconnect_timeout=10.0,
+    reconnect_attempts=50,
+    connect_timeout=5.0,
+)
+#: Bigger than the worker's chunk (4 MiB), and not a multiple of it.
+BIG = (9 << 20) + 12_345
+
+
+class GatedEmulator(EmulatorBackend):
+    """The emulator whose ``memset`` waits while :attr:`gate` is clear: a replied call
+    that cannot finish in time, on demand (``synchronize`` may be answered without the
+    backend when the session's work is done)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def memset(self, *args: Any, **kwargs: Any) -> None:
+        self.gate.wait(30)  # bounded: a failing test must not keep the worker stuck
+        super().memset(*args, **kwargs)
+
+
+@pytest.fixture
+def backend() -> GatedEmulator:
+    """A fresh gated emulator with two devices."""
+    return GatedEmulator(device_count=2, total_memory=EMULATED_MEMORY)
+
+
+@pytest.fixture
+def events() -> list[str]:
+    """What ``on_event`` heard, in order."""
+    return []
+
+
+def recorder(events: list[str]) -> Callable[[str, dict[str, Any]], None]:
+    return lambda kind, _details: events.append(kind)
+
+
+def connect_one(url: str, **options: Any) -> hipr.Gpu:
+    """``hipr.connect`` to one worker (typed as the single-worker client)."""
+    gpu = hipr.connect(url, **options)
+    assert isinstance(gpu, hipr.Gpu)
+    return gpu
+
+
+def wait_until(condition: Callable[[], bool], seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+# --- 1. the README session, chunked copies, timeout=, deferred errors, on every transport
+
+
+def test_readme_session(blocking_endpoint: BlockingEndpoint) -> None:
+    with blocking_endpoint.connect() as gpu:
+        assert gpu.device_count() == 2
+        gpu.set_device(0)
+        n = 1024
+        a = np.arange(n, dtype=np.float32)
+        b = np.full(n, 0.5, dtype=np.float32)
+        pa, pb, pc = gpu.malloc(n * 4), gpu.malloc(n * 4), gpu.malloc(n * 4)
+        gpu.memcpy_htod(pa, a)
+        gpu.memcpy_htod(pb, b)
+        out = np.empty(n, dtype=np.float32)
+        assert gpu.memcpy_dtoh(pa, out=out) is out
+        np.testing.assert_array_equal(out, a)
+        raw = bytearray(n * 4)
+        gpu.memcpy_dtoh(pb, n * 4, out=raw)
+        assert bytes(raw) == b.tobytes()
+        gpu.memset(pc, 0xFF, n * 4)
+        assert gpu.memcpy_dtoh(pc, 8) == b"\xff" * 8
+        gpu.memcpy_dtod(pc, pa, n * 4)
+        assert gpu.memcpy_dtoh(pc) == a.tobytes()
+
+        s = gpu.stream_create()
+        e0, e1 = gpu.event_create(), gpu.event_create()
+        e0.record(s)
+        add = gpu.builtin("vector_add_f32")
+        add.launch(n // 256, 256, [pc, pa, pb, np.uint64(n)], stream=s)
+        e1.record(s)
+        e1.synchronize()
+        assert e1.query()
+        assert gpu.event_elapsed_ms(e0, e1) >= 0
+        s.synchronize()
+        gpu.synchronize()
+        np.testing.assert_array_equal(gpu.memcpy_dtoh(pc, out=out), a + b)
+
+        gpu.memcpy_htod_async(pc, np.zeros(n, dtype=np.float32), stream=s)
+        assert s.query() in (True, False)
+        s.synchronize()
+        assert gpu.memcpy_dtoh(pc, 16) == b"\0" * 16
+        s.destroy()
+        for p in (pa, pb, pc):
+            gpu.free(p)
+        with pytest.raises(hipr.HipError) as err:
+            gpu.free(pa)
+        assert err.value.code == E.hipErrorInvalidValue
+        assert gpu.mem_get_info()[0] > 0  # still usable after an error
+
+
+def test_chunked_copies_with_progress(blocking_endpoint: BlockingEndpoint) -> None:
+    rng = np.random.default_rng(1)
+    data = rng.integers(0, 256, BIG, dtype=np.uint8)
+    with blocking_endpoint.connect() as gpu:
+        p = gpu.malloc(BIG)
+        up: list[tuple[int, int]] = []
+        gpu.memcpy_htod(p, data, progress=lambda done, total: up.append((done, total)))
+        down: list[tuple[int, int]] = []
+        out = np.zeros(BIG, dtype=np.uint8)
+        gpu.memcpy_dtoh(p, out=out, progress=lambda done, total: down.append((done, total)))
+        np.testing.assert_array_equal(out, data)
+        into = bytearray(BIG)
+        gpu.memcpy_dtoh(p, BIG, out=into)
+        assert bytes(into) == data.tobytes()
+    for calls in (up, down):
+        assert len(calls) >= 3, calls  # 9 MiB in chunks of at most 4 MiB
+        assert calls[-1] == (BIG, BIG)
+        assert all(total == BIG for _, total in calls)
+        done = [d for d, _ in calls]
+        assert done == sorted(done) and done[0] > 0
+
+
+def test_timeout_raises_and_the_session_stays_usable(
+    blocking_endpoint: BlockingEndpoint, backend: GatedEmulator, events: list[str]
+) -> None:
+    with blocking_endpoint.connect(link=FAST, on_event=recorder(events)) as gpu:
+        p = gpu.malloc_htod(b"kept across the timeout")
+        backend.gate.clear()
+        try:
+            started = time.monotonic()
+            with pytest.raises(hipr.HipTimeoutError, match="within 0.3 s"):
+                gpu.memset(p, ord("K"), 4, timeout=0.3)
+            assert time.monotonic() - started < 3
+            # A call behind the stuck one waits for it, and obeys its own timeout too.
+            with pytest.raises(hipr.HipTimeoutError):
+                gpu.device_count(timeout=0.2)
+        finally:
+            backend.gate.set()
+        # The abandoned replies come and are dropped; each call gets its own answer.
+        # The timed-out memset still ran, once, in its place in the session's order.
+        assert gpu.memcpy_dtoh(p, timeout=10) == b"KKKK across the timeout"
+        gpu.synchronize(timeout=10)
+        assert gpu.get_device() == 0
+    assert "disconnected" not in events
+
+
+def test_deferred_errors_surface_at_the_next_synchronize(
+    blocking_endpoint: BlockingEndpoint,
+) -> None:
+    with blocking_endpoint.connect() as gpu:
+        fill = gpu.builtin("fill_f32")
+        p = gpu.malloc(64)
+        # n is larger than the allocation: the emulator faults as a GPU would.
+        fill.launch(1, 64, [p, np.float32(1), np.uint64(1 << 20)])
+        with pytest.raises(hipr.HipError) as err:
+            gpu.synchronize()
+        assert err.value.code == E.hipErrorIllegalAddress
+        gpu.synchronize()  # reported once, then cleared
+
+        gone = gpu.malloc(64)
+        gpu.free(gone)
+        gpu.memcpy_htod_async(gone, b"\1" * 64)  # fire-and-forget to a freed pointer
+        with pytest.raises(hipr.HipError) as err:
+            gpu.synchronize()
+        assert err.value.code == E.hipErrorInvalidValue
+        gpu.synchronize()
+
+        fill.launch(1, 16, [p, np.float32(2), np.uint64(16)])
+        gpu.synchronize()
+        assert np.all(np.frombuffer(gpu.memcpy_dtoh(p), dtype=np.float32) == 2)
+
+
+# --- 2. several threads sharing one Gpu
+
+
+@pytest.mark.timeout(240)
+def test_threads_share_one_gpu(blocking_endpoint: BlockingEndpoint, backend: GatedEmulator) -> None:
+    threads, rounds = 8, 100
+
+    def work(gpu: hipr.Gpu, me: int) -> int:
+        rng = np.random.default_rng(me)
+        for i in range(rounds):
+            size = int(rng.integers(1, 5000))
+            data = rng.integers(0, 256, size, dtype=np.uint8)
+            p = gpu.malloc(size)
+            gpu.memcpy_htod(p, data)
+            if i % 2:
+                back = np.empty(size, dtype=np.uint8)
+                gpu.memcpy_dtoh(p, out=back)
+                np.testing.assert_array_equal(back, data)
+            else:
+                assert gpu.memcpy_dtoh(p, size) == data.tobytes()
+            gpu.free(p)
+        return me
+
+    with blocking_endpoint.connect() as gpu, ThreadPoolExecutor(threads) as pool:
+        done = [f.result(timeout=200) for f in [pool.submit(work, gpu, t) for t in range(threads)]]
+        assert done == list(range(threads))
+        assert gpu.mem_get_info()[0] == EMULATED_MEMORY  # every allocation was freed
+    assert wait_until(lambda: backend.stats().is_zero())
+
+
+def test_fire_and_forget_from_threads_then_one_synchronize(
+    blocking_endpoint: BlockingEndpoint,
+) -> None:
+    threads, per_thread = 8, 200
+    n = 64
+    with blocking_endpoint.connect() as gpu:
+        fill = gpu.builtin("fill_f32")
+        slots = gpu.malloc(threads * per_thread * n * 4)
+
+        def post(me: int) -> None:
+            for j in range(per_thread):
+                slot = slots + ((me * per_thread + j) * n * 4)
+                if j % 2:
+                    fill.launch(1, n, [slot, np.float32(me * 1000 + j), np.uint64(n)])
+                else:
+                    gpu.memcpy_htod_async(slot, np.full(n, me * 1000 + j, dtype=np.float32))
+
+        with ThreadPoolExecutor(threads) as pool:
+            for f in [pool.submit(post, t) for t in range(threads)]:
+                f.result(timeout=60)
+        gpu.synchronize()
+        got = np.frombuffer(gpu.memcpy_dtoh(slots), dtype=np.float32)
+    got = got.reshape(threads, per_thread, n)
+    want = (np.arange(threads)[:, None] * 1000 + np.arange(per_thread)[None, :]).astype(np.float32)
+    np.testing.assert_array_equal(got, np.broadcast_to(want[:, :, None], got.shape))
+
+
+# --- 3. an idle client is never taken for dead
+
+
+@pytest.mark.timeout(90)
+def test_idle_client_keeps_its_session(
+    blocking_endpoint: BlockingEndpoint, backend: GatedEmulator, events: list[str]
+) -> None:
+    worker = blocking_endpoint.worker
+    worker.config = dataclasses.replace(
+        worker.config, heartbeat_interval=0.2, heartbeat_timeout=1.0
+    )
+    link = dataclasses.replace(FAST, heartbeat_interval=0.1, heartbeat_timeout=1.0)
+    with blocking_endpoint.connect(link=link, on_event=recorder(events)) as gpu:
+        session = gpu.session_id
+        p = gpu.malloc_htod(b"idle")
+        for _ in range(2):
+            time.sleep(3.5)  # several heartbeat timeouts of both sides without a call
+            # The first call after the idle spell is slower than a heartbeat interval:
+            # still no reason to take the link for dead.
+            backend.gate.clear()
+            threading.Timer(0.6, backend.gate.set).start()
+            gpu.memset(p, ord("i"), 1, timeout=10)
+            assert gpu.memcpy_dtoh(p) == b"idle"
+            assert gpu.session_id == session
+            assert list(worker.sessions) == [session]
+    assert "disconnected" not in events, events
+
+
+# --- 4. reconnect + RESUME exactly once
+
+
+def sync_workload(gpu: hipr.Gpu) -> tuple[bytes, bytes, int]:
+    """tests/resilience/test_resume.py's workload, through the synchronous API."""
+    rng = np.random.default_rng(7)
+    x = np.arange(N, dtype=np.float32) / 64
+    px = gpu.malloc_htod(x)
+    py = gpu.malloc(N * 4)
+    scratch = gpu.malloc(N * 4)
+    gpu.memset(py, 0, N * 4)
+    axpy = gpu.builtin("axpy_f32")
+    issued = 6
+    scalars = rng.integers(1, 5, REQUESTS).astype(np.float32)
+    verified = 0
+    for i in range(REQUESTS - issued - 3):
+        kind = i % 10
+        if kind < 6:  # not idempotent: running one twice changes y
+            axpy.launch(4, 256, [py, px, scalars[i], np.uint64(N)])
+        elif kind == 6:
+            gpu.memset(scratch + (i % N) * 4, i % 251, 4)
+        elif kind == 7:
+            gpu.memcpy_htod(scratch, np.full(16, i, dtype=np.int32))
+        elif kind == 8:
+            back = np.frombuffer(gpu.memcpy_dtoh(scratch, 64), dtype=np.int32)
+            assert np.all(back == (i - 1)), (i, back[:4])
+            verified += 1
+        elif i % 20 == 9:  # not idempotent either: a second malloc would leak
+            gpu.free(gpu.malloc(4096))
+        else:
+            gpu.synchronize()
+    gpu.synchronize()
+    return gpu.memcpy_dtoh(py, N * 4), gpu.memcpy_dtoh(scratch, N * 4), verified
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("transport_kind", ["tcp"])
+def test_cut_links_resume_exactly_once(
+    blocking_endpoint: BlockingEndpoint, backend: GatedEmulator, events: list[str]
+) -> None:
+    with blocking_endpoint.connect(link=FAST) as gpu:
+        uncut = sync_workload(gpu)
+    assert uncut[0] == expected_y()
+    with blocking_endpoint.portal.wrap_async_context_manager(
+        faulty_proxy(blocking_endpoint.url)
+    ) as proxy:
+        proxy.cut_every = 40_000  # bytes: a cut every few hundred requests, mid-frame
+        with connect_one(proxy.url, link=FAST, on_event=recorder(events)) as gpu:
+            cut = sync_workload(gpu)
+            proxy.cut_every = None
+        assert proxy.cuts >= 10, proxy.cuts
+    assert cut == uncut
+    assert events.count("resumed") == proxy.cuts, events
+    assert "session_lost" not in events
+    assert wait_until(lambda: backend.stats().is_zero()), backend.stats()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport_kind", ["tcp"])
+def test_a_long_upload_keeps_its_link_alive(
+    blocking_endpoint: BlockingEndpoint, events: list[str]
+) -> None:
+    """An upload longer than heartbeat_timeout is not taken for a dead link."""
+    link = dataclasses.replace(FAST, heartbeat_interval=0.2, heartbeat_timeout=1.5)
+    with blocking_endpoint.portal.wrap_async_context_manager(
+        faulty_proxy(blocking_endpoint.url)
+    ) as proxy:
+        with connect_one(proxy.url, link=link, on_event=recorder(events)) as gpu:
+            size = 40 << 20
+            p = gpu.malloc(size)
+            started = time.monotonic()
+            proxy.throttle = 8 << 20  # bytes per second: about 5 s, several timeouts
+            gpu.memcpy_htod(p, b"\x01" * size)
+            proxy.throttle = None
+            assert time.monotonic() - started > 4
+            assert gpu.memcpy_dtoh(p + (size - 4), 4) == b"\x01" * 4
+    assert "disconnected" not in events, events
+
+
+# --- 5. a dead or stopped worker is SessionLostError within the reconnect bound
+
+LOST = LinkOptions(
+    heartbeat_interval=0.2,
+    heartbeat_timeout=1.0,
+    reconnect_delay=0.05,
+    reconnect_max_delay=0.2,
+    reconnect_timeout=2.0,
+    reconnect_attempts=20,
+    connect_timeout=5.0,
+)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
+def test_dead_worker_is_session_lost_not_a_hang(
+    request: pytest.FixtureRequest, how: str, events: list[str]
+) -> None:
+    started_worker: tuple[subprocess.Popen[bytes], str] = request.getfixturevalue("worker_process")
+    process, url = started_worker
+    gpu = connect_one(url, link=LOST, on_event=recorder(events))
+    try:
+        p = gpu.malloc(1 << 20)
+        gpu.memcpy_htod(p, b"\1" * (1 << 20))
+        process.send_signal(getattr(signal, how))
+        started = time.monotonic()
+        with pytest.raises(hipr.SessionLostError):
+            gpu.memcpy_dtoh(p, 4)  # no timeout=: only the link's bounds may end it
+        # heartbeat timeout (a stopped worker is silent) + reconnect bound + slack
+        assert time.monotonic() - started < 1.0 + 2.0 + 4.0
+        assert gpu.lost
+        started = time.monotonic()
+        with pytest.raises(hipr.SessionLostError):
+            gpu.synchronize()
+        assert time.monotonic() - started < 1
+    finally:
+        if how == "SIGSTOP":
+            process.send_signal(signal.SIGCONT)
+        gpu.close()
+    assert "session_lost" in events
+
+
+# --- 6. close()
+
+
+def test_close_frees_the_session_and_later_use_fails(
+    blocking_endpoint: BlockingEndpoint, backend: GatedEmulator
+) -> None:
+    worker: Worker = blocking_endpoint.worker
+    gpu = blocking_endpoint.connect(link=FAST)
+    p = gpu.malloc(1 << 20)
+    s = gpu.stream_create()
+    assert len(worker.sessions) == 1
+    gpu.close()
+    assert wait_until(lambda: not worker.sessions), worker.sessions
+    assert wait_until(lambda: backend.stats().is_zero()), backend.stats()
+    gpu.close()  # harmless
+    started = time.monotonic()
+    with pytest.raises(hipr.HipError):
+        gpu.malloc(4)
+    with pytest.raises(hipr.HipError):
+        gpu.memcpy_htod(p, b"\0" * 4)
+    with pytest.raises(hipr.HipError):
+        s.synchronize()
+    with pytest.raises(hipr.HipError):
+        gpu.memcpy_htod_async(p, b"\0" * 4)
+    assert time.monotonic() - started < 1
+    with blocking_endpoint.connect() as again:  # the worker is fine
+        assert again.device_count() == 2
