@@ -57,8 +57,8 @@ PARENT_PID_ENV = "HIPR_PARENT_PID"
 DIR_PREFIX = "hipr-tenants-"
 #: Held (flock) by the parent for its whole life: a free lock means a dead parent.
 LOCK_NAME = ".lock"
-#: A directory without a lock file is a worker's between mkdtemp and taking the lock, or
-#: one from before the lock existed: removed only once older than this.
+#: A directory without a lock file (a worker between mkdtemp and taking the lock) is
+#: removed only once the pid in its name is gone and it is older than this.
 UNLOCKED_AGE = 60.0
 #: A child serves its sessions (JSON) on the Unix socket this variable names.
 STATUS_SOCKET_ENV = "HIPR_STATUS_SOCKET"
@@ -135,7 +135,13 @@ def _is_stale(path: Path, info: os.stat_result) -> bool:
     try:
         fd = os.open(path / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
-        return time.time() - info.st_mtime > UNLOCKED_AGE
+        # Between mkdtemp and the lock, or a worker that never took one (an older
+        # version, still running beside us): only a dead pid in the name, and age, say
+        # it is gone. A name without a pid is an older version's: left alone.
+        pid = _pid_of(path.name)
+        return (
+            pid is not None and not _pid_alive(pid) and time.time() - info.st_mtime > UNLOCKED_AGE
+        )
     except OSError:
         return False
     try:
@@ -144,6 +150,22 @@ def _is_stale(path: Path, info: os.stat_result) -> bool:
         return False  # its worker holds the lock: alive
     finally:
         os.close(fd)  # also drops a lock just taken
+    return True
+
+
+def _pid_of(name: str) -> int | None:
+    """The parent's pid in ``hipr-tenants-<pid>-<random>``, or None."""
+    head = name[len(DIR_PREFIX) :].split("-", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: alive
     return True
 
 

@@ -122,22 +122,29 @@ async def test_children_die_with_a_killed_parent_and_the_next_start_removes_thei
 
 
 async def test_a_live_workers_directory_is_kept(anyio_backend: str, short_tmp: Path) -> None:
-    """Its lock is held: another worker starting beside it leaves it alone, and an
-    unlocked directory counts as stale only once it is old (it may be just starting)."""
+    """Its lock is held: another worker starting beside it leaves it alone. Without a
+    lock, only a directory named for a dead pid, and old, counts as stale (a worker may
+    be between mkdtemp and its lock; an older version names no pid)."""
     first = TenantProcesses(WorkerConfig(isolation="process"), base=short_tmp)
     second = TenantProcesses(WorkerConfig(isolation="process"), base=short_tmp)
+    gone = await anyio.run_process([sys.executable, "-c", "import os; print(os.getpid())"])
+    dead = int(gone.stdout)
+    then = time.time() - UNLOCKED_AGE - 10
     try:
         assert first.directory.exists() and second.directory.exists()
-        young = short_tmp / f"{DIR_PREFIX}1-young"
-        young.mkdir()
-        old = short_tmp / f"{DIR_PREFIX}1-old"
-        old.mkdir()
-        then = time.time() - UNLOCKED_AGE - 10
-        os.utime(old, (then, then))
+        young = short_tmp / f"{DIR_PREFIX}{dead}-young"
+        old = short_tmp / f"{DIR_PREFIX}{dead}-old"
+        live = short_tmp / f"{DIR_PREFIX}{os.getpid()}-unlocked"
+        unnamed = short_tmp / f"{DIR_PREFIX}x1y2z3"
+        for path in (young, old, live, unnamed):
+            path.mkdir()
+            if path is not young:
+                os.utime(path, (then, then))
         elsewhere = short_tmp / "not-ours"
         elsewhere.mkdir()
         assert remove_stale_dirs(short_tmp) == [old]
-        assert young.exists() and elsewhere.exists() and first.directory.exists()
+        for kept in (young, live, unnamed, elsewhere, first.directory):
+            assert kept.exists(), kept
     finally:
         await first.aclose()
         await second.aclose()
