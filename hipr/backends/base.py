@@ -10,6 +10,16 @@ Every failure is raised as :class:`hipr.errors.HipError` with HIP's code. Handle
 (streams, events, modules, functions, graphs, graph execs) are opaque objects owned by
 the backend; the worker never sends them over the wire, it maps them to per-session ids.
 ``stream=None`` always means the device's default (null) stream.
+
+Optional fast path: a backend may name, in ``inline_calls`` (a frozenset of method
+names), the calls that never wait for the GPU and do not depend on which thread calls
+them. The worker then runs such a call on its event-loop thread (after
+:meth:`Backend.bind_thread` there) whenever the session's GPU thread has nothing queued,
+saving a thread round trip. A backend may also offer ``work_done(streams) -> bool``, a
+non-blocking "has everything this session issued (on ``streams`` and the default
+stream) finished?", which lets a device synchronisation on an idle device be answered
+at once. Backends without them (a fault-injecting wrapper, say) keep every call on the
+session's thread.
 """
 
 from __future__ import annotations

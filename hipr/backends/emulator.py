@@ -426,6 +426,28 @@ class EmulatorBackend:
     :meth:`bind_thread`). Only the built-in kernels run: see :meth:`builtin_module`.
     """
 
+    #: Calls that take constant time here: the worker may run them on its event loop
+    #: (see ``Backend.inline_calls``). Copies, memsets and kernels scale with their size,
+    #: and stay on the session's GPU thread so that one large one never stalls the loop.
+    #: Queries are left out: here they do not report a pending kernel fault, so they
+    #: cannot stand in for a synchronisation.
+    inline_calls: frozenset[str] = frozenset(
+        {
+            "device_count",
+            "device_properties",
+            "mem_get_info",
+            "event_record",
+            "stream_wait_event",
+            "event_elapsed_ms",
+        }
+    )
+
+    def work_done(self, streams: Sequence[Handle]) -> bool:
+        """Every call here finishes before it returns: once the session's GPU thread is
+        idle, its work is done; a pending kernel fault is raised, as synchronize does."""
+        self._raise_pending(self._current())
+        return True
+
     def __init__(
         self,
         device_count: int = 1,

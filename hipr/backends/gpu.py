@@ -317,6 +317,21 @@ class RuntimeBase:
 class GpuBackend:
     """:class:`~hipr.backends.base.Backend` over one :class:`Runtime` (see module doc)."""
 
+    #: Calls that never wait for the GPU and do not depend on the calling thread's
+    #: default stream (which is per thread here): the worker may run them on its event
+    #: loop. Default-stream work stays on the session's own GPU thread, whose per-thread
+    #: stream orders it; no ``work_done`` is offered for the same reason.
+    inline_calls: frozenset[str] = frozenset(
+        {
+            "device_count",
+            "device_properties",
+            "mem_get_info",
+            "stream_query",
+            "event_query",
+            "event_elapsed_ms",
+        }
+    )
+
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
         #: ``"cuda"`` or ``"hip"``: the runtime's name.

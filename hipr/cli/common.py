@@ -107,3 +107,19 @@ def human_size(n: int | float) -> str:
             return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def event_loop(choice: str | None) -> tuple[str, dict[str, Any]]:
+    """anyio's backend name and options for ``--loop``: ``uvloop`` (the default where it
+    is installed: its I/O costs a fraction of the standard loop's per request),
+    ``asyncio`` (the standard library's loop) or ``trio``."""
+    if choice is None:
+        try:
+            import uvloop  # noqa: F401
+        except ImportError:
+            choice = "asyncio"
+        else:
+            choice = "uvloop"
+    if choice == "trio":
+        return "trio", {}
+    return "asyncio", {"use_uvloop": choice == "uvloop"}

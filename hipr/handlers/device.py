@@ -54,8 +54,10 @@ async def device_properties(session: Session, request: Request) -> Any:
 
 @handler(Opcode.DEVICE_SYNCHRONIZE)
 async def device_synchronize(session: Session, request: Request) -> Any:
-    """Wait for all work on the current device."""
-    await session.gpu(session.backend.synchronize)
+    """Wait for all work on the current device (answered at once, without a GPU-thread
+    round trip, when the backend can tell that the session's work is done)."""
+    if not session.work_done():
+        await session.gpu(session.backend.synchronize)
     return {}
 
 

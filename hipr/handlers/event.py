@@ -52,7 +52,9 @@ async def event_record(session: Session, request: Request) -> Any:
 @handler(Opcode.EVENT_SYNCHRONIZE)
 async def event_synchronize(session: Session, request: Request) -> Any:
     """``{event}``: wait for the event."""
-    await session.gpu(session.backend.event_synchronize, _event(session, request))
+    event = _event(session, request)
+    if not session.settled(session.backend.event_query, event):
+        await session.gpu(session.backend.event_synchronize, event)
     return {}
 
 

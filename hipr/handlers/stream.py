@@ -44,7 +44,8 @@ async def stream_destroy(session: Session, request: Request) -> Any:
 async def stream_synchronize(session: Session, request: Request) -> Any:
     """``{stream?}``: wait for the stream's work (the default stream when absent)."""
     stream = session.stream(request.args.handle("stream", optional=True))
-    await session.gpu(session.backend.stream_synchronize, stream)
+    if stream is None or not session.settled(session.backend.stream_query, stream):
+        await session.gpu(session.backend.stream_synchronize, stream)
     return {}
 
 

@@ -27,6 +27,9 @@ from hipr.protocol.header import (
 )
 
 ARGS_LENGTH = struct.Struct("<I")
+_pack_header = HEADER.pack
+#: The header followed by the CBOR part's length prefix.
+_pack_head = struct.Struct(HEADER.format + "I").pack
 #: A payload limit for peers that set none; the worker's config usually lowers it.
 DEFAULT_MAX_PAYLOAD = 64 * 1024 * 1024 + 64 * 1024
 _EMPTY = memoryview(b"")
@@ -71,13 +74,16 @@ def encode_frame_parts(
     """The frame as buffers for one vectored write: header+args, then the bulk as given."""
     if not 0 <= request_id <= MAX_REQUEST_ID:
         raise ValueError(f"request id {request_id} does not fit in 32 bits")
-    bulk_len = memoryview(bulk).nbytes
+    bulk_len = len(bulk) if type(bulk) is bytes else memoryview(bulk).nbytes
     if args is None and bulk_len == 0:
-        return [Header(opcode, request_id, flags, 0, version).pack()]
+        return [_pack_header(MAGIC, version, opcode, request_id, flags, 0)]
     encoded = b"" if args is None else cbor2.dumps(args)
     payload_length = ARGS_LENGTH.size + len(encoded) + bulk_len
-    head = Header(opcode, request_id, flags, payload_length, version).pack()
-    first = head + ARGS_LENGTH.pack(len(encoded)) + encoded
+    # One pack for header and length prefix: this runs for every frame sent.
+    first = (
+        _pack_head(MAGIC, version, opcode, request_id, flags, payload_length, len(encoded))
+        + encoded
+    )
     return [first, bulk] if bulk_len else [first]
 
 

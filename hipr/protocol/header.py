@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from enum import IntFlag
+from typing import NamedTuple
 
 MAGIC = b"HIPR"
 PROTOCOL_MAJOR = 1
@@ -44,9 +44,9 @@ def version_text(version: int) -> str:
     return f"{version >> 8}.{version & 0xFF}"
 
 
-@dataclass(frozen=True, slots=True)
-class Header:
-    """One decoded frame header."""
+class Header(NamedTuple):
+    """One decoded frame header. A named tuple: a frame's header is built on every
+    receive, and a tuple is made several times faster than a frozen dataclass."""
 
     opcode: int
     request_id: int

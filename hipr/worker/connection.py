@@ -151,9 +151,20 @@ class WorkerConnection:
     ) -> None:
         """Send one frame; frames from several tasks never interleave."""
         parts = encode_frame_parts(opcode, request_id, flags, args, bulk)
-        async with self._send_lock:
+        await self._send_parts(parts)
+
+    async def _send_parts(self, parts: list[bytes | bytearray | memoryview]) -> None:
+        """Write whole frames under the send lock; a free lock is taken without an
+        event-loop pass (anyio's ``async with`` always yields once)."""
+        try:
+            self._send_lock.acquire_nowait()
+        except anyio.WouldBlock:
+            await self._send_lock.acquire()
+        try:
             for part in parts:
                 await self.stream.send(part)  # type: ignore[arg-type]
+        finally:
+            self._send_lock.release()
 
     async def send_error(self, opcode: int, request_id: int, error: HipError) -> None:
         """An error reply."""
@@ -165,8 +176,7 @@ class WorkerConnection:
         await self.send(opcode, request_id, Flags.REPLY | Flags.MORE, None, bulk)
 
     async def _send_bytes(self, data: bytes) -> None:
-        async with self._send_lock:
-            await self.stream.send(data)
+        await self._send_parts([data])
 
     # --- receiving -----------------------------------------------------------------
     async def _read_frames(self, on_frame: Callable[[Frame], Any]) -> None:
@@ -548,9 +558,7 @@ class WorkerConnection:
         streamed, self._streamed_reply = self._streamed_reply, False
         if streamed or not frame.request_id or memoryview(bulk).nbytes > MAX_ONE_REPLY:
             # Too large to keep (a resent read runs again instead): no joined copy either.
-            async with self._send_lock:
-                for part in parts:
-                    await self.stream.send(part)  # type: ignore[arg-type]
+            await self._send_parts(parts)
             return
         data = b"".join(parts)
         session.replies.put(frame.request_id, data)

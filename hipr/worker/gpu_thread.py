@@ -90,6 +90,16 @@ class GpuThread:
         # Posted calls wait here until flush(): waking the thread once per batch instead
         # of once per call keeps a stream of small launches off the GIL hand-off path.
         self._batch: list[_Call] = []
+        # Calls handed over (written by the loop only) and finished (by this thread only):
+        # each counter has one writer, so comparing them needs no lock.
+        self._handed = 0
+        self._finished = 0
+
+    @property
+    def idle(self) -> bool:
+        """True when nothing is queued, batched or running: a call made elsewhere now
+        (inline on the event loop) cannot overtake earlier work of the session."""
+        return not self._batch and self._finished == self._handed
 
     def _main(self) -> None:
         while True:
@@ -103,14 +113,15 @@ class GpuThread:
                 assert isinstance(item, _Call)
                 self._run(item)
 
-    @staticmethod
-    def _run(item: _Call) -> None:
+    def _run(self, item: _Call) -> None:
         try:
             item.result = item.fn(*item.args)
         except BaseException as exc:  # handed to the awaiting task, never lost
             item.error = exc
             if item.on_error is not None:
                 item.on_error(exc)
+        # Counted before the waiter wakes: it must find the thread idle again.
+        self._finished += 1
         if item.waker is not None and item.done is not None:
             item.waker(item.done.set)
 
@@ -119,6 +130,7 @@ class GpuThread:
         should not be held back)."""
         if self._batch:
             batch, self._batch = self._batch, []
+            self._handed += len(batch)
             self._queue.put(batch)
 
     def submit(self, fn: Callable[..., T], *args: Any) -> PendingCall[T]:
@@ -128,6 +140,7 @@ class GpuThread:
             raise RuntimeError("GPU thread is closed")
         item = _Call(fn, args, _loop_waker(), anyio.Event(), None)
         self.flush()  # everything posted before runs before this call
+        self._handed += 1
         self._queue.put(item)
         return PendingCall(item)
 

@@ -8,6 +8,8 @@ handler exception, worker shutdown).
 from __future__ import annotations
 
 import secrets
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -34,6 +36,12 @@ from hipr.worker.resources import (
 from hipr.worker.tenants import ANONYMOUS, Quotas
 
 T = TypeVar("T")
+#: Which backend and device the event-loop thread has current, for inline calls.
+_LOOP_BINDING = threading.local()
+#: How long an inline probe polls for work that is about to finish (a tiny kernel)
+#: before the call goes to the GPU thread to wait there: short, since the loop serves
+#: every session meanwhile.
+_INLINE_POLL_SECONDS = 30e-6
 log = structlog.get_logger("hipr.session")
 
 
@@ -97,6 +105,8 @@ class Session:
         self.detach_epoch = 0
         self.log = log.bind(session=self.id, tenant=tenant, peer=peer)
         self._gpu = GpuThread(name=f"hipr-gpu-{self.id}")
+        #: Backend calls that never wait for the GPU (run inline when the thread is idle).
+        self._inline_calls: frozenset[str] = getattr(backend, "inline_calls", frozenset())
         self._gpu.post(backend.bind_thread, 0, on_error=self._record_bind_error)
         self._deferred: DeferredError | None = None
         #: Fire-and-forget calls may still be queued (the bind above is one).
@@ -104,9 +114,60 @@ class Session:
         self._closed = False
 
     # --- running work on the session's GPU thread --------------------------------------
+    def _can_inline(self, fn: Callable[..., Any]) -> bool:
+        """True when ``fn`` may run right here on the event loop: the backend says it
+        never waits for the GPU, and nothing of this session is queued on its thread
+        (so order is kept). Saves the thread round trip, the largest part of a small
+        request's cost on the worker."""
+        return (
+            getattr(fn, "__name__", "") in self._inline_calls
+            and self._gpu.idle
+            and not self._closed
+        )
+
+    def _bind_here(self) -> None:
+        """Make the session's device current on the calling (event-loop) thread, which
+        serves many sessions: rebind only when the last inline call was another device's."""
+        key = (id(self.backend), self.device)
+        if getattr(_LOOP_BINDING, "key", None) != key:
+            self.backend.bind_thread(self.device)
+            _LOOP_BINDING.key = key
+
     async def gpu(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run a backend call on this session's thread, after all earlier ones."""
+        """Run a backend call on this session's thread, after all earlier ones (or
+        inline, when it cannot block and nothing is ahead of it)."""
+        if self._can_inline(fn):
+            self._bind_here()
+            return fn(*args)
         return await self._gpu.call(fn, *args)
+
+    def work_done(self) -> bool:
+        """True when the session's work on the device has finished, asked without
+        blocking; False when a synchronising call must wait on the GPU thread. Raises a
+        failed kernel's error, as a synchronisation would. Backends that cannot tell
+        from another thread (no ``work_done``) always answer False."""
+        probe = getattr(self.backend, "work_done", None)
+        if probe is None or not self._gpu.idle or self._closed:
+            return False
+        self._bind_here()
+        streams = [handle for _, handle in self.streams.items()]
+        return self._poll(lambda: bool(probe(streams)))
+
+    def settled(self, query: Callable[..., bool], *args: Any) -> bool:
+        """True when ``query(*args)`` (a stream or event query) says done, asked inline
+        when the backend allows; False when the caller must wait on the GPU thread."""
+        if not self._can_inline(query):
+            return False
+        self._bind_here()
+        return self._poll(lambda: bool(query(*args)))
+
+    @staticmethod
+    def _poll(done: Callable[[], bool]) -> bool:
+        deadline = time.perf_counter() + _INLINE_POLL_SECONDS
+        while not done():
+            if time.perf_counter() >= deadline:
+                return False
+        return True
 
     async def gpu_create(self, fn: Callable[..., T], *args: Any) -> T:
         """:meth:`gpu` for a call that makes a backend object: not cancellable once queued,
@@ -132,6 +193,13 @@ class Session:
             if self._deferred is None:
                 self._deferred = DeferredError(as_hip_error(exc, opcode), opcode, request_id)
 
+        if self._can_inline(fn):
+            self._bind_here()
+            try:
+                fn(*args)
+            except Exception as exc:
+                keep(exc)
+            return
         self._unsettled = True
         self._gpu.post(fn, *args, on_error=keep)
 
@@ -149,7 +217,8 @@ class Session:
         run: otherwise the error of one still queued would reach a later call, and this
         one would report success over work that failed (a read after a failed launch)."""
         if self._unsettled:
-            await self._gpu.call(_nothing)
+            if not self._gpu.idle:
+                await self._gpu.call(_nothing)
             self._unsettled = False
         return self.take_deferred_error()
 
