@@ -93,8 +93,9 @@ async def module_unload(session: Session, request: Request) -> Any:
     assert module_id is not None
     entry = session.modules.pop(module_id)
     functions = [(i, session.functions.pop(i)) for i in entry.function_ids]
-    if session.builtin_module_id == module_id:
-        session.builtin_module_id = None
+    for device, builtin_id in list(session.builtin_module_ids.items()):
+        if builtin_id == module_id:
+            del session.builtin_module_ids[device]
     if not entry.shared:
         unload = or_restore(
             session.backend.module_unload,
@@ -118,10 +119,12 @@ async def module_get_function(session: Session, request: Request) -> Any:
 async def module_builtin(session: Session, request: Request) -> Any:
     """``{name}`` -> ``{module, function}``: a built-in kernel (hipr.kernels.builtins)."""
     name = request.args.text("name", max_length=256)
-    if session.builtin_module_id is None:
+    # One built-in module per device: a kernel loaded on device 0 cannot run on device 1.
+    module_id = session.builtin_module_ids.get(session.device)
+    if module_id is None:
         handle = await session.gpu(session.backend.builtin_module)
-        session.builtin_module_id = _add_module(session, handle, shared=True)
-    module_id = session.builtin_module_id
+        module_id = _add_module(session, handle, shared=True)
+        session.builtin_module_ids[session.device] = module_id
     return {"module": module_id, "function": await _get_function(session, module_id, name)}
 
 

@@ -93,7 +93,8 @@ class Session:
         self.graph_nodes: HandleTable[GraphNodeEntry] = HandleTable("graph node")
         self.graph_execs: HandleTable[Any] = HandleTable("graph exec")
         self.capturing_streams: set[int] = set()
-        self.builtin_module_id: int | None = None
+        #: The shared built-in module's id, per device it was loaded on.
+        self.builtin_module_ids: dict[int, int] = {}
         #: Proves ownership on RESUME; given to the client at HELLO, never logged.
         self.resume_token = secrets.token_urlsafe(32)
         #: The highest request id run: a resent request at or below it is not rerun.

@@ -303,3 +303,18 @@ async def test_closing_is_not_mistaken_for_a_dropped_link(
         async with endpoint.aconnect(on_event=lambda kind, _: events.append(kind)) as gpu:
             await gpu.device_count()
     assert events == []
+
+
+async def test_builtin_kernels_on_each_device(endpoint: Endpoint, worker: Worker) -> None:
+    # The built-in module is loaded per device: a kernel loaded for device 0 cannot run
+    # on device 1 (hipErrorInvalidDeviceFunction on a real GPU).
+    async with endpoint.aconnect() as gpu:
+        for device in range(await gpu.device_count()):
+            await gpu.set_device(device)
+            fill = await gpu.builtin("fill_f32")
+            p = await gpu.malloc(64)
+            await fill.launch(1, 16, [p, np.float32(device + 2), np.uint64(16)])
+            await gpu.synchronize()
+            out = np.frombuffer(await gpu.memcpy_dtoh(p, 64), dtype=np.float32)
+            assert np.all(out == device + 2)
+            await gpu.free(p)
