@@ -292,6 +292,19 @@ class _IntoBuffer:
         if self.progress is not None:
             self.progress(self.offset, self.size)
 
+    def window(self, nbytes: int) -> memoryview | None:
+        """Where the next ``nbytes`` go, for a connection that receives them straight
+        from the socket (no copy); None when they would not fit."""
+        if self.offset + nbytes > self.size:
+            return None
+        return self.target[self.offset : self.offset + nbytes]
+
+    def advance(self, nbytes: int) -> None:
+        """``nbytes`` were written into the last :meth:`window`."""
+        self.offset += nbytes
+        if self.progress is not None:
+            self.progress(self.offset, self.size)
+
     def reset(self) -> None:
         self.offset = 0
 

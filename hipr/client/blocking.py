@@ -26,9 +26,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import cbor2
+
 from hipr.client.link import (
     DEADLINE,
     Buffer,
+    DirectSink,
     EventCallback,
     LinkOptions,
     LinkState,
@@ -46,10 +49,17 @@ from hipr.errors import (
     HipConnectionError,
     HipError,
     HipTimeoutError,
+    ProtocolError,
     SessionLostError,
     VersionMismatchError,
 )
-from hipr.protocol.codec import FrameDecoder, encode_frame, encode_frame_parts
+from hipr.protocol.codec import (
+    ARGS_LENGTH,
+    Frame,
+    FrameDecoder,
+    encode_frame,
+    encode_frame_parts,
+)
 from hipr.protocol.header import Flags
 from hipr.protocol.opcodes import Opcode, opcode_name
 from hipr.transports.base import BlockingStream
@@ -58,6 +68,8 @@ from hipr.transports.base import BlockingStream
 BlockingConnector = Callable[[float], BlockingStream]
 _LINK_ERRORS = (OSError, EOFError)
 _RECEIVE = 1 << 16
+#: Replies with at least this much payload go straight into the caller's buffer.
+_DIRECT_MIN = 1 << 16
 
 
 class _LinkDown(Exception):
@@ -332,6 +344,8 @@ class BlockingConnection(LinkState):
             self._last_received = time.monotonic()
             self._decoder.feed(memoryview(self._buffer)[:n])
             frame = self._decoder.next_frame()
+            if frame is None and self._receive_direct(stream):
+                frame = self._decoder.next_frame()
         while frame is not None:
             if frame.request_id:
                 self._deliver(frame)
@@ -339,6 +353,76 @@ class BlockingConnection(LinkState):
                 self._send_raw(encode_frame(Opcode.PING, 0, Flags.REPLY))
             frame = self._decoder.next_frame()
         return True
+
+    def _receive_direct(self, stream: BlockingStream) -> bool:
+        """Receive a large reply's bulk bytes straight into the caller's buffer (a
+        device-to-host copy into ``out``): no decoder buffer, no join, no second copy.
+        False when the frame under way is not such a reply."""
+        header = self._decoder.partial_header()
+        if (
+            header is None
+            or not header.request_id
+            or header.payload_length < _DIRECT_MIN
+            or Flags.ERROR in header.flags
+        ):
+            return False
+        pending = self._pending.get(header.request_id)
+        sink = pending.sink if pending is not None else None
+        if not isinstance(sink, DirectSink):
+            return False
+        header, head = self._decoder.take_partial()
+        remaining = header.payload_length - len(head)
+
+        def at_least(count: int) -> bytes:
+            # The small CBOR part first, never reading past this frame's payload.
+            nonlocal head, remaining
+            while len(head) < count and remaining:
+                piece = self._recv_some(stream, min(_RECEIVE, remaining))
+                head += piece
+                remaining -= len(piece)
+            return head
+
+        if len(at_least(ARGS_LENGTH.size)) < ARGS_LENGTH.size:
+            raise ProtocolError(message="reply payload shorter than its length prefix")
+        start = ARGS_LENGTH.size + ARGS_LENGTH.unpack_from(head)[0]
+        if start > header.payload_length:
+            raise ProtocolError(message="reply's CBOR part overruns its payload")
+        at_least(start)
+        try:
+            args = cbor2.loads(head[ARGS_LENGTH.size : start]) if start > ARGS_LENGTH.size else None
+        except Exception as exc:  # cbor2 raises several types for malformed input
+            raise ProtocolError(message=f"malformed CBOR in a reply: {exc}") from None
+        bulk = header.payload_length - start
+        window = sink.window(bulk)
+        if window is None:
+            raise ProtocolError(message="the worker sent more bytes than asked for")
+        already = len(head) - start
+        window[:already] = head[start:]
+        got = already
+        while got < bulk:
+            got += self._recv_into(stream, window[got:])
+        sink.advance(bulk)
+        self._last_received = time.monotonic()
+        self._deliver(Frame(header, args))
+        return True
+
+    def _recv_into(self, stream: BlockingStream, view: memoryview) -> int:
+        try:
+            if self._tls:
+                with self._send_lock:
+                    n = stream.recv_into(view)
+            else:
+                n = stream.recv_into(view)
+        except _LINK_ERRORS:
+            raise _LinkDown from None
+        if not n:
+            raise _LinkDown
+        return n
+
+    def _recv_some(self, stream: BlockingStream, limit: int) -> bytes:
+        view = memoryview(self._buffer)[: max(1, limit)]
+        n = self._recv_into(stream, view)
+        return bytes(view[:n])
 
     def _send_raw(self, data: bytes) -> None:
         """A frame outside the request sequence (heartbeats); dropped if the link is down."""
@@ -397,6 +481,12 @@ class BlockingConnection(LinkState):
                 self._release_reader()
                 self._link_failed(generation)
                 continue
+            except ProtocolError as exc:
+                # The stream cannot be resynchronised after a malformed frame.
+                self._release_reader()
+                self._lose(exc)
+                self.close()
+                raise
             except BaseException:
                 self._release_reader()
                 raise
@@ -444,9 +534,12 @@ class BlockingConnection(LinkState):
             return
         except (HipError, TimeoutError):
             pass
-        finally:
-            if self._reading:
-                self._release_reader()
+        except BaseException:
+            self._release_reader()
+            raise
+        # Not in a `finally` that tests the shared flag: after _LinkDown, another thread
+        # may hold the reading role by now, and releasing it would let two threads read.
+        self._release_reader()
         if time.monotonic() - self._last_sent >= options.heartbeat_interval:
             # NO_REPLY: the worker counts it as life and sends nothing back.
             self._send_raw(encode_frame(Opcode.PING, 0, Flags.NO_REPLY))

@@ -21,7 +21,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import structlog
 
@@ -92,6 +92,19 @@ class RequestLink(Protocol):
 
     async def aclose(self) -> None:
         """Close for good."""
+        ...
+
+
+@runtime_checkable
+class DirectSink(ReplySink, Protocol):
+    """A sink whose destination a connection may receive into straight from the socket."""
+
+    def window(self, nbytes: int) -> memoryview | None:
+        """Where the next ``nbytes`` go; None when they would not fit."""
+        ...
+
+    def advance(self, nbytes: int) -> None:
+        """``nbytes`` were written into the last window."""
         ...
 
 

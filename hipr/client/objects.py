@@ -28,6 +28,7 @@ class AsyncGpu(Protocol):
     async def _post(self, opcode: Opcode, args: Any = None, data: Any = b"") -> None: ...
     async def event_elapsed_ms(self, start: Event, end: Event) -> float: ...
 
+
 Dim = int | Sequence[int]
 
 

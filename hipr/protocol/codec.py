@@ -162,6 +162,27 @@ class FrameDecoder:
         self._buffer.clear()
         return data
 
+    def partial_header(self) -> Header | None:
+        """The header of a frame whose payload is still arriving, else None."""
+        return self._header
+
+    def take_partial(self) -> tuple[Header, bytes]:
+        """Hand over the frame under way: its header and the payload bytes received so
+        far. The decoder is then between frames again, and the caller reads the rest of
+        the payload from the stream itself (straight into its own buffer)."""
+        header = self._header
+        if header is None:
+            raise RuntimeError("no frame is under way")
+        if self._pieces is not None:
+            head = b"".join(self._pieces)
+        else:
+            head = bytes(self._buffer)
+            self._buffer.clear()
+        self._header = None
+        self._pieces = None
+        self._filled = 0
+        return header, head
+
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         """Append received bytes (kept as given only when immutable ``bytes``)."""
         pieces = self._pieces
