@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -372,6 +373,124 @@ def test_a_long_upload_keeps_its_link_alive(
             assert time.monotonic() - started > 4
             assert gpu.memcpy_dtoh(p + (size - 4), 4) == b"\x01" * 4
     assert "disconnected" not in events, events
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("transport_kind", ["tcp"])
+def test_threads_through_cut_links_run_exactly_once(
+    blocking_endpoint: BlockingEndpoint, events: list[str]
+) -> None:
+    """Several threads on one Gpu while links are cut: whichever thread finds the dead
+    link reconnects, the others wait for it, and nothing runs twice or never."""
+    threads, rounds, n = 4, 150, 256
+    ones = np.ones(n, dtype=np.float32)
+    with blocking_endpoint.portal.wrap_async_context_manager(
+        faulty_proxy(blocking_endpoint.url)
+    ) as proxy:
+        proxy.cut_every = 30_000  # per link, from its start: a cut every few hundred calls
+        with connect_one(proxy.url, link=FAST, on_event=recorder(events)) as gpu:
+            axpy = gpu.builtin("axpy_f32")
+            px = gpu.malloc_htod(ones)
+            sums = [gpu.malloc(n * 4) for _ in range(threads)]
+            for p in sums:
+                gpu.memset(p, 0, n * 4)
+
+            def work(me: int) -> None:
+                rng = np.random.default_rng(me)
+                scratch = gpu.malloc(4096)
+                for i in range(rounds):
+                    axpy.launch(1, n, [sums[me], px, np.float32(1), np.uint64(n)])
+                    data = rng.integers(0, 256, 4096, dtype=np.uint8)
+                    gpu.memcpy_htod(scratch, data)
+                    if i % 3 == 0:
+                        assert gpu.memcpy_dtoh(scratch) == data.tobytes()
+                gpu.free(scratch)
+
+            with ThreadPoolExecutor(threads) as pool:
+                for f in [pool.submit(work, t) for t in range(threads)]:
+                    f.result(timeout=150)
+            gpu.synchronize()
+            proxy.cut_every = None
+            for p in sums:  # each thread's launches ran exactly once
+                got = np.frombuffer(gpu.memcpy_dtoh(p), dtype=np.float32)
+                np.testing.assert_array_equal(got, np.full(n, rounds, dtype=np.float32))
+        assert proxy.cuts >= 3, proxy.cuts
+        # (proxy.cuts may count one link twice when both directions hit the budget at once)
+        links = proxy.links
+    assert events.count("disconnected") == events.count("resumed") >= 3, events
+    assert links == 1 + events.count("reconnecting"), (links, events)
+    assert "session_lost" not in events
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport_kind", ["tcp"])
+def test_a_stalled_route_is_found_by_heartbeat_and_resumed(
+    blocking_endpoint: BlockingEndpoint, events: list[str]
+) -> None:
+    with blocking_endpoint.portal.wrap_async_context_manager(
+        faulty_proxy(blocking_endpoint.url)
+    ) as proxy:
+        link = dataclasses.replace(FAST, heartbeat_interval=0.1, heartbeat_timeout=0.8)
+        with connect_one(proxy.url, link=link, on_event=recorder(events)) as gpu:
+            p = gpu.malloc_htod(b"before the stall".ljust(64))
+            proxy.stalled = True
+            with pytest.raises(hipr.HipTimeoutError):
+                gpu.memcpy_dtoh(p, 64, timeout=0.3)
+            # Without timeout=: the link's silence ends the wait, and a new route works.
+            threading.Timer(1.5, lambda: setattr(proxy, "stalled", False)).start()
+            started = time.monotonic()
+            assert gpu.memcpy_dtoh(p, 16) == b"before the stall"
+            assert time.monotonic() - started < 20
+    assert "disconnected" in events and "resumed" in events, events
+
+
+# --- tokens
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport_kind", ["tcp"])
+def test_tokens_are_sent_and_checked_and_survive_a_resume(
+    blocking_endpoint: BlockingEndpoint,
+    short_tmp: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    events: list[str],
+) -> None:
+    from hipr.worker.tenants import new_token, token_hash
+
+    alice, revoked = new_token(), new_token()
+    tenants = short_tmp / "tenants.toml"
+    tenants.write_text(
+        f'[tenants.alice]\ntokens = ["{token_hash(alice)}"]\n'
+        f'revoked_tokens = ["{token_hash(revoked)}"]\nmax_device_memory = "4MiB"\n'
+    )
+    worker = blocking_endpoint.worker
+    worker.config = dataclasses.replace(worker.config, tenants_file=tenants)
+    blocking_endpoint.portal.call(worker.reload_tenants)
+    for token, message in ((None, "requires a token"), (revoked, "revoked"), ("x", "not valid")):
+        monkeypatch.delenv("HIPR_TOKEN", raising=False)
+        with pytest.raises(hipr.AuthError, match=message):
+            blocking_endpoint.connect(token=token or "")
+    monkeypatch.setenv("HIPR_TOKEN", alice)
+    with blocking_endpoint.portal.wrap_async_context_manager(
+        faulty_proxy(blocking_endpoint.url)
+    ) as proxy:
+        proxy.cut_every = 20_000
+        with connect_one(proxy.url, link=FAST, on_event=recorder(events)) as gpu:
+            assert gpu.worker_info()["tenant"] == "alice"
+            p = gpu.malloc(4 << 20)  # the whole quota
+            with pytest.raises(hipr.HipError) as err:
+                gpu.malloc(1)
+            assert err.value.code == E.hipErrorOutOfMemory
+            # Each request must fit between two cuts, or its resend is cut again forever.
+            for i in range(300):
+                data = np.full(1024, i, dtype=np.uint32)
+                gpu.memcpy_htod(p + (i % 64) * 4096, data)
+                assert gpu.memcpy_dtoh(p + (i % 64) * 4096, 4096) == data.tobytes()
+            proxy.cut_every = None
+            with pytest.raises(hipr.HipError):  # still alice's session, still her quota
+                gpu.malloc(1)
+        assert proxy.cuts >= 1
+    assert "resumed" in events and "session_lost" not in events, events
 
 
 # --- 5. a dead or stopped worker is SessionLostError within the reconnect bound
