@@ -35,7 +35,10 @@ from hipr.protocol.opcodes import Opcode
 
 MiB = 1 << 20
 GiB = 1 << 30
-BENCHMARKS = ("rtt", "copy", "ff", "malloc", "concurrent", "local", "facade")
+BENCHMARKS = ("floor", "sync", "rtt", "copy", "ff", "malloc", "concurrent", "local", "facade")
+#: Benchmarks run through the synchronous client, once per transport (not per event loop):
+#: benchmarks/floors.py and benchmarks/syncbench.py (issue 13).
+BLOCKING_BENCHMARKS = ("floor", "sync")
 #: A plausible device address, for sizing frames that carry one.
 _ADDRESS = 0x7F00_0000_0000
 
@@ -56,6 +59,13 @@ class Plan:
     clients: int = 64
     client_ops: int = 60
     local_repeats: int = 5
+    #: Issue 13's sync-client workloads (and the floors' stream of the same size).
+    sync_copy_size: int = 256 * MiB
+    sync_copy_repeats: int = 6
+    launch_batch: int = 1000
+    batch_repeats: int = 10
+    sgemm_n: int = 2048
+    sgemm_runs: int = 10
     only: tuple[str, ...] = BENCHMARKS
 
     @classmethod
@@ -73,6 +83,12 @@ class Plan:
             clients=4,
             client_ops=12,
             local_repeats=1,
+            sync_copy_size=MiB + 3,
+            sync_copy_repeats=1,
+            launch_batch=20,
+            batch_repeats=1,
+            sgemm_n=64,
+            sgemm_runs=1,
         )
 
     def with_only(self, names: Sequence[str]) -> Plan:
@@ -102,6 +118,9 @@ class Row:
     met: bool | None = None
     note: str = ""
     extra: dict[str, float] = field(default_factory=dict)
+    #: The same work done by the local runtime in-process (issue 13), and what it took.
+    local: str = ""
+    local_value: float | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -110,10 +129,18 @@ class Row:
             return None
         return self.value / self.baseline_value
 
+    @property
+    def local_ratio(self) -> float | None:
+        """``value / local_value``, or None without a local figure."""
+        if self.local_value is None or self.local_value == 0:
+            return None
+        return self.value / self.local_value
+
     def to_json(self) -> dict[str, Any]:
-        """The row as plain data, the ratio included."""
+        """The row as plain data, the ratios included."""
         data = asdict(self)
         data["ratio"] = self.ratio
+        data["local_ratio"] = self.local_ratio
         return data
 
 

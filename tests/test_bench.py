@@ -19,7 +19,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from benchmarks import baselines, suite
+from benchmarks import baselines, floors, suite, syncbench
 from hipr.backends.emulator import EmulatorBackend
 from hipr.cli import app as cli
 from hipr.cli import bench
@@ -78,6 +78,8 @@ def _check_row(row: suite.Row) -> None:
         assert row.ratio is None or row.ratio == row.value / row.baseline_value
     assert row.ratio_style in {"x", "%"}
     assert (row.met is None) == (row.goal == "")
+    if row.local_value is not None:
+        assert row.local and row.local_ratio == row.value / row.local_value
     json.dumps(row.to_json())
 
 
@@ -222,11 +224,180 @@ def test_hipr_bench_local_is_one_command(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["meta"]["backend"] == "emulator" and doc["meta"]["machine"]["cpus"]
+    blocking_worker = bench.default_worker_loop()
     assert [(r["transport"], r["loop"], r["worker_loop"]) for r in doc["runs"]] == [
+        ("tcp", "blocking", blocking_worker),
+        ("unix", "blocking", blocking_worker),
         ("tcp", "asyncio", "asyncio"),
         ("unix", "asyncio", "asyncio"),
     ]
-    for run in doc["runs"]:
-        assert {row["bench"] for row in run["rows"]} == set(suite.BENCHMARKS)
+    for transport in ("tcp", "unix"):
+        runs = [r for r in doc["runs"] if r["transport"] == transport]
+        assert {row["bench"] for run in runs for row in run["rows"]} == set(suite.BENCHMARKS)
+        assert {row["bench"] for row in runs[0]["rows"]} == set(suite.BLOCKING_BENCHMARKS)
     assert (tmp_path / "out-tcp.md").read_text().startswith("# hipr bench: emulator, tcp")
     assert (tmp_path / "out-unix.md").is_file()
+
+
+# --- issue 13: floors, the sync client's workloads, the local runtime -----------------
+
+
+def test_floor_server_answers_echo_stream_and_messages() -> None:
+    """The blocking floor server, served from threads here (the bench runs it in a
+    process of its own): every command answers with the bytes it promises."""
+    short = _short_dir("fl")
+    try:
+        urls = floors.serve_blocking(["tcp://127.0.0.1:0", f"unix://{short}/f.sock"])
+        assert urls[0].startswith("tcp://127.0.0.1:") and not urls[0].endswith(":0")
+        for url in urls:
+            result = floors.measure_floors(
+                "x",
+                url,
+                echo_count=5,
+                warmup=2,
+                stream_size=(1 << 20) + 3,
+                stream_repeats=2,
+                message_sizes=(60, 112),
+                message_count=7,
+            )
+            assert len(result.echo) == 5 and len(result.push) == len(result.pull) == 2
+            assert result.gbs("push") > 0 and result.gbs("pull") > 0
+            assert set(result.message_seconds) == {60, 112}
+            assert result.echo_median > 0 and not result.uvloop_echo
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def test_local_work_on_the_emulator() -> None:
+    work = floors.local_work(
+        EmulatorBackend(total_memory=64 << 20),
+        count=3,
+        warmup=1,
+        batch=4,
+        batch_repeats=2,
+        copy_size=1 << 20,
+        copy_repeats=2,
+        sgemm_n=32,
+        sgemm_runs=1,
+    )
+    assert work.backend == "emulator"
+    assert len(work.sync) == len(work.launch_sync) == 3 and len(work.per_launch) == 2
+    assert len(work.htod) == len(work.dtoh) == 2 and work.copy_size == 1 << 20
+    assert work.sgemm == []  # the emulator cannot compile; the sync rows say so
+
+
+def test_sgemm_check_and_frame_sizes() -> None:
+    a, b = floors.sgemm_inputs(32)
+    assert floors.sgemm_check(a, b, a @ b) < 1e-5
+    assert floors.sgemm_check(a, b, a @ b + 1) > 1e-3
+    assert "__global__ void sgemm(const float* A, const float* B, float* C, int N)" in (
+        floors.SGEMM_SOURCE
+    )
+    launch, copy = syncbench.message_sizes()
+    assert launch > copy > 24
+
+
+def test_markdown_shows_local_columns_only_where_a_row_has_one() -> None:
+    rows = [
+        suite.Row("floor", "blocking echo 24/32 B, median", 10.0, "µs"),
+        suite.Row(
+            "sync",
+            "1-thread launch + synchronize, median",
+            40.0,
+            "µs",
+            "blocking echo 24/32 B, median",
+            10.0,
+            goal="≤ 50 µs",
+            met=True,
+            local="local cuda",
+            local_value=20.0,
+        ),
+    ]
+    runs = [bench.Run("unix", bench.BLOCKING, "uvloop", "unix:///x", "unix:///f", rows, ["n"])]
+    meta = {
+        "date": "2026-11-23 00:00 UTC",
+        "machine": bench.machine_description(),
+        "backend": "cuda",
+        "hipr_version": "0",
+        "command": "hipr bench --local",
+    }
+    text = bench.markdown(runs, meta)
+    assert "## unix, sync client (blocking sockets), worker uvloop: unix:///x" in text
+    assert "| ratio | local | vs local | goal | |" in text
+    assert (
+        "| 1-thread launch + synchronize, median | 40.0 µs | blocking echo 24/32 B, median | "
+        "10.0 µs | 4.00x | 20.0 µs | 2.00x | ≤ 50 µs | met |" in text
+    )
+    assert "- n" in text
+    assert bench.results_json(runs, meta)["runs"][0]["rows"][1]["local_ratio"] == 2.0
+
+
+def test_hipr_bench_floor_and_sync_rows(tmp_path: Path) -> None:
+    """``--only floor,sync --quick`` on the emulator: every issue-13 row present, ratios
+    to the floor and to local computed, SGEMM skipped with a note; no GPU needed."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hipr.cli.bench",
+            "--local",
+            "--quick",
+            "--json",
+            "--only",
+            "floor,sync",
+            "--transport",
+            "unix",
+            "--save-json",
+            str(tmp_path / "s-{transport}.json"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "hipr bench: floors over unix" in proc.stderr  # progress, on stderr
+    doc = json.loads(proc.stdout)
+    (run,) = doc["runs"]
+    assert (run["transport"], run["loop"]) == ("unix", "blocking")
+    rows = {row["name"]: row for row in run["rows"]}
+    batch = f"{PLAN.launch_batch:,} launches then synchronize, per launch"
+    sync_names = [
+        "synchronize() on an idle device, median",
+        "synchronize() on an idle device, p99",
+        "1-thread launch + synchronize, median",
+        "1-thread launch + synchronize, p99",
+        batch,
+        "memcpy_htod_async 4 B, fire-and-forget, then synchronize",
+        "memcpy_htod 1.0 MiB from a numpy array",
+        "memcpy_dtoh 1.0 MiB into a numpy out",
+    ]
+    assert [r["name"] for r in run["rows"] if r["bench"] == "sync"] == sync_names
+    for name in sync_names:
+        assert rows[name]["ratio"] is not None and rows[name]["ratio"] > 0, name
+    for name in (sync_names[0], sync_names[2], batch, *sync_names[6:]):
+        assert rows[name]["local_ratio"] is not None and rows[name]["local"], name
+    assert [rows[n]["goal"] for n in sync_names] == [
+        "≤ 3x echo",
+        "",
+        "≤ 50 µs",
+        "",
+        "≤ 10 µs",
+        "≥ 100k/s",
+        "≥ 85 %",
+        "≥ 85 %",
+    ]
+    floor_names = [r["name"] for r in run["rows"] if r["bench"] == "floor"]
+    assert floor_names[:4] == [
+        "blocking echo 24/32 B, median",
+        "blocking echo 24/32 B, p99",
+        "blocking stream send 1.0 MiB",
+        "blocking stream receive 1.0 MiB (into the array)",
+    ]
+    assert "local emulator: 1-thread launch + synchronize, median" in floor_names
+    if bench.default_worker_loop() == "uvloop":
+        assert rows["uvloop echo 24/32 B, median"]["ratio"] > 0
+    assert any("SGEMM" in note and "emulator" in note for note in run["notes"])
+    assert json.loads((tmp_path / "s-unix.json").read_text())["runs"][0]["rows"]

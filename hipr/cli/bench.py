@@ -7,6 +7,12 @@ the worker's machine). ``hipr bench --local`` starts its own worker in a subproc
 the emulator or ``--backend cuda|hip``, listening over tcp and unix, plus a baseline
 server beside it, and also times the same copies made locally through the runtime.
 
+The ``floor`` and ``sync`` groups (issue 13) run once per transport through the
+synchronous client ``hipr.connect()``, beside the machine's floors measured in the same
+run: a blocking-socket echo and stream and a uvloop echo, served from processes of their
+own (``benchmarks/floors.py``), and the local runtime doing the same GPU work in this
+process (``--local``, or ``--backend`` with a worker URL on this machine).
+
 Each figure is printed beside its baseline and the ratio: a rich table on a terminal,
 JSON with ``--json``, Markdown with ``--markdown FILE``. A benchmark, not a test: goals
 missed are reported, never an error.
@@ -30,6 +36,10 @@ from types import ModuleType
 from typing import Any
 
 LOOPS = ("trio", "asyncio")
+#: What the --local worker may run on: the client loops, and uvloop (hipr worker's default).
+WORKER_LOOPS = (*LOOPS, "uvloop")
+#: The client "loop" of the floor and sync runs: blocking sockets, no event loop.
+BLOCKING = "blocking"
 TRANSPORTS = ("tcp", "unix")
 _ROOT = Path(__file__).resolve().parent.parent
 _SIZE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -83,8 +93,8 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
     b.add_argument(
         "--backend",
         choices=("emulator", "cuda", "hip"),
-        default="emulator",
-        help="the --local worker's backend (default emulator)",
+        help="the --local worker's backend (default emulator), and the local runtime the "
+        "sync figures are compared with (with a URL: only when given)",
     )
     b.add_argument(
         "--loop",
@@ -93,7 +103,10 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
         help="client event loop, and the --local worker's (default both, one after the other)",
     )
     b.add_argument(
-        "--worker-loop", choices=LOOPS, help="the --local worker's loop, if not the client's"
+        "--worker-loop",
+        choices=WORKER_LOOPS,
+        help="the --local worker's loop, if not the client's (floor/sync: default uvloop "
+        "where installed, as hipr worker)",
     )
     b.add_argument(
         "--transport",
@@ -108,6 +121,12 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
         "started here",
     )
     b.add_argument(
+        "--floor",
+        metavar="URL",
+        help="a running floor server (python -m benchmarks.floors) instead of the ones "
+        "started here (then no uvloop echo)",
+    )
+    b.add_argument(
         "--sizes",
         type=_sizes,
         metavar="LIST",
@@ -115,7 +134,10 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
     )
     b.add_argument("--full", action="store_true", help="copy sizes 1M, 64M and 1G")
     b.add_argument(
-        "--only", metavar="LIST", help="benchmarks to run: rtt,copy,ff,malloc,concurrent,local"
+        "--only",
+        metavar="LIST",
+        help="benchmarks to run (default all): floor,sync,rtt,copy,ff,malloc,concurrent,"
+        "local,facade",
     )
     b.add_argument("--quick", action="store_true", help="tiny counts: checks, measures nothing")
     b.add_argument("--rtt-count", type=_count, metavar="N", help="round trips (default 2000)")
@@ -148,6 +170,8 @@ class Run:
     url: str
     baseline_url: str
     rows: list[Any] = field(default_factory=list)
+    #: What the run could not measure, and checks worth reading beside the figures.
+    notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """The run as plain data."""
@@ -158,6 +182,7 @@ class Run:
             "url": self.url,
             "baseline_url": self.baseline_url,
             "rows": [row.to_json() for row in self.rows],
+            "notes": list(self.notes),
         }
 
 
@@ -193,11 +218,15 @@ def machine_description() -> dict[str, Any]:
     }
 
 
-def _ratio_text(row: Any) -> str:
-    ratio = row.ratio
+def _ratio_text(row: Any, ratio: float | None = None, local: bool = False) -> str:
+    ratio = (row.local_ratio if local else row.ratio) if ratio is None else ratio
     if ratio is None:
         return ""
     return f"{ratio * 100:.0f} %" if row.ratio_style == "%" else f"{ratio:.2f}x"
+
+
+def _has_local(run: Run) -> bool:
+    return any(getattr(row, "local_value", None) is not None for row in run.rows)
 
 
 def _value_text(value: float | None, unit: str) -> str:
@@ -216,7 +245,8 @@ def _met_text(met: bool | None) -> str:
 
 def _run_title(run: Run) -> str:
     worker = f", worker {run.worker_loop}" if run.worker_loop else ""
-    return f"{run.transport}, client {run.loop}{worker}: {run.url}"
+    client = "sync client (blocking sockets)" if run.loop == BLOCKING else f"client {run.loop}"
+    return f"{run.transport}, {client}{worker}: {run.url}"
 
 
 def print_tables(runs: Sequence[Run], meta: dict[str, Any]) -> None:
@@ -227,7 +257,7 @@ def print_tables(runs: Sequence[Run], meta: dict[str, Any]) -> None:
 
     console = Console(highlight=False)
     if not console.is_terminal:
-        console = Console(highlight=False, width=150)
+        console = Console(highlight=False, width=200)
     console.print(
         f"[bold]hipr bench[/] {meta['date']} on {meta['machine']['host']} "
         f"({meta['machine']['cpus']} CPUs), backend {meta.get('backend', '?')}"
@@ -240,21 +270,29 @@ def print_tables(runs: Sequence[Run], meta: dict[str, Any]) -> None:
         table.add_column("baseline (same run)", overflow="fold")
         table.add_column("baseline", justify="right", no_wrap=True)
         table.add_column("ratio", justify="right", no_wrap=True)
+        local = _has_local(run)
+        if local:
+            table.add_column("local (same run)", justify="right", no_wrap=True)
+            table.add_column("vs local", justify="right", no_wrap=True)
         table.add_column("goal", no_wrap=True)
         table.add_column("", no_wrap=True)
         for row in run.rows:
             met = _met_text(row.met)
             style = "red" if row.met is False else ("green" if row.met else "")
-            table.add_row(
+            cells = [
                 row.name,
                 _value_text(row.value, row.unit),
                 row.baseline,
                 _value_text(row.baseline_value, row.unit),
                 _ratio_text(row),
-                row.goal,
-                f"[{style}]{met}[/]" if style else met,
-            )
+            ]
+            if local:
+                cells += [_value_text(row.local_value, row.unit), _ratio_text(row, local=True)]
+            cells += [row.goal, f"[{style}]{met}[/]" if style else met]
+            table.add_row(*cells)
         console.print(table)
+        for note in run.notes:
+            console.print(f"  note: {note}")
     goals = [row.met for run in runs for row in run.rows if row.met is not None]
     if goals:
         console.print(f"goals met: {sum(goals)} of {len(goals)}")
@@ -278,23 +316,30 @@ def markdown(runs: Sequence[Run], meta: dict[str, Any]) -> str:
         f"- hipr {meta['hipr_version']}; command: `{meta['command']}`",
         "",
         "Each figure beside its baseline measured in the same run; ratio = hipr / baseline "
-        "(x for times and rates, % for a share of the baseline's throughput).",
+        "(x for times and rates, % for a share of the baseline's throughput). In the sync "
+        "client's runs the baseline is the machine's floor (blocking sockets, or the local "
+        "runtime for GPU-bound work), and `vs local` compares with the same work done by "
+        "the runtime in-process.",
     ]
     for run in runs:
-        lines += [
-            "",
-            f"## {_run_title(run)}",
-            "",
-            "| benchmark | hipr | baseline (same run) | baseline | ratio | goal | |",
-            "|---|--:|---|--:|--:|---|---|",
-        ]
+        local = _has_local(run)
+        head = "| benchmark | hipr | baseline (same run) | baseline | ratio |"
+        rule = "|---|--:|---|--:|--:|"
+        if local:
+            head += " local | vs local |"
+            rule += "--:|--:|"
+        lines += ["", f"## {_run_title(run)}", "", head + " goal | |", rule + "---|---|"]
         for row in run.rows:
-            lines.append(
+            line = (
                 f"| {row.name} | {_value_text(row.value, row.unit)} | {row.baseline} | "
-                f"{_value_text(row.baseline_value, row.unit)} | {_ratio_text(row)} | "
-                f"{row.goal} | {_met_text(row.met)} |"
+                f"{_value_text(row.baseline_value, row.unit)} | {_ratio_text(row)} |"
             )
-        notes = [f"{row.name}: {row.note}" for row in run.rows if row.note]
+            if local:
+                line += (
+                    f" {_value_text(row.local_value, row.unit)} | {_ratio_text(row, local=True)} |"
+                )
+            lines.append(line + f" {row.goal} | {_met_text(row.met)} |")
+        notes = [f"{row.name}: {row.note}" for row in run.rows if row.note] + run.notes
         if notes:
             lines += ["", *[f"- {note}" for note in notes]]
     return "\n".join(lines) + "\n"
@@ -393,19 +438,22 @@ async def _serve_worker(backend_name: str, urls: Sequence[str]) -> None:
 
 def serve_worker_main(argv: Sequence[str]) -> int:
     """``python -m hipr.cli.bench --serve-worker --loop L --backend B --listen URL...``: the
-    ``--local`` worker, on the loop asked for (``hipr worker`` always runs trio)."""
+    ``--local`` worker, on the loop asked for (trio, asyncio or uvloop)."""
     import anyio
 
     from hipr.observability.log import configure_logging
 
     parser = argparse.ArgumentParser(prog="python -m hipr.cli.bench --serve-worker")
     parser.add_argument("--serve-worker", action="store_true")
-    parser.add_argument("--loop", choices=LOOPS, default="trio")
+    parser.add_argument("--loop", choices=WORKER_LOOPS, default="trio")
     parser.add_argument("--backend", default="emulator")
     parser.add_argument("--listen", action="append", required=True)
     args = parser.parse_args(argv)
     configure_logging("error", "console")
-    anyio.run(_serve_worker, args.backend, args.listen, backend=args.loop)
+    from hipr.cli.common import event_loop
+
+    name, options = event_loop(args.loop)
+    anyio.run(_serve_worker, args.backend, args.listen, backend=name, backend_options=options)
     return 0
 
 
@@ -479,6 +527,20 @@ def _describe(suite: ModuleType, url: str, token: str | None, loop: str) -> dict
     return result
 
 
+def _log(message: str) -> None:
+    """Progress, one line at a time on stderr (tables and JSON go to stdout)."""
+    print(f"hipr bench: {message}", file=sys.stderr, flush=True)
+
+
+def default_worker_loop() -> str:
+    """The loop ``hipr worker`` runs by default: uvloop where installed, else asyncio."""
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return "asyncio"
+    return "uvloop"
+
+
 def _measure_local(suite: ModuleType, backend_name: str, plan: Any) -> dict[str, Any]:
     """Benchmark 6's reference: the same copies and malloc/free pairs, made here."""
     from benchmarks import baselines
@@ -518,15 +580,24 @@ def run_bench(args: argparse.Namespace) -> tuple[list[Run], dict[str, Any]]:
     meta["plan"] = dataclasses.asdict(plan)
     runs: list[Run] = []
     progress = _progress(args)
+    backend_name = args.backend or "emulator"
+    blocking = [name for name in plan.only if name in suite.BLOCKING_BENCHMARKS]
+    asynchronous = [name for name in plan.only if name not in suite.BLOCKING_BENCHMARKS]
     with contextlib.ExitStack() as stack:
         if progress is not None:
             stack.enter_context(progress)
         tmp = Path(
             stack.enter_context(tempfile.TemporaryDirectory(prefix="hipr-bench-", dir="/tmp"))
         )
+        if blocking:
+            with contextlib.ExitStack() as per_pass:
+                runs += _run_blocking(args, plan, meta, per_pass, tmp)
+        if not asynchronous:
+            return runs, meta
         local: dict[str, Any] = {}
         if args.local and "local" in plan.only:
-            local = _measure_local(suite, args.backend, plan)
+            _log(f"local {backend_name}: copies and malloc/free in-process")
+            local = _measure_local(suite, backend_name, plan)
         for loop in loops:
             worker_loop = args.worker_loop or loop
             with contextlib.ExitStack() as per_loop:
@@ -537,17 +608,18 @@ def run_bench(args: argparse.Namespace) -> tuple[list[Run], dict[str, Any]]:
                         "unix": f"unix://{tmp}/worker-{worker_loop}.sock",
                     }
                     started = per_loop.enter_context(
-                        _local_worker(worker_loop, args.backend, [wanted[t] for t in transports])
+                        _local_worker(worker_loop, backend_name, [wanted[t] for t in transports])
                     )
                     urls = list(started["urls"])
                 else:
                     urls = list(args.urls)
                     worker_loop = None
                 base_urls = _baseline_urls(args, per_loop, loop, urls, tmp)
-                if "backend" not in meta:
+                if "device" not in meta:
                     meta.update(_describe(suite, urls[0], args.token, loop))
                 for url in urls:
                     transport = _transport_of(url)
+                    _log(f"{', '.join(asynchronous)} over {transport}, client {loop}")
                     target = suite.Target(
                         url=url,
                         baseline_url=base_urls[transport],
@@ -560,6 +632,140 @@ def run_bench(args: argparse.Namespace) -> tuple[list[Run], dict[str, Any]]:
                     rows = anyio.run(suite.run_suite, target, plan, progress, backend=loop)
                     runs.append(Run(transport, loop, worker_loop, url, target.baseline_url, rows))
     return runs, meta
+
+
+def _run_blocking(
+    args: argparse.Namespace,
+    plan: Any,
+    meta: dict[str, Any],
+    stack: contextlib.ExitStack,
+    tmp: Path,
+) -> list[Run]:
+    """The floor and sync groups: once per transport, through the synchronous client,
+    beside floors measured now (and the local runtime's figures, measured first, before
+    a worker shares the GPU)."""
+    from benchmarks import floors as fl
+    from benchmarks import syncbench
+
+    local = None
+    if args.local or args.backend:
+        local = _measure_local_work(args.backend or "emulator", plan)
+    worker_loop: str | None = None
+    if args.local:
+        worker_loop = args.worker_loop or default_worker_loop()
+        transports = TRANSPORTS if args.transport == "both" else (args.transport,)
+        wanted = {"tcp": "tcp://127.0.0.1:0", "unix": f"unix://{tmp}/worker-blocking.sock"}
+        _log(f"starting a {args.backend or 'emulator'} worker ({worker_loop})")
+        started = stack.enter_context(
+            _local_worker(worker_loop, args.backend or "emulator", [wanted[t] for t in transports])
+        )
+        urls = list(started["urls"])
+    else:
+        urls = list(args.urls)
+    if "backend" not in meta:
+        meta.update(_describe_blocking(urls[0], args.token))
+    floor_urls, uvloop_urls = _floor_urls(args, stack, urls, tmp)
+    launch_bytes, ff_bytes = syncbench.message_sizes()
+    runs: list[Run] = []
+    for url in urls:
+        transport = _transport_of(url)
+        _log(f"floors over {transport}: blocking echo, {plan.sync_copy_size >> 20} MiB stream")
+        floors = fl.measure_floors(
+            transport,
+            floor_urls[transport],
+            echo_count=plan.rtt_count,
+            warmup=plan.warmup,
+            stream_size=plan.sync_copy_size,
+            stream_repeats=plan.sync_copy_repeats,
+            message_sizes=(launch_bytes, ff_bytes),
+            message_count=plan.ff_count,
+            uvloop_url=uvloop_urls.get(transport, ""),
+        )
+        notes = list(local.notes) if local else []
+        if transport not in TRANSPORTS:
+            notes.append(f"{transport} is compared with floors over plain tcp on loopback")
+        if not uvloop_urls:
+            notes.append("uvloop echo: not measured (uvloop not installed, or --floor given)")
+        rows: list[Any] = []
+        if "floor" in plan.only:
+            rows += syncbench.floor_rows(floors, local)
+        if "sync" in plan.only:
+            rows += syncbench.sync_rows(url, args.token, floors, local, plan, _log, notes)
+        runs.append(Run(transport, BLOCKING, worker_loop, url, floors.url, rows, notes))
+    return runs
+
+
+def _measure_local_work(backend_name: str, plan: Any) -> Any:
+    """The sync workloads' GPU work through the runtime in this process (and CuPy's
+    launches on the cuda backend, where CuPy imports)."""
+    from benchmarks import floors as fl
+    from hipr.backends import load_backend
+
+    _log(f"local {backend_name}: launches, {plan.sync_copy_size >> 20} MiB copies, SGEMM")
+    options: dict[str, Any] = {}
+    if backend_name == "emulator":
+        options["total_memory"] = plan.sync_copy_size + (64 << 20)
+    backend = load_backend(backend_name, **options)
+    try:
+        work = fl.local_work(
+            backend,
+            count=plan.rtt_count,
+            warmup=plan.warmup,
+            batch=plan.launch_batch,
+            batch_repeats=plan.batch_repeats,
+            copy_size=plan.sync_copy_size,
+            copy_repeats=plan.sync_copy_repeats,
+            sgemm_n=plan.sgemm_n,
+            sgemm_runs=plan.sgemm_runs,
+        )
+    finally:
+        backend.close()
+    if backend_name == "cuda":
+        try:
+            _log("local CuPy: RawKernel launches")
+            work.cupy_launch_sync, work.cupy_per_launch = fl.cupy_launches(
+                plan.rtt_count, plan.warmup, plan.launch_batch, plan.batch_repeats
+            )
+        except Exception as exc:  # no CuPy, or one that cannot run here: a note, no figure
+            work.notes.append(f"CuPy: not measured ({type(exc).__name__}: {exc})")
+    return work
+
+
+def _describe_blocking(url: str, token: str | None) -> dict[str, Any]:
+    import hipr
+
+    with hipr.connect(url, token=token) as gpu:
+        return {
+            "backend": gpu.worker_info().get("backend"),
+            "device": gpu.device_properties(0).name,
+        }
+
+
+def _floor_urls(
+    args: argparse.Namespace, stack: contextlib.ExitStack, urls: Sequence[str], tmp: Path
+) -> tuple[dict[str, str], dict[str, str]]:
+    """transport -> floor URL, and transport -> uvloop echo URL (none without uvloop):
+    --floor, or servers started here in processes of their own."""
+    transports = sorted({_transport_of(u) for u in urls})
+    if args.floor:
+        return {t: args.floor for t in transports}, {}
+    kinds = sorted({t if t in TRANSPORTS else "tcp" for t in transports})
+    found: list[dict[str, str]] = []
+    for flag in ("", "--uvloop"):
+        if flag:
+            try:
+                import uvloop  # noqa: F401
+            except ImportError:
+                found.append({})
+                continue
+        wanted = {"tcp": "tcp://127.0.0.1:0", "unix": f"unix://{tmp}/floor{flag}.sock"}
+        argv = [sys.executable, "-m", "benchmarks.floors", *([flag] if flag else [])]
+        for kind in kinds:
+            argv += ["--listen", wanted[kind]]
+        started = stack.enter_context(_spawn(argv, f"floor server {flag}".strip()))
+        bound = dict(zip(kinds, started["urls"], strict=True))
+        found.append({t: bound[t if t in TRANSPORTS else "tcp"] for t in transports})
+    return found[0], found[1]
 
 
 def _baseline_urls(
