@@ -47,6 +47,9 @@ class GatedEmulator(EmulatorBackend):
     that cannot finish in time, on demand (``synchronize`` may be answered without the
     backend when the session's work is done)."""
 
+    #: The gate blocks: memset must never run inline on the worker's event loop.
+    inline_calls = EmulatorBackend.inline_calls - {"memset"}
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.gate = threading.Event()
