@@ -29,6 +29,7 @@ to measure a remote link's floor, then ``hipr bench URL --floor URL``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import statistics
@@ -321,8 +322,22 @@ def measure_floors(
     uvloop_url: str = "",
 ) -> Floors:
     """Every floor of one transport: echo, stream both ways, one-way messages, uvloop."""
-    with FloorClient(url) as client:
-        echo = client.echo(echo_count, warmup=warmup)
+    with contextlib.ExitStack() as stack:
+        client = stack.enter_context(FloorClient(url))
+        uv = stack.enter_context(FloorClient(uvloop_url)) if uvloop_url else None
+        # Blocks of each echo in turn, so that drift on a shared machine (clocks ramping,
+        # a neighbour's burst) hits both alike; a generous warm-up before either.
+        echo: list[float] = []
+        uvloop_echo: list[float] = []
+        blocks = max(1, min(10, echo_count // 50))
+        for c in (client, uv):
+            if c is not None:
+                c.echo(0, warmup=max(warmup, echo_count // 4))
+        for i in range(blocks):
+            n = echo_count // blocks + (1 if i < echo_count % blocks else 0)
+            echo += client.echo(n)
+            if uv is not None:
+                uvloop_echo += uv.echo(n)
         host = np.full(stream_size, 7, np.uint8)
         out = np.ones(stream_size, np.uint8)
         push: list[float] = []
@@ -336,12 +351,7 @@ def measure_floors(
         for size in message_sizes:
             client.messages(size, min(warmup, message_count))
             messages[size] = client.messages(size, message_count) / message_count
-    floors = Floors(transport, url, echo, push, pull, stream_size, messages)
-    if uvloop_url:
-        with FloorClient(uvloop_url) as client:
-            floors.uvloop_echo = client.echo(echo_count, warmup=warmup)
-        floors.uvloop_url = uvloop_url
-    return floors
+    return Floors(transport, url, echo, push, pull, stream_size, messages, uvloop_url, uvloop_echo)
 
 
 # --- the local runtime ----------------------------------------------------------------

@@ -646,6 +646,7 @@ def _run_blocking(
     a worker shares the GPU)."""
     from benchmarks import floors as fl
     from benchmarks import syncbench
+    from benchmarks.suite import size_text
 
     local = None
     if args.local or args.backend:
@@ -655,7 +656,7 @@ def _run_blocking(
         worker_loop = args.worker_loop or default_worker_loop()
         transports = TRANSPORTS if args.transport == "both" else (args.transport,)
         wanted = {"tcp": "tcp://127.0.0.1:0", "unix": f"unix://{tmp}/worker-blocking.sock"}
-        _log(f"starting a {args.backend or 'emulator'} worker ({worker_loop})")
+        _log(f"starting the {args.backend or 'emulator'} worker (loop {worker_loop})")
         started = stack.enter_context(
             _local_worker(worker_loop, args.backend or "emulator", [wanted[t] for t in transports])
         )
@@ -669,7 +670,7 @@ def _run_blocking(
     runs: list[Run] = []
     for url in urls:
         transport = _transport_of(url)
-        _log(f"floors over {transport}: blocking echo, {plan.sync_copy_size >> 20} MiB stream")
+        _log(f"floors over {transport}: echoes, {size_text(plan.sync_copy_size)} streams")
         floors = fl.measure_floors(
             transport,
             floor_urls[transport],
@@ -699,9 +700,11 @@ def _measure_local_work(backend_name: str, plan: Any) -> Any:
     """The sync workloads' GPU work through the runtime in this process (and CuPy's
     launches on the cuda backend, where CuPy imports)."""
     from benchmarks import floors as fl
+    from benchmarks.suite import size_text
     from hipr.backends import load_backend
 
-    _log(f"local {backend_name}: launches, {plan.sync_copy_size >> 20} MiB copies, SGEMM")
+    sgemm = "" if backend_name == "emulator" else f", SGEMM {plan.sgemm_n}³"
+    _log(f"local {backend_name}: launches, {size_text(plan.sync_copy_size)} copies{sgemm}")
     options: dict[str, Any] = {}
     if backend_name == "emulator":
         options["total_memory"] = plan.sync_copy_size + (64 << 20)
