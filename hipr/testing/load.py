@@ -64,6 +64,9 @@ class LoadOptions:
     #: Soak: tracemalloc snapshots at half time and at the end, their top differences in
     #: the report (slows the worker; for hunting what grows, not for the figures).
     trace: bool = False
+    #: Seconds to wait once a round's sessions have ended before sampling: the worker
+    #: gives freed memory back after a second idle (hipr/worker/memory.py).
+    settle_seconds: float = 0.0
     #: Called with each round's sample as it is taken (progress of a long soak).
     on_sample: Callable[[Sample], None] | None = None
 
@@ -81,6 +84,8 @@ class Sample:
     gc_objects: int
     p50_ms: float
     p99_ms: float
+    #: The largest RSS seen while the round ran (sampled every 0.2 s).
+    rss_peak: int = 0
 
 
 @dataclass
@@ -274,8 +279,9 @@ async def run_load(options: LoadOptions, watch: LogWatch | None = None) -> LoadR
                     tracemalloc.start(8)
                 round_index = 0
                 while True:
+                    peak = [0]
                     async with anyio.create_task_group() as tg:
-                        tg.start_soon(_sample_sessions, worker, report)
+                        tg.start_soon(_sample_sessions, worker, report, peak)
                         try:
                             stats = await _clients(url, options, round_index)
                         except Exception as exc:  # the clients' fault, not the worker's
@@ -285,6 +291,8 @@ async def run_load(options: LoadOptions, watch: LogWatch | None = None) -> LoadR
                     if not await wait_for_no_sessions(worker, timeout=30):
                         report.errors.append("sessions still open 30 s after the clients left")
                     report.leaks += leaks(backend, worker, baseline)
+                    if options.settle_seconds > 0:
+                        await anyio.sleep(options.settle_seconds)
                     latencies = sorted(stats.latencies)
                     stats.latencies = array("d")
                     totals.merge(stats)
@@ -292,7 +300,7 @@ async def run_load(options: LoadOptions, watch: LogWatch | None = None) -> LoadR
                     p99s.append(percentile(latencies, 0.99) * 1000)
                     del latencies
                     report.samples.append(
-                        _sample(time.monotonic() - soak_started, p50s[-1], p99s[-1])
+                        _sample(time.monotonic() - soak_started, p50s[-1], p99s[-1], peak[0])
                     )
                     report.rss_rounds.append(report.samples[-1].rss)
                     if options.on_sample is not None:
@@ -335,9 +343,10 @@ async def run_load(options: LoadOptions, watch: LogWatch | None = None) -> LoadR
     return report
 
 
-def _sample(t: float, p50_ms: float, p99_ms: float) -> Sample:
+def _sample(t: float, p50_ms: float, p99_ms: float, rss_peak: int = 0) -> Sample:
     gc.collect()
     return Sample(
+        rss_peak=rss_peak,
         t=t,
         rss=rss_bytes(),
         fds=open_fds(),
@@ -382,9 +391,13 @@ def _trace_diff(before: tracemalloc.Snapshot, after: tracemalloc.Snapshot) -> li
     return top
 
 
-async def _sample_sessions(worker: Any, report: LoadReport) -> None:
+async def _sample_sessions(worker: Any, report: LoadReport, peak: list[int]) -> None:
+    ticks = 0
     while True:
         report.sessions_held = max(report.sessions_held, len(worker.sessions))
+        if ticks % 10 == 0:
+            peak[0] = max(peak[0], rss_bytes())
+        ticks += 1
         await anyio.sleep(0.02)
 
 

@@ -169,6 +169,13 @@ def main_report(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--trace", action="store_true", help="soak: tracemalloc diff of the last half"
     )
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=3.0,
+        help="soak: seconds idle after each round before sampling (the worker trims its "
+        "heap after 1 s idle)",
+    )
     args = parser.parse_args(argv)
     if args.soak is not None:
         return _main_soak(args, argv)
@@ -202,9 +209,10 @@ def _main_soak(args: argparse.Namespace, argv: list[str] | None) -> int:
         rounds=6,
         soak_seconds=args.soak * 60,
         trace=args.trace,
+        settle_seconds=args.settle,
         on_sample=lambda s: say(
-            f"t {s.t:.0f} s: RSS {s.rss / 2**20:.1f} MiB, fds {s.fds}, threads {s.threads}, "
-            f"gc objects {s.gc_objects}, p50 {s.p50_ms:.1f} ms"
+            f"t {s.t:.0f} s: RSS {s.rss / 2**20:.1f} MiB (peak {s.rss_peak / 2**20:.0f}), "
+            f"fds {s.fds}, threads {s.threads}, gc objects {s.gc_objects}, p50 {s.p50_ms:.1f} ms"
         ),
     )
     say(

@@ -18,7 +18,16 @@ from hipr.testing.load import LoadReport, Sample
 
 #: Drift too small to call growth, whatever the scatter: 2 MiB of RSS (a few allocator
 #: arenas' worth), less than one descriptor or thread.
-FLOORS: dict[str, float] = {"rss": 2.0 * 2**20, "fds": 0.5, "threads": 0.5, "gc_objects": 500}
+FLOORS: dict[str, float] = {
+    "rss": 2.0 * 2**20,
+    "fds": 0.5,
+    "threads": 0.5,
+    "gc_objects": 500,
+    "rss_peak": 2.0 * 2**20,
+}
+#: Shown with its trend but not in the verdict: the peak under load follows how the
+#: sessions' requests happened to overlap, the idle figures are what a leak moves.
+INFORMATIVE = frozenset({"rss_peak"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +52,16 @@ class Trend:
     def flat(self) -> bool:
         """True when the drift is within the noise band or under the floor."""
         return abs(self.drift) <= max(self.noise, self.floor)
+
+    @property
+    def growing(self) -> bool:
+        """True when the line rises by more than the noise band and the floor."""
+        return self.drift > max(self.noise, self.floor)
+
+    @property
+    def verdict(self) -> str:
+        """``flat``, ``falling`` or ``GROWING``."""
+        return "flat" if self.flat else ("GROWING" if self.growing else "falling")
 
 
 def fit(name: str, points: Sequence[tuple[float, float]], floor: float = 0.0) -> Trend:
@@ -80,6 +99,7 @@ FIGURES: dict[str, Callable[[Sample], float]] = {
     "fds": lambda s: float(s.fds),
     "threads": lambda s: float(s.threads),
     "gc_objects": lambda s: float(s.gc_objects),
+    "rss_peak": lambda s: float(s.rss_peak),
 }
 
 
@@ -119,13 +139,22 @@ def render_soak(report: LoadReport, *, title: str) -> str:
         "round's p50, worst round's p99) |",
     ]
     for name, trend in trends.items():
-        if name == "rss":
+        if name == "rss_peak":
+            first_peak = _mib(report.samples[0].rss_peak) if report.samples else "-"
             lines.append(
-                f"| worker RSS | {_mib(report.rss_start)} MiB before load; after round 1 "
+                f"| worker RSS peak in rounds | first {first_peak}, last {_mib(trend.last)} MiB; "
+                f"last half: slope {_mib(trend.slope)} MiB/min, "
+                f"drift {_mib(trend.drift)} MiB vs noise band ± {_mib(trend.noise)} MiB "
+                "(informative: not in the verdict) |"
+            )
+        elif name == "rss":
+            lines.append(
+                f"| worker RSS, idle after each round | {_mib(report.rss_start)} MiB before "
+                "load; after round 1 "
                 f"{_mib(report.samples[0].rss) if report.samples else '-'}, last "
                 f"{_mib(trend.last)} MiB; last half: slope {_mib(trend.slope)} MiB/min "
                 f"(± {_mib(trend.slope_ci)} at 95 %), drift {_mib(trend.drift)} MiB vs noise "
-                f"band ± {_mib(trend.noise)} MiB: {'flat' if trend.flat else 'GROWING'} |"
+                f"band ± {_mib(trend.noise)} MiB: {trend.verdict} |"
             )
         else:
             label = {"fds": "open fds", "threads": "threads", "gc_objects": "gc objects"}[name]
@@ -134,14 +163,15 @@ def render_soak(report: LoadReport, *, title: str) -> str:
             lines.append(
                 f"| {label} | after round 1 {start}, last {trend.last:.0f}; last half: slope "
                 f"{trend.slope:+.2f}/min (± {trend.slope_ci:.2f}), drift {trend.drift:+.1f} vs "
-                f"noise band ± {trend.noise:.1f}: {'flat' if trend.flat else 'GROWING'} |"
+                f"noise band ± {trend.noise:.1f}: {trend.verdict} |"
             )
     lines.append(f"| verdict | {'PASS' if ok else 'FAIL'} |")
     lines += [
         "",
-        "Flat means the least-squares line through the last half's samples rises by no "
+        "Flat means the least-squares line through the last half's samples moves by no "
         "more than twice the residuals' standard deviation (the noise band), or by less "
-        "than 2 MiB of RSS / one descriptor / one thread / 500 objects.",
+        "than 2 MiB of RSS / one descriptor / one thread / 500 objects; the verdict "
+        "fails only on growth (falling passes).",
         "",
         f"- load: {report.summary()}",
     ]
@@ -150,12 +180,15 @@ def render_soak(report: LoadReport, *, title: str) -> str:
         lines += [f"- {line}" for line in report.trace_top]
     lines += [
         "",
-        "| round | t (s) | RSS (MiB) | fds | threads | gc objects | p50 (ms) | p99 (ms) |",
-        "|------:|------:|----------:|----:|--------:|-----------:|---------:|---------:|",
+        "| round | t (s) | RSS (MiB) | peak RSS (MiB) | fds | threads | gc objects | p50 (ms) "
+        "| p99 (ms) |",
+        "|------:|------:|----------:|---------------:|----:|--------:|-----------:|---------:"
+        "|---------:|",
     ]
     for i, s in enumerate(report.samples, 1):
         lines.append(
-            f"| {i} | {s.t:.0f} | {_mib(s.rss)} | {s.fds} | {s.threads} | {s.gc_objects} | "
+            f"| {i} | {s.t:.0f} | {_mib(s.rss)} | {_mib(s.rss_peak)} | {s.fds} | {s.threads} "
+            f"| {s.gc_objects} | "
             f"{s.p50_ms:.2f} | {s.p99_ms:.2f} |"
         )
     return "\n".join(lines) + "\n"
@@ -164,4 +197,8 @@ def render_soak(report: LoadReport, *, title: str) -> str:
 def soak_ok(report: LoadReport) -> bool:
     """The soak's verdict: the load's oracles held and every figure is flat."""
     trends = last_half_trends(report.samples)
-    return report.ok and len(report.samples) >= 6 and all(t.flat for t in trends.values())
+    return (
+        report.ok
+        and len(report.samples) >= 6
+        and not any(t.growing for name, t in trends.items() if name not in INFORMATIVE)
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import hmac
 import ipaddress
 import signal
@@ -39,6 +40,7 @@ from hipr.worker.isolation import (
     fetch_json,
     serve_json,
 )
+from hipr.worker.memory import trim_heap
 from hipr.worker.quotas import QuotaGate, TenantState
 from hipr.worker.session import Session
 from hipr.worker.tenants import Quotas, Tenant, load_tenants
@@ -48,6 +50,9 @@ log = structlog.get_logger("hipr.worker")
 #: Copy chunk size announced to clients: large enough to amortise per-frame costs,
 #: small enough that a copy can be refused or cancelled between chunks.
 DEFAULT_CHUNK_BYTES = 4 << 20
+#: Seconds without a session before freed memory goes back to the OS: long enough that
+#: a client reconnecting at once does not pay for it, short enough to follow a burst.
+IDLE_TRIM_DELAY = 1.0
 
 
 class Worker:
@@ -74,6 +79,7 @@ class Worker:
         self.started_at = time.time()
         #: Set when this worker is a tenant's child (``isolation = "process"`` above it).
         self.child_link: ChildLink | None = None
+        self._trim_pending = False
 
     def authenticate(self, hello: Args, stream: anyio.abc.ByteStream) -> Tenant:
         """The tenant a HELLO's credentials name, or AuthError."""
@@ -268,6 +274,24 @@ class Worker:
         """Drop a closed session from the registry."""
         if self.sessions.pop(session.id, None) is not None:
             self.observer.session_closed(session.tenant)
+        if not self.sessions and not self._trim_pending and self._task_group is not None:
+            self._trim_pending = True
+            self._task_group.start_soon(self._trim_when_idle)
+
+    async def _trim_when_idle(self) -> None:
+        """Once no session is left for IDLE_TRIM_DELAY, give freed memory back to the OS
+        (see hipr/worker/memory.py: without it RSS stays at its high-water mark)."""
+        try:
+            await anyio.sleep(IDLE_TRIM_DELAY)
+            if not self.sessions:
+                # Ended connections leave reference cycles (tasks, cancelled scopes,
+                # tracebacks) that keep their receive buffers alive until a full
+                # collection, which may be long in coming: collect them first, or the
+                # trim finds little free. Idle, the pause costs no one.
+                gc.collect()
+                await anyio.to_thread.run_sync(trim_heap)
+        finally:
+            self._trim_pending = False
 
     async def handle_stream(self, stream: anyio.abc.ByteStream) -> None:
         """Serve one accepted connection to its end."""

@@ -80,3 +80,11 @@ async def test_a_short_soak_samples_every_round(anyio_backend: str) -> None:
         assert sample.gc_objects > 0 and sample.p99_ms >= sample.p50_ms > 0
     assert report.rss_rounds == [s.rss for s in report.samples]
     assert "| round | t (s) |" in render_soak(report, title="# t")
+
+
+def test_a_falling_figure_passes_but_is_named() -> None:
+    rss = [800 * MiB - i * 4 * MiB for i in range(40)]
+    report = LoadReport(sessions=1, sessions_held=1, samples=_samples(rss))
+    trend = last_half_trends(report.samples)["rss"]
+    assert trend.verdict == "falling" and not trend.growing
+    assert soak_ok(report)
