@@ -4,8 +4,9 @@ half of a long load run, and the report that states it.
 A leak shows as a slope; allocator noise (arenas, fragmentation, the garbage collector's
 timing) shows as scatter around a flat line. So each figure gets a least-squares line
 over the samples of the last half, and its drift over that half (slope x span) is
-compared with the scatter: flat when the drift is inside the noise band (twice the
-residuals' standard deviation) or below a floor too small to matter (``floor``).
+compared with the scatter: growing when it rises past a floor too small to matter
+(``floor``) and either past the noise band (twice the residuals' standard deviation) or
+with a slope significantly above zero (a wide scatter must not hide a steady rise).
 """
 
 from __future__ import annotations
@@ -48,15 +49,26 @@ class Trend:
     samples: int
     floor: float
 
-    @property
-    def flat(self) -> bool:
-        """True when the drift is within the noise band or under the floor."""
-        return abs(self.drift) <= max(self.noise, self.floor)
+    def _moves(self, drift: float, slope_low: float) -> bool:
+        # Past the floor, and either past the noise band or significant: a scatter wide
+        # enough to swallow a steady rise must not hide it.
+        return drift > self.floor and (drift > self.noise or slope_low > 0)
 
     @property
     def growing(self) -> bool:
-        """True when the line rises by more than the noise band and the floor."""
-        return self.drift > max(self.noise, self.floor)
+        """True when the line rises past the floor, and past the noise band or with a
+        slope whose 95 % interval excludes zero."""
+        return self._moves(self.drift, self.slope - self.slope_ci)
+
+    @property
+    def falling(self) -> bool:
+        """The mirror of :attr:`growing`."""
+        return self._moves(-self.drift, -self.slope - self.slope_ci)
+
+    @property
+    def flat(self) -> bool:
+        """Neither growing nor falling."""
+        return not (self.growing or self.falling)
 
     @property
     def verdict(self) -> str:
@@ -168,10 +180,11 @@ def render_soak(report: LoadReport, *, title: str) -> str:
     lines.append(f"| verdict | {'PASS' if ok else 'FAIL'} |")
     lines += [
         "",
-        "Flat means the least-squares line through the last half's samples moves by no "
-        "more than twice the residuals' standard deviation (the noise band), or by less "
-        "than 2 MiB of RSS / one descriptor / one thread / 500 objects; the verdict "
-        "fails only on growth (falling passes).",
+        "Growing means the least-squares line through the last half's samples rises by "
+        "more than a floor (2 MiB of RSS / one descriptor / one thread / 500 objects) and "
+        "either by more than twice the residuals' standard deviation (the noise band) or "
+        "with a slope whose 95 % interval excludes zero; falling is the mirror, flat is "
+        "neither. The verdict fails only on growth.",
         "",
         f"- load: {report.summary()}",
     ]
