@@ -146,7 +146,10 @@ class BlockingConnection(LinkState):
                 continue
             reply = handshake_reply(frame, opcode, self.url)
             if reply is not None:
-                stream.settimeout(None)
+                # Reads wait in poll(), never here; the timeout bounds a send into a
+                # route that stopped moving (open but silent): after heartbeat_timeout
+                # the link is taken for dead and resumed, as a silent read would be.
+                stream.settimeout(self.options.heartbeat_timeout)
                 return reply, decoder
 
     def open(self, hello: dict[str, Any]) -> dict[str, Any]:
@@ -259,7 +262,7 @@ class BlockingConnection(LinkState):
         stream = self._stream
         if stream is None:
             return  # the resend after reconnecting carries these requests
-        stream.sendall(b"".join(batch) if len(batch) > 1 else batch[0])
+        _send_all(stream, b"".join(batch) if len(batch) > 1 else batch[0])
         self._last_sent = time.monotonic()
 
     def _write_locked(self, sent: Sent) -> None:
@@ -281,7 +284,7 @@ class BlockingConnection(LinkState):
             return
         for parts, done in self._frames(sent):
             for part in parts:
-                stream.sendall(part)
+                _send_all(stream, part)
             self._last_sent = time.monotonic()
             if sent.progress is not None:
                 sent.progress(done, total)
@@ -432,7 +435,7 @@ class BlockingConnection(LinkState):
                 return
             try:
                 self._flush_locked()
-                stream.sendall(data)
+                _send_all(stream, data)
                 self._last_sent = time.monotonic()
             except _LINK_ERRORS:
                 pass
@@ -631,12 +634,24 @@ class BlockingConnection(LinkState):
 
     def _flush_locked_to(self, stream: BlockingStream) -> None:
         if self._outbox:
-            stream.sendall(b"".join(self._outbox))
+            _send_all(stream, b"".join(self._outbox))
             self._outbox, self._outbox_bytes = [], 0
 
     async def aclose(self) -> None:
         """Close (the async API's name for :meth:`close`)."""
         self.close()
+
+
+def _send_all(stream: BlockingStream, data: bytes | bytearray | memoryview) -> None:
+    """``sendall`` whose timeout bounds each wait for room, not the whole transfer: a
+    slow link may take as long as it needs, a link that stops moving fails after the
+    socket's timeout (sendall's timeout would cut a large chunk short on a slow link)."""
+    sent = stream.send(data)
+    if sent == len(data):
+        return
+    view = memoryview(data).cast("B")[sent:]
+    while view:
+        view = view[stream.send(view) :]
 
 
 def _pending_bytes(stream: BlockingStream) -> int:

@@ -216,6 +216,10 @@ class BlockingStream(Protocol):
         """Send all of ``data``, blocking (up to the timeout) while the buffer is full."""
         ...
 
+    def send(self, data: bytes | bytearray | memoryview, /) -> int:
+        """Send what fits now (waiting up to the timeout for room); the bytes sent."""
+        ...
+
     def recv_into(self, buffer: memoryview | bytearray, nbytes: int = 0, /) -> int:
         """Receive up to ``nbytes`` (0: the buffer's size) into ``buffer``; 0 at end."""
         ...

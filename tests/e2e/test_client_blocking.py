@@ -447,6 +447,34 @@ def test_a_stalled_route_is_found_by_heartbeat_and_resumed(
     assert "disconnected" in events and "resumed" in events, events
 
 
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport_kind", ["tcp"])
+def test_an_upload_into_a_stalled_route_is_resumed_not_hung(
+    blocking_endpoint: BlockingEndpoint, events: list[str]
+) -> None:
+    """A route that stops moving mid-upload (open, silent): the blocked send gives up
+    after heartbeat_timeout, the session resumes over a new link and the bytes arrive
+    exactly once."""
+    with blocking_endpoint.portal.wrap_async_context_manager(
+        faulty_proxy(blocking_endpoint.url)
+    ) as proxy:
+        link = dataclasses.replace(FAST, heartbeat_interval=0.1, heartbeat_timeout=0.8)
+        with connect_one(proxy.url, link=link, on_event=recorder(events)) as gpu:
+            size = 32 << 20
+            data = np.random.default_rng(7).integers(0, 256, size, dtype=np.uint8)
+            p = gpu.malloc(size)
+            proxy.stalled = True
+            threading.Timer(2.0, lambda: setattr(proxy, "stalled", False)).start()
+            started = time.monotonic()
+            gpu.memcpy_htod(p, data)
+            assert time.monotonic() - started < 30
+            out = np.empty_like(data)
+            gpu.memcpy_dtoh(p, size, out=out)
+            np.testing.assert_array_equal(out, data)
+    assert "disconnected" in events and "resumed" in events, events
+    assert "session_lost" not in events
+
 # --- tokens
 
 
