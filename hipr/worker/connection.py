@@ -45,7 +45,7 @@ from hipr.transports import connect as transport_connect
 from hipr.worker.config import WorkerConfig
 from hipr.worker.isolation import TenantProcesses
 from hipr.worker.replay import MAX_ONE_REPLY
-from hipr.worker.session import Session, as_hip_error
+from hipr.worker.session import DeferredError, Session, as_hip_error
 from hipr.worker.tenants import Tenant, TenantRegistry
 
 
@@ -96,6 +96,14 @@ RECEIVE_SIZE = 1 << 18
 READ_AHEAD_BYTES = 16 << 20
 #: Requests whose reply never reports a pending fire-and-forget error.
 _NOT_SYNCHRONISING = {Opcode.PING, Opcode.GOODBYE, Opcode.BARRIER}
+#: Requests that wait for the session's earlier work themselves: their own wait settles
+#: the fire-and-forget calls before them, so the deferred error is read after they ran
+#: (one GPU-thread round trip instead of two for a launch followed by a synchronize).
+_SETTLED_BY_WAITING = {
+    Opcode.DEVICE_SYNCHRONIZE,
+    Opcode.STREAM_SYNCHRONIZE,
+    Opcode.EVENT_SYNCHRONIZE,
+}
 
 
 class _Closing(Exception):
@@ -492,13 +500,10 @@ class WorkerConnection:
         elif (
             not no_reply
             and frame.opcode not in _NOT_SYNCHRONISING
+            and frame.opcode not in _SETTLED_BY_WAITING
             and (deferred := await session.settled_deferred_error())
         ):
-            error = type(deferred.error)(
-                deferred.error.code,
-                f"{deferred.error.message} (from an earlier asynchronous {deferred.opcode}, "
-                f"request {deferred.request_id}; this request did not run)",
-            )
+            error = _reported(deferred, "this request did not run")
         if error is None:
             assert spec is not None
             try:
@@ -511,6 +516,12 @@ class WorkerConnection:
             except Exception as exc:  # a handler bug must not take the worker down
                 self._log.exception("handler failed", opcode=name)
                 error = as_hip_error(exc, name)
+        if frame.opcode in _SETTLED_BY_WAITING and not no_reply:
+            # Its wait ran after every earlier call: their error, if any, is known now
+            # and comes first (a GPU reports the earliest failure at a synchronisation).
+            late = session.take_deferred_error()
+            if late is not None:
+                error = _reported(late, "reported at this synchronisation")
         if request.more:
             await request.drain()
         if request_id:
@@ -692,3 +703,12 @@ def _over_rate(session: Session) -> HipError | None:
     except HipError as exc:
         return exc
     return None
+
+
+def _reported(deferred: DeferredError, how: str) -> HipError:
+    """A fire-and-forget request's kept error, as the reply of a later request."""
+    return type(deferred.error)(
+        deferred.error.code,
+        f"{deferred.error.message} (from an earlier asynchronous {deferred.opcode}, "
+        f"request {deferred.request_id}; {how})",
+    )
