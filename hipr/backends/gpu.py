@@ -112,10 +112,6 @@ class Runtime(Protocol):
         """The flags and values the shared logic passes (after :meth:`open`)."""
         ...
 
-    def per_thread_stream(self) -> Any:
-        """The handle of the per-thread default stream."""
-        ...
-
     def call(self, fn: str, *args: Any) -> Any:
         """Call driver function ``fn``: its outputs, or its failure as HipError."""
         ...
@@ -317,18 +313,21 @@ class RuntimeBase:
 class GpuBackend:
     """:class:`~hipr.backends.base.Backend` over one :class:`Runtime` (see module doc)."""
 
-    #: Calls that never wait for the GPU and do not depend on the calling thread's
-    #: default stream (which is per thread here): the worker may run them on its event
-    #: loop. Default-stream work stays on the session's own GPU thread, whose per-thread
-    #: stream orders it; no ``work_done`` is offered for the same reason.
+    #: Calls that never wait for the GPU: the worker may run them on its event loop,
+    #: in the session's lane (:meth:`run_in_lane`), so that they land on the session's
+    #: own default stream, in order with the work its GPU thread issued.
     inline_calls: frozenset[str] = frozenset(
         {
             "device_count",
             "device_properties",
             "mem_get_info",
+            "launch",
+            "event_record",
+            "stream_wait_event",
             "stream_query",
             "event_query",
             "event_elapsed_ms",
+            "graph_launch",
         }
     )
 
@@ -346,7 +345,8 @@ class GpuBackend:
         self._builtin_lock = threading.Lock()
         self._ledger = Ledger()
         self._tls = threading.local()
-        self._ptds = runtime.per_thread_stream()
+        #: The device whose context the worker's loop thread has current (run_in_lane).
+        self._loop_ctx = threading.local()
         self._code_cache = CodeCache()
         # Parameter-space sizes by function address; cleared when a module goes, since
         # a later module's function may reuse the address.
@@ -371,8 +371,64 @@ class GpuBackend:
 
     def _stream(self, stream: Handle | None) -> Any:
         if stream is None:
-            return self._ptds
+            return self._default_stream()
         return live(stream, GpuStream, "stream")
+
+    def _default_stream(self) -> Any:
+        """The lane's default stream on its current device: a stream of its own rather
+        than the per-thread default stream, so that the lane's work stays in order
+        whichever thread issues it (the session's GPU thread or the worker's loop)."""
+        device = self._current()
+        streams: dict[int, Any] | None = getattr(self._tls, "default_streams", None)
+        if streams is None:
+            streams = self._tls.default_streams = {}
+        raw = streams.get(device)
+        if raw is None:
+            raw = self._call(self._calls.stream_create, self._k.stream_flags)
+            streams[device] = raw
+        return raw
+
+    # --- lanes: a session's thread state, borrowed by the worker's event loop -----------
+
+    def current_lane(self) -> dict[str, Any]:
+        """The calling thread's state (device, default streams, capture): the session
+        keeps it to run calls inline, on its event loop, as if on this thread."""
+        self._current()
+        return self._tls.__dict__  # type: ignore[no-any-return]
+
+    def run_in_lane(self, lane: dict[str, Any], fn: Callable[..., _T], *args: Any) -> _T:
+        """``fn(*args)`` on the calling thread with ``lane``'s state and context (its
+        owner thread must be idle). Makes the lane's device current here when needed."""
+        mine = self._tls.__dict__
+        saved = dict(mine)
+        device = lane.get("device", 0)
+        if self._loop_ctx.__dict__.get("device") != device:
+            self._rt.bind(device)
+            self._loop_ctx.device = device
+        mine.clear()
+        mine.update(lane)
+        try:
+            return fn(*args)
+        finally:
+            lane.clear()
+            lane.update(mine)  # what fn changed in the lane (a default stream made)
+            mine.clear()
+            mine.update(saved)
+
+    def work_done(self, streams: Sequence[Handle]) -> bool:
+        """True when the lane's default stream and ``streams`` have no pending work
+        (asked without waiting); raises a failed kernel's error, as a query does."""
+        pending = list(getattr(self._tls, "default_streams", {}).values())
+        pending += [live(s, GpuStream, "stream") for s in streams]
+        return all(self._query(self._calls.stream_query, raw) for raw in pending)
+
+    def release_thread(self) -> None:
+        """Destroy the calling thread's default streams (its session is ending)."""
+        streams: dict[int, Any] = getattr(self._tls, "default_streams", None) or {}
+        for device, raw in list(streams.items()):
+            self._rt.bind(device)
+            self._rt.raw(self._calls.stream_destroy, raw)
+        streams.clear()
 
     def _check_device(self, device: int) -> None:
         if not isinstance(device, int) or not 0 <= device < self._count:

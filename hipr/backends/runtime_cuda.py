@@ -205,10 +205,6 @@ class CudaRuntime(RuntimeBase):
         """The CUDA column of :data:`~hipr.backends.callmap.CONSTANTS`."""
         return resolve_constants(self.api, "cuda")
 
-    def per_thread_stream(self) -> Any:
-        """``CU_STREAM_PER_THREAD`` as a stream handle."""
-        return self.api.CUstream(self.api.CU_STREAM_PER_THREAD)
-
     def _context(self, device: int) -> Any:
         """``device``'s primary context, retained on first use and kept until release."""
         with self._lock:

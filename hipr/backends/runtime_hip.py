@@ -35,7 +35,6 @@ _HIP_SUCCESS = 0
 #: hipErrorInsufficientDriver as hipGetDeviceCount reports it.
 _HIP_DRIVER_TOO_OLD = 35
 #: ``hipStreamPerThread`` is ``(hipStream_t)2`` in HIP's headers; hip-python has no name.
-_STREAM_PER_THREAD = 2
 
 
 def hiprtc_options(options: Sequence[str], arch: str) -> list[str]:
@@ -115,10 +114,6 @@ class HipRuntime(RuntimeBase):
     def constants(self) -> RuntimeConstants[Any]:
         """The HIP column of :data:`~hipr.backends.callmap.CONSTANTS`."""
         return resolve_constants(self.api, "hip")
-
-    def per_thread_stream(self) -> Any:
-        """``hipStreamPerThread`` as a stream handle."""
-        return self.api.ihipStream_t.fromObj(_STREAM_PER_THREAD)
 
     def bind(self, device: int) -> None:
         """hipSetDevice on the calling thread."""

@@ -108,13 +108,31 @@ class Session:
         self._gpu = GpuThread(name=f"hipr-gpu-{self.id}")
         #: Backend calls that never wait for the GPU (run inline when the thread is idle).
         self._inline_calls: frozenset[str] = getattr(backend, "inline_calls", frozenset())
-        self._gpu.post(backend.bind_thread, 0, on_error=self._record_bind_error)
+        self._uses_lanes = hasattr(backend, "run_in_lane")
+        #: The GPU thread's state, for running calls inline as if on it (backends with
+        #: lanes: ``current_lane``/``run_in_lane``); known once the thread has bound.
+        self._lane: Any = None
+        self._gpu.post(self._bind_first, on_error=self._record_bind_error)
         self._deferred: DeferredError | None = None
         #: Fire-and-forget calls may still be queued (the bind above is one).
         self._unsettled = True
         self._closed = False
 
     # --- running work on the session's GPU thread --------------------------------------
+    def _bind_first(self) -> None:
+        """On the GPU thread: bind device 0 and note the thread's lane."""
+        self.backend.bind_thread(0)
+        current_lane = getattr(self.backend, "current_lane", None)
+        if current_lane is not None:
+            self._lane = current_lane()
+
+    def _run_here(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the event-loop thread as if on the session's GPU thread."""
+        if self._lane is not None:
+            return self.backend.run_in_lane(self._lane, fn, *args)  # type: ignore[attr-defined, no-any-return]
+        self._bind_here()
+        return fn(*args)
+
     def _can_inline(self, fn: Callable[..., Any]) -> bool:
         """True when ``fn`` may run right here on the event loop: the backend says it
         never waits for the GPU, and nothing of this session is queued on its thread
@@ -124,6 +142,7 @@ class Session:
             getattr(fn, "__name__", "") in self._inline_calls
             and self._gpu.idle
             and not self._closed
+            and (self._lane is not None or not self._uses_lanes)
         )
 
     def _bind_here(self) -> None:
@@ -138,8 +157,7 @@ class Session:
         """Run a backend call on this session's thread, after all earlier ones (or
         inline, when it cannot block and nothing is ahead of it)."""
         if self._can_inline(fn):
-            self._bind_here()
-            return fn(*args)
+            return self._run_here(fn, *args)
         return await self._gpu.call(fn, *args)
 
     def work_done(self) -> bool:
@@ -148,19 +166,22 @@ class Session:
         failed kernel's error, as a synchronisation would. Backends that cannot tell
         from another thread (no ``work_done``) always answer False."""
         probe = getattr(self.backend, "work_done", None)
-        if probe is None or not self._gpu.idle or self._closed:
+        if (
+            probe is None
+            or not self._gpu.idle
+            or self._closed
+            or (self._uses_lanes and self._lane is None)
+        ):
             return False
-        self._bind_here()
         streams = [handle for _, handle in self.streams.items()]
-        return self._poll(lambda: bool(probe(streams)))
+        return self._poll(lambda: bool(self._run_here(probe, streams)))
 
     def settled(self, query: Callable[..., bool], *args: Any) -> bool:
         """True when ``query(*args)`` (a stream or event query) says done, asked inline
         when the backend allows; False when the caller must wait on the GPU thread."""
         if not self._can_inline(query):
             return False
-        self._bind_here()
-        return self._poll(lambda: bool(query(*args)))
+        return self._poll(lambda: bool(self._run_here(query, *args)))
 
     @staticmethod
     def _poll(done: Callable[[], bool]) -> bool:
@@ -195,9 +216,8 @@ class Session:
                 self._deferred = DeferredError(as_hip_error(exc, opcode), opcode, request_id)
 
         if self._can_inline(fn):
-            self._bind_here()
             try:
-                fn(*args)
+                self._run_here(fn, *args)
             except Exception as exc:
                 keep(exc)
             return
@@ -276,6 +296,9 @@ class Session:
             if not m.shared
         ]
         steps += [("allocation", partial(self._free_on, a)) for a in self.allocations]
+        release_thread = getattr(backend, "release_thread", None)
+        if release_thread is not None:  # the thread's own default streams
+            steps.append(("default stream", release_thread))
         failures = 0
         for what, step in steps:
             try:
