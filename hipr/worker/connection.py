@@ -443,6 +443,9 @@ class WorkerConnection:
         self._inflight -= size
         assert self.session is not None
         self.session.gate.release_inflight(size)
+        # More requests already read: fire-and-forget calls go to the GPU thread in a
+        # batch, overlapping with the loop decoding the next frames.
+        self.session.burst = self._inflight > 0
         return frame
 
     async def _executor(self) -> None:

@@ -109,6 +109,10 @@ class Session:
         #: Backend calls that never wait for the GPU (run inline when the thread is idle).
         self._inline_calls: frozenset[str] = getattr(backend, "inline_calls", frozenset())
         self._uses_lanes = hasattr(backend, "run_in_lane")
+        #: Set by the connection while more requests wait behind the current one: a
+        #: burst of fire-and-forget calls is then batched on the GPU thread (overlapped
+        #: with decoding), while a lone one runs inline (no thread round trip).
+        self.burst = False
         #: The GPU thread's state, for running calls inline as if on it (backends with
         #: lanes: ``current_lane``/``run_in_lane``); known once the thread has bound.
         self._lane: Any = None
@@ -215,7 +219,7 @@ class Session:
             if self._deferred is None:
                 self._deferred = DeferredError(as_hip_error(exc, opcode), opcode, request_id)
 
-        if self._can_inline(fn):
+        if not self.burst and self._can_inline(fn):
             try:
                 self._run_here(fn, *args)
             except Exception as exc:
