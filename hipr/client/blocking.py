@@ -18,7 +18,6 @@ calls. It takes no part in a call.
 
 from __future__ import annotations
 
-import random
 import select
 import socket
 import threading
@@ -40,7 +39,6 @@ from hipr.client.link import (
     ReplySink,
     Sent,
     byte_view,
-    describe,
     handshake_reply,
     log,
 )
@@ -197,17 +195,9 @@ class BlockingConnection(LinkState):
             self._reconnect()
 
     def _reconnect(self) -> None:
-        options = self.options
-        deadline = time.monotonic() + options.reconnect_timeout
-        delay = options.reconnect_delay
         last_error: BaseException | None = None
-        for attempt in range(1, options.reconnect_attempts + 1):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            self._emit("reconnecting", attempt=attempt)
+        for attempt, timeout in self._attempts():
             try:
-                timeout = min(remaining, options.connect_timeout)
                 stream = self._connector(timeout)
                 try:
                     reply, decoder = self._handshake(
@@ -217,17 +207,11 @@ class BlockingConnection(LinkState):
                     stream.close()
                     raise
             except (SessionLostError, AuthError, VersionMismatchError) as exc:
-                self._lose(
-                    SessionLostError(message=f"session {self.session_id} cannot resume: {exc}")
-                )
+                self._cannot_resume(exc)
                 return
             except (HipError, TimeoutError, *_LINK_ERRORS) as exc:
                 last_error = exc
-                # Full jitter: clients cut off together don't come back in lockstep.
-                time.sleep(
-                    min(delay, max(0.0, deadline - time.monotonic())) * random.uniform(0.5, 1.0)
-                )
-                delay = min(delay * 2, options.reconnect_max_delay)
+                time.sleep(self._backoff())
                 continue
             self._install(stream, decoder)
             again = self._to_resend(int(reply.get("last_executed_id", 0)))
@@ -241,13 +225,7 @@ class BlockingConnection(LinkState):
             with self._state:
                 self._state.notify_all()  # followers: a new link may carry your reply
             return
-        self._lose(
-            SessionLostError(
-                message=f"lost the link to {self.url} and could not reconnect within "
-                f"{options.reconnect_attempts} attempts / {options.reconnect_timeout:g} s "
-                f"(last error: {describe(last_error)}); the session and its handles are gone"
-            )
-        )
+        self._gave_up(last_error)
 
     def _lose(self, error: HipError) -> None:
         super()._lose(error)

@@ -10,7 +10,6 @@ replied request, when the batch reaches ``coalesce_bytes``, or after a short del
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -28,7 +27,6 @@ from hipr.client.link import (
     ReplySink,
     Sent,
     byte_view,
-    describe,
     handshake_reply,
     log,
 )
@@ -202,17 +200,10 @@ class ClientConnection(LinkState):
                 await self._flush_locked()
 
     async def _reconnect(self) -> bool:
-        options = self.options
-        deadline = time.monotonic() + options.reconnect_timeout
-        delay = options.reconnect_delay
         last_error: BaseException | None = None
-        for attempt in range(1, options.reconnect_attempts + 1):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            self._emit("reconnecting", attempt=attempt)
+        for attempt, timeout in self._attempts():
             try:
-                with anyio.fail_after(min(remaining, options.connect_timeout)):
+                with anyio.fail_after(timeout):
                     stream = await self._connector()
                     try:
                         reply, decoder = await self._handshake(
@@ -222,17 +213,11 @@ class ClientConnection(LinkState):
                         await anyio.aclose_forcefully(stream)
                         raise
             except (SessionLostError, AuthError, VersionMismatchError) as exc:
-                self._lose(
-                    SessionLostError(message=f"session {self.session_id} cannot resume: {exc}")
-                )
+                self._cannot_resume(exc)
                 return False
             except (HipError, TimeoutError, *_LINK_ERRORS) as exc:
                 last_error = exc
-                # Full jitter: clients cut off together don't come back in lockstep.
-                await anyio.sleep(
-                    min(delay, max(0.0, deadline - time.monotonic())) * random.uniform(0.5, 1.0)
-                )
-                delay = min(delay * 2, options.reconnect_max_delay)
+                await anyio.sleep(self._backoff())
                 continue
             async with self._send_lock:
                 self._install(stream, decoder)
@@ -242,13 +227,7 @@ class ClientConnection(LinkState):
                 await self._flush_locked()
             self._emit("resumed", attempt=attempt, resent=len(again))
             return True
-        self._lose(
-            SessionLostError(
-                message=f"lost the link to {self.url} and could not reconnect within "
-                f"{options.reconnect_attempts} attempts / {options.reconnect_timeout:g} s "
-                f"(last error: {describe(last_error)}); the session and its handles are gone"
-            )
-        )
+        self._gave_up(last_error)
         return False
 
     # --- failure -----------------------------------------------------------------------

@@ -17,6 +17,7 @@ fire-and-forget requests it already ran and answers replied ones from its reply 
 from __future__ import annotations
 
 import contextvars
+import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -232,6 +233,8 @@ class LinkState:
         self._last_received = time.monotonic()
         self._broken: HipError | None = None
         self._closing = False
+        self._retry_deadline = 0.0
+        self._retry_delay = 0.0
 
     # --- events and failure ----------------------------------------------------------
     def _emit(self, kind: str, **details: Any) -> None:
@@ -279,6 +282,44 @@ class LinkState:
 
     def _resume_args(self) -> dict[str, Any]:
         return {"session_id": self.session_id, "resume_token": self._resume_token}
+
+    # --- reconnection schedule (shared by both I/O layers) --------------------------
+    def _attempts(self) -> Iterator[tuple[int, float]]:
+        """Reconnection attempts: (number, seconds this attempt may take), until
+        ``reconnect_attempts`` or ``reconnect_timeout`` run out; emits ``reconnecting``
+        before each. After a failed one, wait :meth:`_backoff` seconds."""
+        options = self.options
+        self._retry_deadline = time.monotonic() + options.reconnect_timeout
+        self._retry_delay = options.reconnect_delay
+        for attempt in range(1, options.reconnect_attempts + 1):
+            remaining = self._retry_deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._emit("reconnecting", attempt=attempt)
+            yield attempt, min(remaining, options.connect_timeout)
+            self._retry_delay = min(self._retry_delay * 2, options.reconnect_max_delay)
+
+    def _backoff(self) -> float:
+        """Seconds to wait after a failed attempt: the delay so far (doubling), never past
+        the deadline, with full jitter so that clients cut off together don't come back
+        in lockstep."""
+        left = max(0.0, self._retry_deadline - time.monotonic())
+        return min(self._retry_delay, left) * random.uniform(0.5, 1.0)
+
+    def _cannot_resume(self, exc: HipError) -> None:
+        """The worker refused the RESUME for good (session gone, token, version)."""
+        self._lose(SessionLostError(message=f"session {self.session_id} cannot resume: {exc}"))
+
+    def _gave_up(self, last_error: BaseException | None) -> None:
+        """Every reconnection attempt failed: the session is lost."""
+        options = self.options
+        self._lose(
+            SessionLostError(
+                message=f"lost the link to {self.url} and could not reconnect within "
+                f"{options.reconnect_attempts} attempts / {options.reconnect_timeout:g} s "
+                f"(last error: {describe(last_error)}); the session and its handles are gone"
+            )
+        )
 
     # --- requests --------------------------------------------------------------------
     def _track(

@@ -447,7 +447,6 @@ def test_a_stalled_route_is_found_by_heartbeat_and_resumed(
     assert "disconnected" in events and "resumed" in events, events
 
 
-
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("transport_kind", ["tcp"])
 def test_an_upload_into_a_stalled_route_is_resumed_not_hung(
@@ -474,6 +473,7 @@ def test_an_upload_into_a_stalled_route_is_resumed_not_hung(
             np.testing.assert_array_equal(out, data)
     assert "disconnected" in events and "resumed" in events, events
     assert "session_lost" not in events
+
 
 # --- tokens
 
