@@ -1,8 +1,9 @@
 """The sync client's I/O: blocking sockets driven in the caller's own thread.
 
 A call sends its request and reads its own reply, with no event loop and no thread
-hop: one round trip costs about what a blocking socket echo costs. The protocol's rules
-come from :class:`~hipr.client.link.LinkState`, shared with the async client.
+hop: one socket round trip plus the protocol's own work (benchmarks/README.md has the
+figures). The protocol's rules come from :class:`~hipr.client.link.LinkState`, shared
+with the async client.
 
 Several threads may share one connection. Sending is serialised by a lock (request ids
 follow wire order). Reading is done by one thread at a time, whichever caller is
@@ -19,7 +20,6 @@ calls. It takes no part in a call.
 from __future__ import annotations
 
 import select
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -105,7 +105,6 @@ class BlockingConnection(LinkState):
         self._generation = 0
         self._outbox: list[bytes | bytearray | memoryview] = []
         self._outbox_bytes = 0
-        self._outbox_since = 0.0
         self._last_sent = time.monotonic()
         self._keeper: threading.Thread | None = None
         self._keeper_wake = threading.Event()
@@ -248,8 +247,6 @@ class BlockingConnection(LinkState):
         buffer (no copy: sendall reads the memoryview)."""
         total = sent.data.nbytes
         if self._is_small(sent, self.chunk_bytes):
-            if not self._outbox:
-                self._outbox_since = time.monotonic()
             for part in next(self._frames(sent))[0]:
                 self._outbox.append(part)
                 self._outbox_bytes += len(part)
@@ -276,26 +273,25 @@ class BlockingConnection(LinkState):
         pending: Pending | None,
         progress: Progress | None = None,
     ) -> int:
-        while True:
+        """Give the request its id and send it (or batch it); a link that fails under
+        the send is reconnected here, and the resend carries the request."""
+        with self._send_lock:
             if self._broken is not None:
                 raise self._broken
-            with self._send_lock:
-                if self._broken is not None:
-                    raise self._broken
-                generation = self._generation
-                sent = self._track(opcode, flags, args, data, pending, progress)
-                try:
-                    self._write_locked(sent)
-                    if pending is not None or self._outbox_bytes >= self.options.coalesce_bytes:
-                        self._flush_locked()
-                    elif len(self._outbox) <= 2:
-                        self._keeper_wake.set()  # a new batch: flush it after the delay
-                except _LINK_ERRORS:
-                    pass  # the resend after reconnecting carries it
-                else:
-                    return sent.request_id
-            self._link_failed(generation)
-            return sent.request_id
+            generation = self._generation
+            sent = self._track(opcode, flags, args, data, pending, progress)
+            try:
+                self._write_locked(sent)
+                if pending is not None or self._outbox_bytes >= self.options.coalesce_bytes:
+                    self._flush_locked()
+                elif len(self._outbox) <= 2:
+                    self._keeper_wake.set()  # a new batch: flush it after the delay
+            except _LINK_ERRORS:
+                pass
+            else:
+                return sent.request_id
+        self._link_failed(generation)
+        return sent.request_id
 
     # --- receiving ---------------------------------------------------------------------
     def _read_once(self, timeout: float | None) -> bool:
@@ -642,9 +638,3 @@ def _remaining(deadline: float | None, cap: float) -> float:
     if deadline is None:
         return cap
     return max(0.0, min(cap, deadline - time.monotonic()))
-
-
-def tcp_nodelay(sock: socket.socket) -> None:
-    """Small requests leave at once (no Nagle delay waiting for an ACK)."""
-    if sock.family in (socket.AF_INET, socket.AF_INET6):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
