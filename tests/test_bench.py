@@ -401,3 +401,19 @@ def test_hipr_bench_floor_and_sync_rows(tmp_path: Path) -> None:
         assert rows["uvloop echo 24/32 B, median"]["ratio"] > 0
     assert any("SGEMM" in note and "emulator" in note for note in run["notes"])
     assert json.loads((tmp_path / "s-unix.json").read_text())["runs"][0]["rows"]
+
+
+def test_bench_finds_its_suite_from_any_directory(tmp_path: Path) -> None:
+    """The installed ``hipr`` command, run outside the checkout, still finds benchmarks/."""
+    code = "from hipr.cli.bench import load_suite; print(load_suite().__file__)"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert Path(done.stdout.strip()) == REPO / "benchmarks" / "suite.py"

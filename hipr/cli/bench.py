@@ -41,7 +41,7 @@ WORKER_LOOPS = (*LOOPS, "uvloop")
 #: The client "loop" of the floor and sync runs: blocking sockets, no event loop.
 BLOCKING = "blocking"
 TRANSPORTS = ("tcp", "unix")
-_ROOT = Path(__file__).resolve().parent.parent
+_ROOT = Path(__file__).resolve().parents[2]
 _SIZE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
