@@ -71,7 +71,7 @@ from hipr.transports.base import (
     query_values,
 )
 from hipr.transports.tcp import DEFAULT_HOST, DEFAULT_PORT
-from hipr.transports.unix import UnixSocketStream, connect_unix_socket, open_unix_stream
+from hipr.transports.unix import connect_unix_socket, open_unix_stream
 
 __all__ = ["SshSocket", "SshStream", "SshTransport", "end_process", "spawn_ssh", "ssh_command"]
 
@@ -444,7 +444,7 @@ class SshStream(ByteStream):
 
     def __init__(
         self,
-        stream: UnixSocketStream,
+        stream: ByteStream,
         process: SshProcess,
         errfile: IO[bytes],
         stderr_start: int,

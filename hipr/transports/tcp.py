@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 import anyio
 from anyio.abc import ByteStream, Listener, SocketAttribute, SocketStream
+from anyio.streams.stapled import MultiListener
 
 from hipr.transports._common import (
     BlockingSocket,
@@ -22,6 +23,8 @@ from hipr.transports._common import (
     merge_options,
 )
 from hipr.transports.base import TransportConfig, TransportUrl, format_host_port
+from hipr.transports.listener import SocketListener
+from hipr.transports.unix import socket_stream
 
 __all__ = [
     "DEFAULT_HOST",
@@ -83,13 +86,55 @@ def connect_tcp_socket(
         raise
 
 
-async def create_tcp_listener(url: TransportUrl, default_port: int) -> Listener[SocketStream]:
-    """A TCP listener for ``url``, with an error that names the URL when the bind fails."""
+async def _accepted(sock: socket.socket) -> ByteStream:
+    _set_nodelay(sock)
+    return await socket_stream(sock)
+
+
+def _bind_all(host: str, port: int) -> list[socket.socket]:
+    """Listening sockets on every address ``host`` resolves to (as anyio binds them:
+    SO_REUSEADDR, IPv6 sockets IPv6-only so that they do not collide with IPv4 ones).
+    Port 0 on several addresses takes the first one's port for all."""
+    infos = socket.getaddrinfo(
+        host or None,
+        port,
+        type=socket.SOCK_STREAM,
+        flags=socket.AI_PASSIVE | socket.AI_ADDRCONFIG,
+    )
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(sockets) > 1:
+                address = (address[0], sockets[0].getsockname()[1], *address[2:])
+            sock.bind(address)
+            sock.listen(socket.SOMAXCONN)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+async def create_tcp_listener(url: TransportUrl, default_port: int) -> Listener[ByteStream]:
+    """A TCP listener for ``url``, with an error that names the URL when the bind fails.
+
+    Accepted sockets get TCP_NODELAY and the running loop's cheapest stream (see
+    :func:`hipr.transports.unix.socket_stream`), on trio and asyncio.
+    """
     check_no_path(url)
     host, port = url.host_port(DEFAULT_HOST, default_port)
     try:
-        # anyio turns TCP_NODELAY on for every accepted socket, on trio and asyncio.
-        return await anyio.create_tcp_listener(local_host=host, local_port=port)
+        sockets = await anyio.to_thread.run_sync(_bind_all, host, port)
+        name = f"tcp://{format_host_port(host, port)}"
+        listeners = [SocketListener(sock, _accepted, name) for sock in sockets]
+        if len(listeners) == 1:
+            return listeners[0]
+        return MultiListener(listeners)
     except OSError as exc:
         why = exc.strerror or str(exc)
         if exc.errno == errno.EADDRINUSE:

@@ -5,13 +5,13 @@ socket's group decides who may connect) and the kernel tells the worker who conn
 (``SO_PEERCRED``, see :func:`hipr.transports.peer_uid`). An ssh tunnel lands here as the
 ssh-authenticated user, so the worker sees that user's uid too.
 
-The stream and listener are built here on a non-blocking socket and anyio's
-``wait_readable``/``wait_writable`` rather than taken from anyio: on asyncio, anyio 4.16's
-own Unix socket classes resolve a reader future with a bare ``set_result`` callback, so a
-task cancelled in ``receive()`` or ``accept()`` just as bytes or a client arrive makes
-the event loop report ``InvalidStateError`` (a routine race when a worker shuts down).
-``wait_readable`` guards against it. A listener out of file descriptors also backs off
-and retries here instead of ending ``serve()``.
+Streams are not taken from anyio: on asyncio, anyio 4.16's own Unix socket classes
+resolve a reader future with a bare ``set_result`` callback, so a task cancelled in
+``receive()`` just as bytes arrive makes the event loop report ``InvalidStateError`` (a
+routine race when a worker shuts down). Under asyncio a connected socket is served by
+the loop's transport (``hipr.transports.loop_stream``, which guards that race and is the
+cheaper path); under trio by :class:`UnixSocketStream`, a non-blocking socket and
+``wait_readable``. The listener is ``hipr.transports.listener``'s.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from typing import Any, ClassVar
 
 import anyio
 import anyio.lowlevel
-from anyio.abc import ByteStream, Listener, SocketAttribute, TaskGroup
+import sniffio
+from anyio.abc import ByteStream, Listener, SocketAttribute
 
 from hipr.transports._common import (
     BlockingSocket,
@@ -37,6 +38,8 @@ from hipr.transports._common import (
     merge_options,
 )
 from hipr.transports.base import TransportConfig, TransportUrl
+from hipr.transports.listener import SocketListener
+from hipr.transports.loop_stream import open_loop_stream
 
 __all__ = [
     "UnixSocketListener",
@@ -45,16 +48,12 @@ __all__ = [
     "connect_unix_socket",
     "open_unix_stream",
     "socket_path",
+    "socket_stream",
 ]
 
 _log = logging.getLogger(__name__)
 
 _CONNECT_OPTIONS = frozenset({"connect_timeout"})
-
-#: accept() errors that mean "out of resources for now", not "the listener is broken"
-_TRANSIENT_ACCEPT_ERRORS = frozenset(
-    {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED, errno.EPROTO}
-)
 
 
 def socket_path(url: TransportUrl) -> Path:
@@ -149,7 +148,17 @@ class UnixSocketStream(ByteStream):
         }
 
 
-class UnixSocketListener(Listener[UnixSocketStream]):
+async def socket_stream(sock: socket.socket) -> ByteStream:
+    """A connected stream socket as the cheapest ``ByteStream`` for the running loop:
+    the loop's own transport under asyncio and uvloop (``hipr.transports.loop_stream``),
+    :class:`UnixSocketStream` (non-blocking socket and ``wait_readable``) under trio. Works
+    for any stream socket family, TCP included."""
+    if sniffio.current_async_library() == "asyncio":
+        return await open_loop_stream(sock)
+    return UnixSocketStream(sock)
+
+
+class UnixSocketListener(SocketListener):
     """A listening Unix socket that removes its socket file when closed.
 
     It removes the file only while it is still the one this listener bound (same inode),
@@ -157,70 +166,18 @@ class UnixSocketListener(Listener[UnixSocketStream]):
     """
 
     def __init__(self, sock: socket.socket, path: Path) -> None:
-        sock.setblocking(False)
-        self._sock = sock
+        super().__init__(sock, socket_stream, f"unix://{path}")
         self.path = path
         st = path.lstat()
         self._identity = (st.st_dev, st.st_ino)
-        self._closed = False
 
-    async def accept(self) -> UnixSocketStream:
-        """The next connection; transient shortages (out of fds) are waited out."""
-        await anyio.lowlevel.checkpoint()
-        while True:
-            if self._closed:
-                raise anyio.ClosedResourceError
-            try:
-                client, _ = self._sock.accept()
-            except BlockingIOError:
-                await anyio.wait_readable(self._sock)
-            except OSError as exc:
-                if self._closed:
-                    raise anyio.ClosedResourceError from None
-                if exc.errno not in _TRANSIENT_ACCEPT_ERRORS:
-                    raise anyio.BrokenResourceError from exc
-                _log.warning("accept() on unix://%s failed, retrying: %s", self.path, exc)
-                await anyio.sleep(0.1)
-            else:
-                return UnixSocketStream(client)
-
-    async def serve(
-        self, handler: Callable[[UnixSocketStream], Any], task_group: TaskGroup | None = None
-    ) -> None:
-        """Accept connections forever, each handed to ``handler`` in its own task."""
-        async with contextlib.AsyncExitStack() as stack:
-            if task_group is None:
-                task_group = await stack.enter_async_context(anyio.create_task_group())
-            while True:
-                stream = await self.accept()
-                task_group.start_soon(handler, stream)
-
-    async def aclose(self) -> None:
-        """Stop listening and remove the socket file."""
-        if not self._closed:
-            self._closed = True
-            anyio.notify_closing(self._sock)
-            self._sock.close()
-            self._unlink()
-        await anyio.lowlevel.checkpoint()
-
-    def _unlink(self) -> None:
+    def _on_closed(self) -> None:
         try:
             st = self.path.lstat()
         except FileNotFoundError:
             return
         if (st.st_dev, st.st_ino) == self._identity:
             self.path.unlink(missing_ok=True)
-
-    @property
-    def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
-        """``SocketAttribute.local_address`` (the path), family and raw socket."""
-        sock = self._sock
-        return {
-            SocketAttribute.family: lambda: sock.family,
-            SocketAttribute.local_address: sock.getsockname,
-            SocketAttribute.raw_socket: lambda: sock,
-        }
 
 
 def _is_live_socket(path: Path) -> bool:
@@ -292,7 +249,7 @@ def connect_unix_socket(path: str, target: str, time_limit: float | None) -> Blo
     return sock
 
 
-async def open_unix_stream(path: str, target: str, time_limit: float | None) -> UnixSocketStream:
+async def open_unix_stream(path: str, target: str, time_limit: float | None) -> ByteStream:
     """Connect to the socket at ``path``; failures become ``HipConnectionError`` naming
     ``target``.
 
@@ -304,7 +261,7 @@ async def open_unix_stream(path: str, target: str, time_limit: float | None) -> 
         sock = await anyio.to_thread.run_sync(
             _connect_blocking, path, time_limit, abandon_on_cancel=True
         )
-    return UnixSocketStream(sock)
+    return await socket_stream(sock)
 
 
 class UnixTransport:

@@ -1,0 +1,191 @@
+"""A connected socket as an anyio ``ByteStream`` driven by asyncio's own transport.
+
+Under asyncio (and uvloop) the cheapest way for Python to read a socket is a protocol
+whose ``data_received`` the loop calls as bytes arrive: the socket stays registered for
+reading, and a waiting task is woken by resolving one future. Waiting with
+``wait_readable`` instead registers and unregisters the socket on every wait (two
+``epoll_ctl`` calls and a callback handle), and anyio's own asyncio stream pauses and
+resumes reading around every ``receive()`` and writes with a zero high-water mark: on
+the 2-core test machine both cost 13-15 µs more per round trip than this stream.
+
+Reading is paused only when more than ``READ_HIGH_WATER`` bytes wait unread, so a slow
+consumer still bounds memory; a send waits only while the transport's write buffer is
+above its high-water mark. Under trio, :func:`hipr.transports.unix.socket_stream` keeps
+the portable ``wait_readable`` stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any, cast
+
+import anyio
+from anyio.abc import ByteStream, SocketAttribute
+
+__all__ = ["LoopSocketStream", "open_loop_stream"]
+
+#: Unread bytes above which the loop stops reading the socket (until they are taken).
+READ_HIGH_WATER = 8 << 20
+#: Bytes the transport may buffer for sending before a send waits for them to drain.
+WRITE_HIGH_WATER = 4 << 20
+
+
+class _Protocol(asyncio.Protocol):
+    """Collects received bytes and wakes the one task waiting for them."""
+
+    def __init__(self) -> None:
+        self.chunks: deque[bytes] = deque()
+        self.buffered = 0
+        self.eof = False
+        self.error: BaseException | None = None
+        self.closed = False
+        self.reader: asyncio.Future[None] | None = None
+        self.drained: asyncio.Future[None] | None = None
+        self.transport: asyncio.Transport | None = None
+        self.reading_paused = False
+        self.writing_paused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports quack like asyncio.Transport without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
+        self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+
+    def data_received(self, data: bytes) -> None:
+        self.chunks.append(data)
+        self.buffered += len(data)
+        if self.buffered > READ_HIGH_WATER and not self.reading_paused:
+            self.reading_paused = True
+            assert self.transport is not None
+            self.transport.pause_reading()
+        _wake(self.reader)
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        _wake(self.reader)
+        return True  # keep the write side open: the peer may still read our replies
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if exc is not None:
+            self.error = exc
+        _wake(self.reader)
+        _wake(self.drained)
+
+    def pause_writing(self) -> None:
+        self.writing_paused = True
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        _wake(self.drained)
+
+
+def _wake(waiter: asyncio.Future[None] | None) -> None:
+    # A waiter cancelled at the moment bytes arrive is already done: setting it again
+    # would make the loop report InvalidStateError.
+    if waiter is not None and not waiter.done():
+        waiter.set_result(None)
+
+
+class LoopSocketStream(ByteStream):
+    """A stream socket served by the running asyncio loop's transport (see module doc)."""
+
+    def __init__(
+        self, transport: asyncio.Transport, protocol: _Protocol, sock: socket.socket
+    ) -> None:
+        self._transport = transport
+        self._protocol = protocol
+        self._sock = sock
+        self._closed = False
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        """Bytes from the peer (at most ``max_bytes``); ``EndOfStream`` once it closed."""
+        if max_bytes < 1:
+            raise ValueError("max_bytes must be a positive integer")
+        protocol = self._protocol
+        while not protocol.chunks:
+            if self._closed:
+                raise anyio.ClosedResourceError
+            if protocol.error is not None:
+                raise anyio.BrokenResourceError from protocol.error
+            if protocol.eof or protocol.closed:
+                raise anyio.EndOfStream
+            if protocol.reader is not None:
+                raise anyio.BusyResourceError("receiving")
+            waiter = protocol.reader = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                protocol.reader = None
+        if self._closed:
+            raise anyio.ClosedResourceError
+        chunk = protocol.chunks.popleft()
+        if len(chunk) > max_bytes:
+            protocol.chunks.appendleft(chunk[max_bytes:])
+            chunk = chunk[:max_bytes]
+        protocol.buffered -= len(chunk)
+        if protocol.reading_paused and protocol.buffered <= READ_HIGH_WATER // 2:
+            protocol.reading_paused = False
+            self._transport.resume_reading()
+        return chunk
+
+    async def send(self, item: bytes) -> None:
+        """Queue ``item`` on the transport; wait while its buffer is over the mark."""
+        if self._closed:
+            raise anyio.ClosedResourceError
+        protocol = self._protocol
+        if protocol.closed or self._transport.is_closing():
+            raise anyio.BrokenResourceError from protocol.error
+        self._transport.write(item)
+        while protocol.writing_paused and not protocol.closed:
+            waiter = protocol.drained = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                protocol.drained = None
+        if protocol.closed and protocol.error is not None:
+            raise anyio.BrokenResourceError from protocol.error
+        # Without a wait above, a burst of sends would never let other tasks run: the
+        # caller's next await of a receive (or the loop's next pass) does that.
+
+    async def send_eof(self) -> None:
+        """Half-close: the peer reads end of stream and can still send to us."""
+        if self._closed:
+            raise anyio.ClosedResourceError
+        if self._transport.can_write_eof():
+            self._transport.write_eof()
+        await anyio.lowlevel.checkpoint()
+
+    async def aclose(self) -> None:
+        """Close; a task waiting in ``receive``/``send`` gets ``ClosedResourceError``."""
+        if not self._closed:
+            self._closed = True
+            self._transport.abort()  # unsent bytes are dropped, as closing a socket does
+            _wake(self._protocol.reader)
+            _wake(self._protocol.drained)
+        await anyio.lowlevel.checkpoint()
+
+    @property
+    def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
+        """anyio's ``SocketAttribute`` family: addresses, ports (TCP) and raw socket."""
+        sock = self._sock
+        attributes: dict[Any, Callable[[], Any]] = {
+            SocketAttribute.family: lambda: sock.family,
+            SocketAttribute.local_address: sock.getsockname,
+            SocketAttribute.remote_address: sock.getpeername,
+            SocketAttribute.raw_socket: lambda: sock,
+        }
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            attributes[SocketAttribute.local_port] = lambda: sock.getsockname()[1]
+            attributes[SocketAttribute.remote_port] = lambda: sock.getpeername()[1]
+        return attributes
+
+
+async def open_loop_stream(sock: socket.socket) -> LoopSocketStream:
+    """Hand a connected socket to the running asyncio loop and wrap its transport."""
+    loop = asyncio.get_running_loop()
+    sock.setblocking(False)
+    transport, protocol = await loop.connect_accepted_socket(_Protocol, sock)
+    return LoopSocketStream(transport, protocol, sock)
