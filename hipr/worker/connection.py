@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -106,6 +106,48 @@ _SETTLED_BY_WAITING = {
 }
 
 
+class _FrameQueue:
+    """Frames from the reader task to the executor, in order. Unbounded in frames (the
+    reader bounds it in bytes). A plain deque and one event per wait: an anyio memory
+    stream spends an extra event-loop pass and several backend look-ups per item, which
+    measured 20 µs of each small request's round trip on the 2-core test machine."""
+
+    __slots__ = ("_closed", "_frames", "_waiter")
+
+    def __init__(self) -> None:
+        self._frames: deque[Frame] = deque()
+        self._waiter: anyio.Event | None = None
+        self._closed = False
+
+    def put(self, frame: Frame) -> None:
+        """Queue ``frame`` and wake the executor if it waits."""
+        self._frames.append(frame)
+        if self._waiter is not None:
+            self._waiter.set()
+
+    def close(self) -> None:
+        """No more frames: a waiting executor gets ``EndOfStream`` once the queue is empty."""
+        self._closed = True
+        if self._waiter is not None:
+            self._waiter.set()
+
+    def take(self) -> Frame | None:
+        """The next frame if one is queued, without waiting."""
+        return self._frames.popleft() if self._frames else None
+
+    async def get(self) -> Frame:
+        """The next frame, waiting for one; ``EndOfStream`` after :meth:`close`."""
+        while not self._frames:
+            if self._closed:
+                raise anyio.EndOfStream
+            self._waiter = anyio.Event()
+            try:
+                await self._waiter.wait()
+            finally:
+                self._waiter = None
+        return self._frames.popleft()
+
+
 class _Closing(Exception):
     """The connection must end (after a fatal protocol error or a goodbye)."""
 
@@ -134,7 +176,7 @@ class WorkerConnection:
         self.session: Session | None = None
         self._decoder = FrameDecoder(worker.config.max_frame_bytes)
         self._send_lock = anyio.Lock()
-        self._frames_in, self._frames_out = anyio.create_memory_object_stream[Frame](math.inf)
+        self._frames = _FrameQueue()
         self._queue_drained = anyio.Event()
         self._log = log.bind(peer=peer)
         #: Request bytes read but not yet taken by the executor (max_inflight_bytes).
@@ -417,7 +459,7 @@ class WorkerConnection:
             await self.session.gate.hold_inflight(size, self._inflight)
             self._inflight += size
             # No event-loop pass per frame: the queue is bounded in bytes, not frames.
-            self._frames_in.send_nowait(frame)
+            self._frames.put(frame)
 
         try:
             await self._read_frames(on_frame)
@@ -426,16 +468,15 @@ class WorkerConnection:
             self.worker.observer.protocol_error(exc.kind)
             await self._try_send_error(0, 0, exc)
         finally:
-            self._frames_in.close()
+            self._frames.close()
 
     async def _next_frame(self) -> Frame:
         """The next queued frame, released from the in-flight count."""
-        try:
-            frame = self._frames_out.receive_nowait()
-        except anyio.WouldBlock:
+        frame = self._frames.take()
+        if frame is None:
             assert self.session is not None
             self.session.flush_posts()  # nothing more queued: start what was posted
-            frame = await self._frames_out.receive()
+            frame = await self._frames.get()
         size = frame.header.payload_length
         if self._inflight > READ_AHEAD_BYTES >= self._inflight - size:
             self._queue_drained.set()
