@@ -9,9 +9,9 @@ Plain Python ints and floats are refused because their C width is ambiguous.
 from __future__ import annotations
 
 import ctypes
+import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -33,18 +33,18 @@ class DeviceAddress(Protocol):
     def is_device_pointer(self) -> bool: ...
 
 
-@dataclass(frozen=True, slots=True)
-class ArgSlot:
+class ArgSlot(NamedTuple):
     """Where one argument sits in the packed buffer; ``kind`` is ``ptr`` for pointers
-    (the worker checks those against the session's allocations) else ``value``."""
+    (the worker checks those against the session's allocations) else ``value``. (A
+    named tuple: built once per argument of every launch, it costs a fifth of a frozen
+    dataclass.)"""
 
     offset: int
     size: int
     kind: str
 
 
-@dataclass(frozen=True, slots=True)
-class PackedArgs:
+class PackedArgs(NamedTuple):
     """The packed buffer and its layout."""
 
     data: bytes
@@ -59,12 +59,23 @@ class PackedArgs:
         return {"args": self.data, "ptrs": self.pointer_offsets()}
 
 
-def _align(offset: int, alignment: int) -> int:
-    return (offset + alignment - 1) // alignment * alignment
+#: numpy scalar types whose ``tobytes()`` is already the little-endian C value, with
+#: their alignment: looked up first, since a launch is the hottest call a client makes
+#: and the general path below costs several microseconds per numpy argument.
+_NUMPY_FAST: dict[type, int] = {}
+if sys.byteorder == "little":
+    for _type in (
+        np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64,
+        np.float16, np.float32, np.float64, np.bool_,
+    ):  # fmt: skip
+        _NUMPY_FAST[_type] = np.dtype(_type).alignment
 
 
 def _encode_one(index: int, arg: object) -> tuple[bytes, int, str]:
     """(bytes, alignment, kind) of one argument."""
+    fast = _NUMPY_FAST.get(type(arg))
+    if fast is not None:
+        return arg.tobytes(), fast, "value"  # type: ignore[attr-defined]
     if isinstance(arg, bool):
         raise invalid_value(
             f"kernel argument {index}: a Python bool has no fixed C width; pass np.bool_ or "
@@ -105,8 +116,9 @@ def pack_args(args: Sequence[object]) -> PackedArgs:
     slots: list[ArgSlot] = []
     for index, arg in enumerate(args):
         data, alignment, kind = _encode_one(index, arg)
-        offset = _align(len(buffer), alignment)
-        buffer += b"\0" * (offset - len(buffer))
+        offset = -(-len(buffer) // alignment) * alignment
+        if offset > len(buffer):
+            buffer += bytes(offset - len(buffer))
         buffer += data
         slots.append(ArgSlot(offset, len(data), kind))
     # No trailing padding: the runtime checks the buffer against the kernel's parameter
