@@ -94,6 +94,8 @@ RECEIVE_SIZE = 1 << 18
 #: Request bytes read ahead of the executor per connection: overlap for pipelined
 #: copies and batches of small frames, with bounded memory.
 READ_AHEAD_BYTES = 16 << 20
+_NO_REPLY = int(Flags.NO_REPLY)
+_MORE = int(Flags.MORE)
 #: Requests whose reply never reports a pending fire-and-forget error.
 _NOT_SYNCHRONISING = {Opcode.PING, Opcode.GOODBYE, Opcode.BARRIER}
 #: Requests that wait for the session's earlier work themselves: their own wait settles
@@ -503,27 +505,24 @@ class WorkerConnection:
         """Run one request; False when the connection should end."""
         assert self.session is not None
         session = self.session
-        no_reply = Flags.NO_REPLY in frame.flags
-        more = Flags.MORE in frame.flags
-        spec = self.registry.get(frame.opcode)
-        name = opcode_name(frame.opcode)
+        # Read once, as plain ints: this runs for every request, and IntFlag arithmetic
+        # and repeated frame look-ups were a measurable part of a small request's cost.
+        opcode = frame.opcode
+        flags = int(frame.flags)
+        no_reply = bool(flags & _NO_REPLY)
+        more = bool(flags & _MORE)
+        spec = self.registry.get(opcode)
+        name = opcode_name(opcode)
+        request_id = frame.request_id
         request = Request(
-            frame.opcode,
-            name,
-            frame.request_id,
-            Args(None, name),
-            frame.bulk,
-            no_reply,
-            more,
-            self,
+            opcode, name, request_id, Args(None, name), frame.bulk, no_reply, more, self
         )
         error: HipError | None = None
         result: Any = None
         started = time.perf_counter()
-        request_id = frame.request_id
         if 0 < request_id <= session.last_executed_id and await self._replay(frame, request):
             return True
-        if frame.opcode == Opcode.DATA:
+        if opcode == Opcode.DATA:
             raise _Closing(
                 ProtocolError(
                     message=f"DATA frame of request {frame.request_id} does not continue a request"
@@ -539,12 +538,12 @@ class WorkerConnection:
             )
         elif more and not spec.streams_request:
             error = ProtocolError(message=f"{name} takes no continuation data")
-        elif frame.opcode not in _NOT_SYNCHRONISING and (quota := _over_rate(session)):
+        elif opcode not in _NOT_SYNCHRONISING and (quota := _over_rate(session)):
             error = quota
         elif (
             not no_reply
-            and frame.opcode not in _NOT_SYNCHRONISING
-            and frame.opcode not in _SETTLED_BY_WAITING
+            and opcode not in _NOT_SYNCHRONISING
+            and opcode not in _SETTLED_BY_WAITING
             and (deferred := await session.settled_deferred_error())
         ):
             error = _reported(deferred, "this request did not run")
@@ -560,7 +559,7 @@ class WorkerConnection:
             except Exception as exc:  # a handler bug must not take the worker down
                 self._log.exception("handler failed", opcode=name)
                 error = as_hip_error(exc, name)
-        if frame.opcode in _SETTLED_BY_WAITING and not no_reply:
+        if opcode in _SETTLED_BY_WAITING and not no_reply:
             # Its wait ran after every earlier call: their error, if any, is known now
             # and comes first (a GPU reports the earliest failure at a synchronisation).
             late = session.take_deferred_error()
@@ -588,11 +587,11 @@ class WorkerConnection:
             if quota:
                 observer.quota_rejected(session.tenant, str(quota))
             if no_reply:
-                session.defer_error(error, name, frame.request_id)
+                session.defer_error(error, name, request_id)
             else:
                 await self._reply(session, frame, Flags.REPLY | Flags.ERROR, error.to_wire(), b"")
             return True
-        if frame.opcode == Opcode.GOODBYE:
+        if opcode == Opcode.GOODBYE:
             # Recorded first: a worker cancelled right after the reply still ends (not
             # detaches) the session. Freed before answering: when the client's close()
             # returns, all is released.
@@ -602,7 +601,7 @@ class WorkerConnection:
         if not no_reply:
             reply = result if isinstance(result, Reply) else Reply(result)
             await self._reply(session, frame, Flags.REPLY, reply.result, reply.bulk)
-        return frame.opcode != Opcode.GOODBYE
+        return opcode != Opcode.GOODBYE
 
     async def _reply(
         self, session: Session, frame: Frame, flags: Flags, result: Any, bulk: Any
