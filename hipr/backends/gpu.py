@@ -310,6 +310,19 @@ class RuntimeBase:
         )
 
 
+class _LaneState:
+    """One lane: a session thread's device, its default streams and a capture on them.
+    Attributes appear as they are first set (``device``, ``default_streams``,
+    ``ptds_capture``); readers use ``getattr`` with a default."""
+
+
+class _ThreadLanes(threading.local):
+    """Each thread's current lane: its own, or one it borrows in ``run_in_lane``."""
+
+    def __init__(self) -> None:
+        self.state = _LaneState()
+
+
 class GpuBackend:
     """:class:`~hipr.backends.base.Backend` over one :class:`Runtime` (see module doc)."""
 
@@ -338,13 +351,20 @@ class GpuBackend:
         self._count = runtime.open()
         self._calls = runtime.calls
         self._k = runtime.constants()
+        k = self._k
+        # The launch ``extra`` array's marker words, converted once (every launch uses them).
+        self._extra_words = (
+            int(k.launch_buffer_pointer),
+            int(k.launch_buffer_size),
+            int(k.launch_end),
+        )
         # Bound once: the hot path pays no lookup of the runtime on each call.
         self._call: Callable[..., Any] = runtime.call
         self._props: dict[int, DeviceProperties] = {}
         self._builtin: dict[int, GpuModule] = {}
         self._builtin_lock = threading.Lock()
         self._ledger = Ledger()
-        self._tls = threading.local()
+        self._lanes = _ThreadLanes()
         #: The device whose context the worker's loop thread has current (run_in_lane).
         self._loop_ctx = threading.local()
         self._code_cache = CodeCache()
@@ -360,6 +380,11 @@ class GpuBackend:
         self._closed = False
 
     # --- plumbing ------------------------------------------------------------------------
+
+    @property
+    def _tls(self) -> Any:
+        """The calling thread's current lane state (see ``run_in_lane``)."""
+        return self._lanes.state
 
     def _current(self) -> int:
         """The calling thread's device, binding device 0 first if it never bound."""
@@ -390,30 +415,29 @@ class GpuBackend:
 
     # --- lanes: a session's thread state, borrowed by the worker's event loop -----------
 
-    def current_lane(self) -> dict[str, Any]:
+    def current_lane(self) -> _LaneState:
         """The calling thread's state (device, default streams, capture): the session
         keeps it to run calls inline, on its event loop, as if on this thread."""
         self._current()
-        return self._tls.__dict__  # type: ignore[no-any-return]
+        return self._lanes.state
 
-    def run_in_lane(self, lane: dict[str, Any], fn: Callable[..., _T], *args: Any) -> _T:
+    def run_in_lane(self, lane: _LaneState, fn: Callable[..., _T], *args: Any) -> _T:
         """``fn(*args)`` on the calling thread with ``lane``'s state and context (its
-        owner thread must be idle). Makes the lane's device current here when needed."""
-        mine = self._tls.__dict__
-        saved = dict(mine)
-        device = lane.get("device", 0)
+        owner thread must be idle). Makes the lane's device current here when needed.
+        The lane object itself is borrowed, so what ``fn`` changes in it (a default
+        stream made) stays with the lane; a swap of one reference keeps this cheap on
+        the hot path of every inline launch and query."""
+        lanes = self._lanes
+        saved = lanes.state
+        device = getattr(lane, "device", 0)
         if self._loop_ctx.__dict__.get("device") != device:
             self._rt.bind(device)
             self._loop_ctx.device = device
-        mine.clear()
-        mine.update(lane)
+        lanes.state = lane
         try:
             return fn(*args)
         finally:
-            lane.clear()
-            lane.update(mine)  # what fn changed in the lane (a default stream made)
-            mine.clear()
-            mine.update(saved)
+            lanes.state = saved
 
     def work_done(self, streams: Sequence[Handle]) -> bool:
         """True when the lane's default stream and ``streams`` have no pending work
@@ -880,13 +904,8 @@ class GpuBackend:
         return args
 
     def _extra(self, args: bytes) -> LaunchExtra:
-        k = self._k
-        return LaunchExtra(
-            args,
-            buffer_pointer=int(k.launch_buffer_pointer),
-            buffer_size=int(k.launch_buffer_size),
-            end=int(k.launch_end),
-        )
+        pointer, size, end = self._extra_words
+        return LaunchExtra(args, buffer_pointer=pointer, buffer_size=size, end=end)
 
     # --- graphs -------------------------------------------------------------------------
 
@@ -1057,4 +1076,4 @@ class GpuBackend:
             except HipError:
                 pass
         self._rt.release()
-        self._tls = threading.local()
+        self._lanes = _ThreadLanes()
