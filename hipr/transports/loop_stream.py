@@ -47,6 +47,9 @@ class _Protocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.reading_paused = False
         self.writing_paused = False
+        #: Push mode (``LoopSocketStream.deliver_to``): bytes go straight to these.
+        self.on_data: Callable[[bytes], None] | None = None
+        self.on_end: Callable[[], None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports quack like asyncio.Transport without subclassing it.
@@ -54,6 +57,9 @@ class _Protocol(asyncio.Protocol):
         self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
 
     def data_received(self, data: bytes) -> None:
+        if self.on_data is not None:
+            self.on_data(data)
+            return
         self.chunks.append(data)
         self.buffered += len(data)
         if self.buffered > READ_HIGH_WATER and not self.reading_paused:
@@ -65,6 +71,8 @@ class _Protocol(asyncio.Protocol):
     def eof_received(self) -> bool:
         self.eof = True
         _wake(self.reader)
+        if self.on_end is not None:
+            self.on_end()
         return True  # keep the write side open: the peer may still read our replies
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -73,6 +81,8 @@ class _Protocol(asyncio.Protocol):
             self.error = exc
         _wake(self.reader)
         _wake(self.drained)
+        if self.on_end is not None:
+            self.on_end()
 
     def pause_writing(self) -> None:
         self.writing_paused = True
@@ -149,6 +159,43 @@ class LoopSocketStream(ByteStream):
             raise anyio.BrokenResourceError from protocol.error
         # Without a wait above, a burst of sends would never let other tasks run: the
         # caller's next await of a receive (or the loop's next pass) does that.
+
+    def deliver_to(self, on_data: Callable[[bytes], None], on_end: Callable[[], None]) -> None:
+        """Push mode: from now on the loop hands each arriving chunk to ``on_data``, in
+        the I/O callback itself, and calls ``on_end`` once at end of stream or when the
+        link breaks; ``receive`` is not used any more. Bytes already buffered go first.
+
+        A worker connection uses it to decode requests as they arrive, with no task
+        woken just to read: one event-loop pass less per request."""
+        protocol = self._protocol
+        protocol.on_data = on_data
+        protocol.on_end = on_end
+        while protocol.chunks:
+            chunk = protocol.chunks.popleft()
+            protocol.buffered -= len(chunk)
+            on_data(chunk)
+        if protocol.reading_paused:
+            protocol.reading_paused = False
+            self._transport.resume_reading()
+        if protocol.eof or protocol.closed or self._closed:
+            on_end()
+
+    def pause_reading(self, paused: bool) -> None:
+        """Push mode's back-pressure: stop (or restart) reading the socket."""
+        protocol = self._protocol
+        if paused != protocol.reading_paused and not protocol.closed and not self._closed:
+            protocol.reading_paused = paused
+            if paused:
+                self._transport.pause_reading()
+            else:
+                self._transport.resume_reading()
+
+    def write_nowait(self, data: bytes) -> None:
+        """Queue ``data`` for sending without waiting (a small frame that must not wait
+        for a task: a heartbeat's answer). The caller keeps whole frames whole."""
+        if self._closed or self._protocol.closed or self._transport.is_closing():
+            raise anyio.BrokenResourceError
+        self._transport.write(data)
 
     async def send_eof(self) -> None:
         """Half-close: the peer reads end of stream and can still send to us."""

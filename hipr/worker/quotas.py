@@ -146,15 +146,22 @@ class QuotaGate:
         large frame can never wait forever."""
         state = self._state
         while True:
-            limit = self.quotas.max_inflight_bytes
-            if limit is None or own_inflight == 0 or state.inflight_bytes + size <= limit:
-                state.inflight_bytes += size
+            if self.try_hold_inflight(size, own_inflight):
                 return
             state.inflight_waiters += 1
             try:
                 await state.inflight_freed.wait()
             finally:
                 state.inflight_waiters -= 1
+
+    def try_hold_inflight(self, size: int, own_inflight: int) -> bool:
+        """:meth:`hold_inflight` without waiting: True when the bytes were counted."""
+        limit = self.quotas.max_inflight_bytes
+        state = self._state
+        if limit is None or own_inflight == 0 or state.inflight_bytes + size <= limit:
+            state.inflight_bytes += size
+            return True
+        return False
 
     def release_inflight(self, size: int) -> None:
         """The executor took ``size`` bytes of requests off the queue."""
