@@ -1620,3 +1620,47 @@ def test_sim_graph_nodes_get_the_adapters_parameter_blocks(sim: Any) -> None:
     backend.graph_exec_destroy(gexec)
     backend.graph_destroy(g)
     backend.free(x)
+
+
+def test_sim_lane_borrowed_by_another_thread(sim: Any) -> None:
+    """A session thread's lane run from the loop thread: work goes to the lane's default
+    stream (in order with what the session thread issued), a capture begun there is the
+    lane's, and the borrowing thread's own state comes back unchanged."""
+    import threading
+
+    backend, gpu = sim
+    fill = backend.module_get_function(backend.builtin_module(), "fill_f32")
+    x = backend.malloc(16)
+    lanes: list[Any] = []
+    streams: list[Any] = []
+
+    def session_thread() -> None:
+        backend.bind_thread(0)
+        backend.launch(fill, (1, 1, 1), (32, 1, 1), 0, None, _fill_args(x, 1.0, 4))
+        lanes.append(backend.current_lane())
+        streams.append(backend._default_stream())
+
+    worker = threading.Thread(target=session_thread)
+    worker.start()
+    worker.join()
+    lane = lanes[0]
+    own_stream = backend._default_stream()
+    assert own_stream is not streams[0]
+
+    def borrowed() -> Any:
+        backend.launch(fill, (1, 1, 1), (32, 1, 1), 0, None, _fill_args(x, 2.0, 2))
+        return backend._default_stream()
+
+    assert backend.run_in_lane(lane, borrowed) is streams[0]
+    assert backend._default_stream() is own_stream  # the borrower's state is back
+    assert backend.run_in_lane(lane, backend.work_done, []) in (True, False)
+    backend.run_in_lane(lane, backend.stream_begin_capture, None)
+    assert getattr(lane, "ptds_capture", None) is not None
+    assert getattr(backend._tls, "ptds_capture", None) is None
+    graph = backend.run_in_lane(lane, backend.stream_end_capture, None)
+    backend.graph_destroy(graph)
+    backend.synchronize()
+    assert np.frombuffer(gpu.read(x, 16), np.float32).tolist() == [2.0, 2.0, 1.0, 1.0]
+    backend.run_in_lane(lane, backend.release_thread)  # as the session's teardown does
+    assert not getattr(lane, "default_streams", {})
+    backend.free(x)
