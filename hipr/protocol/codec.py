@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import cbor2
@@ -30,6 +30,20 @@ ARGS_LENGTH = struct.Struct("<I")
 _pack_header = HEADER.pack
 #: The header followed by the CBOR part's length prefix.
 _pack_head = struct.Struct(HEADER.format + "I").pack
+_unpack_header = HEADER.unpack_from
+_PREFIX = ARGS_LENGTH.size
+#: The header and the CBOR part's length prefix, unpacked in one call.
+_unpack_head = struct.Struct(HEADER.format + "I").unpack_from
+_HEAD_SIZE = HEADER_SIZE + _PREFIX
+#: The prefix of a frame too short to hold one: never ``payload_length - _PREFIX``.
+_NO_PREFIX = -_PREFIX - 1
+#: ``cbor2.dumps({})``: "no arguments but a map" is common on both sides, and the
+#: encoder and decoder each cost a few hundred ns to produce or read this one byte.
+_CBOR_EMPTY_MAP = b"\xa0"
+_CBOR_EMPTY_MAP_BYTE = _CBOR_EMPTY_MAP[0]
+#: ``Header`` without its Python-level ``__new__`` (the fields come straight from the
+#: struct, already in range): about half the cost of ``Header(...)``.
+_new_header = tuple.__new__
 #: A payload limit for peers that set none; the worker's config usually lowers it.
 DEFAULT_MAX_PAYLOAD = 64 * 1024 * 1024 + 64 * 1024
 _EMPTY = memoryview(b"")
@@ -44,7 +58,9 @@ class Frame:
 
     header: Header
     args: Any = None
-    bulk: memoryview = field(default_factory=lambda: _EMPTY)
+    #: A plain default, not a factory: the shared empty view is immutable, and a
+    #: factory costs a call in every frame built without bulk.
+    bulk: memoryview = _EMPTY
     error: ProtocolError | None = None
 
     @property
@@ -75,13 +91,25 @@ def encode_frame_parts(
     if not 0 <= request_id <= MAX_REQUEST_ID:
         raise ValueError(f"request id {request_id} does not fit in 32 bits")
     bulk_len = len(bulk) if type(bulk) is bytes else memoryview(bulk).nbytes
-    if args is None and bulk_len == 0:
-        return [_pack_header(MAGIC, version, opcode, request_id, flags, 0)]
-    encoded = b"" if args is None else cbor2.dumps(args)
-    payload_length = ARGS_LENGTH.size + len(encoded) + bulk_len
+    if args is None:
+        if not bulk_len:
+            return [_pack_header(MAGIC, version, opcode, request_id, flags, 0)]
+        encoded = b""
+    elif type(args) is dict and not args:
+        encoded = _CBOR_EMPTY_MAP
+    else:
+        encoded = cbor2.dumps(args)
     # One pack for header and length prefix: this runs for every frame sent.
     first = (
-        _pack_head(MAGIC, version, opcode, request_id, flags, payload_length, len(encoded))
+        _pack_head(
+            MAGIC,
+            version,
+            opcode,
+            request_id,
+            flags,
+            _PREFIX + len(encoded) + bulk_len,
+            len(encoded),
+        )
         + encoded
     )
     return [first, bulk] if bulk_len else [first]
@@ -96,9 +124,32 @@ def encode_frame(
     version: int = PROTOCOL_VERSION,
 ) -> bytes:
     """The frame as one bytes object (tests and small frames)."""
-    return b"".join(
-        bytes(p) for p in encode_frame_parts(opcode, request_id, flags, args, bulk, version)
+    # encode_frame_parts' body again rather than a call to it and a join of its list:
+    # most frames sent whole are small, and the call and join were half their cost.
+    if not 0 <= request_id <= MAX_REQUEST_ID:
+        raise ValueError(f"request id {request_id} does not fit in 32 bits")
+    if type(bulk) is not bytes:
+        # Flattened as a write would; memoryview() refuses what is not a buffer, as
+        # encode_frame_parts does (bytes() would take a list of ints).
+        bulk = memoryview(bulk).tobytes()
+    if args is None:
+        if not bulk:
+            return _pack_header(MAGIC, version, opcode, request_id, flags, 0)
+        encoded = b""
+    elif type(args) is dict and not args:
+        encoded = _CBOR_EMPTY_MAP
+    else:
+        encoded = cbor2.dumps(args)
+    head = _pack_head(
+        MAGIC,
+        version,
+        opcode,
+        request_id,
+        flags,
+        _PREFIX + len(encoded) + len(bulk),
+        len(encoded),
     )
+    return head + encoded + bulk if bulk else head + encoded
 
 
 def decode_payload(header: Header, payload: memoryview) -> Frame:
@@ -135,6 +186,13 @@ class FrameDecoder:
     def __init__(self, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
         self.max_payload = max_payload
         self._buffer = bytearray()
+        #: A ``bytes`` object fed between frames, decoded in place from ``_offset``: a
+        #: receive usually holds whole small frames, and copying it into ``_buffer``
+        #: only to cut the frames out again cost more than the rest of their decoding.
+        #: Non-empty only while ``_buffer`` is empty and no frame is under way; what is
+        #: left of it when a frame is cut short moves to ``_buffer`` (``_spill``).
+        self._chunk = b""
+        self._offset = 0
         self._header: Header | None = None
         #: A large payload's pieces as they arrived, and their total size.
         self._pieces: list[bytes] | None = None
@@ -143,7 +201,9 @@ class FrameDecoder:
     @property
     def buffered(self) -> int:
         """Bytes received but not yet returned as frames."""
-        return len(self._buffer) + self._filled
+        # _offset is stale once _chunk is used up (resetting it costs every frame).
+        unread = len(self._chunk) - self._offset if self._chunk else 0
+        return len(self._buffer) + self._filled + unread
 
     def receive_size(self, small: int = 1 << 16, large: int = 4 << 20) -> int:
         """How much to ask the transport for next: enough to finish the frame under way
@@ -158,6 +218,8 @@ class FrameDecoder:
         """Everything received but not decoded (a relay passes it on as it is)."""
         if self._header is not None:
             raise RuntimeError("a frame header was already consumed")
+        if self._chunk:
+            self._spill()
         data = bytes(self._buffer)
         self._buffer.clear()
         return data
@@ -187,6 +249,12 @@ class FrameDecoder:
         """Append received bytes (kept as given only when immutable ``bytes``)."""
         pieces = self._pieces
         if pieces is None:
+            if self._chunk:
+                self._spill()
+            elif type(data) is bytes and self._header is None and not self._buffer:
+                self._chunk = data
+                self._offset = 0
+                return
             self._buffer += data
             return
         # A large payload's pieces are kept as they came and joined once at the end:
@@ -204,19 +272,105 @@ class FrameDecoder:
 
     def frames(self) -> Iterator[Frame]:
         """Every complete frame buffered so far, in order."""
-        while (frame := self.next_frame()) is not None:
-            yield frame
+        # A C-level iterator over next_frame rather than a generator: no generator frame
+        # to build and resume per frame. It calls next_frame as it goes, so the decoder
+        # may be fed or read directly between two frames, as with a generator.
+        return iter(self.next_frame, None)
 
     def next_frame(self) -> Frame | None:
         """The next complete frame, or None until more bytes arrive."""
-        if self._header is None:
-            if len(self._buffer) < HEADER_SIZE:
-                if self._buffer and not MAGIC.startswith(bytes(self._buffer[:4])):
-                    raise ProtocolError(message=f"bad magic {bytes(self._buffer[:4])!r}")
-                return None
-            self._header = self._parse_header()
-            del self._buffer[:HEADER_SIZE]
         header = self._header
+        if header is None:
+            # Between frames: parse the header where the bytes lie, and when the whole
+            # frame is there (the usual case for small frames), decode it in one go,
+            # never passing through the "payload under way" state. This body is the
+            # cost of every small frame received, hence inline rather than in helpers.
+            chunk = self._chunk
+            data: bytes | bytearray
+            if chunk:
+                data = chunk
+                pos = self._offset
+            else:
+                data = self._buffer
+                if not data:
+                    return None  # the last call of every frames() loop: keep it short
+                pos = 0
+            available = len(data) - pos
+            if available >= HEADER_SIZE:
+                if available >= _HEAD_SIZE:
+                    # The CBOR part's length prefix in the same unpack; it belongs to
+                    # this frame only when the payload has room for it (checked below).
+                    magic, version, opcode, request_id, flags, length, args_length = _unpack_head(
+                        data, pos
+                    )
+                else:
+                    magic, version, opcode, request_id, flags, length = _unpack_header(data, pos)
+                    args_length = _NO_PREFIX
+                if magic != MAGIC or length > self.max_payload:
+                    raise self._refusal(magic, length)
+                header = _new_header(
+                    Header,
+                    (
+                        opcode,
+                        request_id,
+                        _FLAGS[flags] if flags < _FLAGS_KNOWN else _flags(flags),
+                        length,
+                        version,
+                    ),
+                )
+                start = pos + HEADER_SIZE
+                end = start + length
+                if end <= len(data):
+                    frame: Frame
+                    if args_length == length - _PREFIX:
+                        # CBOR arguments and no bulk, the usual small frame: what
+                        # decode_payload gives, less its payload copy and views.
+                        if not args_length:
+                            frame = Frame(header)
+                        elif args_length == 1 and data[end - 1] == _CBOR_EMPTY_MAP_BYTE:
+                            frame = Frame(header, {})
+                        else:
+                            # cbor2 decodes a slice as it would a view (same errors too).
+                            try:
+                                frame = Frame(header, cbor2.loads(data[start + _PREFIX : end]))
+                            except Exception as exc:  # cbor2 raises several types
+                                frame = Frame(
+                                    header,
+                                    error=ProtocolError(message=f"malformed CBOR arguments: {exc}"),
+                                )
+                    elif not length:
+                        frame = Frame(header)
+                    else:
+                        # Bulk bytes follow the CBOR part, or the length prefix is
+                        # malformed: decode_payload's own answer, on a payload copy.
+                        if chunk:
+                            payload = chunk[start:end]
+                        else:
+                            with memoryview(data) as view:
+                                payload = bytes(view[start:end])
+                        frame = decode_payload(header, memoryview(payload))
+                    if chunk:
+                        if end == len(chunk):
+                            self._chunk = b""
+                        else:
+                            self._offset = end
+                    elif end == len(data):
+                        self._buffer.clear()  # exactly whole frames: nothing to move
+                    else:
+                        del self._buffer[:end]
+                    return frame
+                if chunk:
+                    self._spill()
+                self._header = header
+                del self._buffer[:HEADER_SIZE]
+            else:
+                if chunk:
+                    self._spill()
+                buffer = self._buffer
+                if buffer and not MAGIC.startswith(bytes(buffer[:4])):
+                    raise ProtocolError(message=f"bad magic {bytes(buffer[:4])!r}")
+                return None
+        buffer = self._buffer
         length = header.payload_length
         if self._pieces is not None:
             if self._filled < length:
@@ -224,40 +378,52 @@ class FrameDecoder:
             payload = b"".join(self._pieces)
             self._pieces = None
             self._filled = 0
-        elif len(self._buffer) < length:
+        elif len(buffer) < length:
             if length >= LARGE_PAYLOAD:
                 # Memory grows with the bytes that arrive, never ahead of them.
-                self._pieces = [bytes(self._buffer)]
-                self._filled = len(self._buffer)
-                self._buffer.clear()
+                self._pieces = [bytes(buffer)]
+                self._filled = len(buffer)
+                buffer.clear()
             return None
         else:
-            with memoryview(self._buffer) as view:
+            with memoryview(buffer) as view:
                 payload = bytes(view[:length])
-            del self._buffer[:length]
+            del buffer[:length]
         self._header = None
         return decode_payload(header, memoryview(payload))
 
-    def _parse_header(self) -> Header:
-        magic, version, opcode, request_id, flags, length = HEADER.unpack_from(self._buffer)
+    def _spill(self) -> None:
+        """Move what is left of ``_chunk`` to ``_buffer`` (a frame was cut short, or
+        more bytes arrived before the chunk was decoded)."""
+        chunk = self._chunk
+        offset = self._offset
+        self._buffer += chunk if not offset else memoryview(chunk)[offset:]
+        self._chunk = b""
+        self._offset = 0
+
+    def _refusal(self, magic: bytes, length: int) -> ProtocolError:
+        """Why a header is refused: the stream is not one of ours, or the frame is
+        larger than this decoder accepts."""
         if magic != MAGIC:
-            raise ProtocolError(message=f"bad magic {magic!r}, expected {MAGIC!r}")
-        if length > self.max_payload:
-            raise ProtocolError(
-                message=f"frame payload of {length} bytes is over the limit of {self.max_payload}",
-                limit=self.max_payload,
-            )
-        return Header(opcode, request_id, _flags(flags), length, version)
+            return ProtocolError(message=f"bad magic {magic!r}, expected {MAGIC!r}")
+        return ProtocolError(
+            message=f"frame payload of {length} bytes is over the limit of {self.max_payload}",
+            limit=self.max_payload,
+        )
 
 
-_FLAGS: dict[int, Flags] = {}
+#: Every combination of the defined flag bits, by value: building an IntFlag costs more
+#: than the rest of a header, and a tuple index is cheaper than a dict lookup.
+_FLAGS: tuple[Flags, ...] = tuple(Flags(value) for value in range(2 * max(Flags)))
+_FLAGS_KNOWN = len(_FLAGS)
+_ODD_FLAGS: dict[int, Flags] = {}
 
 
 def _flags(value: int) -> Flags:
-    """``Flags(value)``, cached: building an IntFlag costs more than the rest of a header."""
-    flags = _FLAGS.get(value)
+    """``Flags(value)`` for values with undefined bits set, cached."""
+    flags = _ODD_FLAGS.get(value)
     if flags is None:
         flags = Flags(value)
-        if len(_FLAGS) < 64:  # a peer's odd values never grow the cache without bound
-            _FLAGS[value] = flags
+        if len(_ODD_FLAGS) < 64:  # a peer's odd values never grow the cache without bound
+            _ODD_FLAGS[value] = flags
     return flags
