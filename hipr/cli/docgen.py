@@ -318,6 +318,7 @@ def metrics_markdown() -> str:
 
 # --- the command -----------------------------------------------------------------------
 
+
 #: Generated pages, relative to the repository root.
 def hip_facade_markdown() -> str:
     """``docs/hip-facade.md``: what ``hipr.hip``/``hipr.hiprtc`` serve of hip-python."""
