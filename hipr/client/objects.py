@@ -67,6 +67,8 @@ class DevicePtr:
 
 def dim3(value: Dim, what: str) -> list[int]:
     """A launch dimension as a list of 1 to 3 positive ints."""
+    if type(value) is int and value >= 1:
+        return [value]  # the common spelling, checked without the general walk below
     dims = [value] if isinstance(value, int) else list(value)
     if not 1 <= len(dims) <= 3 or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in dims
