@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, cast
@@ -33,10 +34,39 @@ READ_HIGH_WATER = 8 << 20
 WRITE_HIGH_WATER = 4 << 20
 
 
-class _Protocol(asyncio.Protocol):
-    """Collects received bytes and wakes the one task waiting for them."""
+#: The read buffer the loop receives into between large payloads (uvloop's own size).
+SCRATCH_BYTES = 256 << 10
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch() -> memoryview:
+    """The calling thread's scratch read buffer, shared by all of its loop's streams:
+    the loop fills it and calls ``buffer_updated`` back to back, which copies the bytes
+    out, so one buffer per loop serves every connection (one per connection would cost
+    a worker with thousands of clients a quarter of a MiB each)."""
+    view: memoryview | None = getattr(_SCRATCH, "view", None)
+    if view is None:
+        view = _SCRATCH.view = memoryview(bytearray(SCRATCH_BYTES))
+    return view
+
+
+class _Protocol(asyncio.BufferedProtocol):
+    """Collects received bytes and wakes the one task waiting for them.
+
+    A buffered protocol, so that the loop receives into a buffer of ours: into a scratch
+    buffer ordinarily, and in push mode straight into the place a large payload must
+    end up when the consumer names one (``target``), so that its bytes are copied once,
+    from the kernel, instead of into a new ``bytes`` per read and again when joined."""
 
     def __init__(self) -> None:
+        self._scratch_view = _scratch()
+        #: Push mode: where the next bytes should go (None: the scratch buffer), and
+        #: what to call once some arrived there.
+        self.target: Callable[[], memoryview | None] | None = None
+        self.target_filled: Callable[[int], None] | None = None
+        self._into_target = False
         self.chunks: deque[bytes] = deque()
         self.buffered = 0
         self.eof = False
@@ -55,6 +85,22 @@ class _Protocol(asyncio.Protocol):
         # uvloop's transports quack like asyncio.Transport without subclassing it.
         self.transport = cast(asyncio.Transport, transport)
         self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self.target is not None:
+            view = self.target()
+            if view is not None:
+                self._into_target = True
+                return view
+        self._into_target = False
+        return self._scratch_view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._into_target:
+            assert self.target_filled is not None
+            self.target_filled(nbytes)
+        else:
+            self.data_received(bytes(self._scratch_view[:nbytes]))
 
     def data_received(self, data: bytes) -> None:
         if self.on_data is not None:
@@ -160,16 +206,27 @@ class LoopSocketStream(ByteStream):
         # Without a wait above, a burst of sends would never let other tasks run: the
         # caller's next await of a receive (or the loop's next pass) does that.
 
-    def deliver_to(self, on_data: Callable[[bytes], None], on_end: Callable[[], None]) -> None:
+    def deliver_to(
+        self,
+        on_data: Callable[[bytes], None],
+        on_end: Callable[[], None],
+        target: Callable[[], memoryview | None] | None = None,
+        target_filled: Callable[[int], None] | None = None,
+    ) -> None:
         """Push mode: from now on the loop hands each arriving chunk to ``on_data``, in
-        the I/O callback itself, and calls ``on_end`` once at end of stream or when the
-        link breaks; ``receive`` is not used any more. Bytes already buffered go first.
+        the I/O callback itself, and calls ``on_end`` at end of stream or when the link
+        breaks; ``receive`` is not used any more. Bytes already buffered go first.
+        Before each read, ``target()`` may name the buffer the next bytes must land in
+        (then ``target_filled(n)`` reports them instead of ``on_data``).
 
         A worker connection uses it to decode requests as they arrive, with no task
-        woken just to read: one event-loop pass less per request."""
+        woken just to read (one event-loop pass less per request), and to receive a
+        large payload straight into its own buffer."""
         protocol = self._protocol
         protocol.on_data = on_data
         protocol.on_end = on_end
+        protocol.target = target
+        protocol.target_filled = target_filled
         while protocol.chunks:
             chunk = protocol.chunks.popleft()
             protocol.buffered -= len(chunk)

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import anyio
 import anyio.abc
+import numpy as np
 import structlog
 
 from hipr._version import __version__
@@ -32,11 +33,18 @@ from hipr.handlers.args import Args
 from hipr.handlers.context import Reply, Request
 from hipr.handlers.registry import REGISTRY, HandlerRegistry
 from hipr.observability.observer import WorkerObserver
-from hipr.protocol.codec import Frame, FrameDecoder, encode_frame, encode_frame_parts
+from hipr.protocol.codec import (
+    Frame,
+    FrameDecoder,
+    decode_payload,
+    encode_frame,
+    encode_frame_parts,
+)
 from hipr.protocol.header import (
     PROTOCOL_MAJOR,
     PROTOCOL_VERSION,
     Flags,
+    Header,
     version_major,
     version_text,
 )
@@ -95,6 +103,8 @@ RECEIVE_SIZE = 1 << 18
 #: Request bytes read ahead of the executor per connection: overlap for pipelined
 #: copies and batches of small frames, with bounded memory.
 READ_AHEAD_BYTES = 16 << 20
+#: Payloads at least this large are received straight into their own buffer (push mode).
+RECEIVE_INTO_BYTES = 256 << 10
 _NO_REPLY = int(Flags.NO_REPLY)
 _MORE = int(Flags.MORE)
 #: Requests whose reply never reports a pending fire-and-forget error.
@@ -193,6 +203,11 @@ class WorkerConnection:
         #: Push mode: answers to heartbeats that arrived while a frame was being sent.
         self._owed_pongs: list[bytes] = []
         self._protocol_error: ProtocolError | None = None
+        #: Push mode: a large frame whose payload the loop receives straight into
+        #: ``_payload`` (see ``_receive_payload_into``), and how much of it has arrived.
+        self._payload_header: Header | None = None
+        self._payload: memoryview | None = None
+        self._payload_filled = 0
         self._log = log.bind(peer=peer)
         #: Request bytes read but not yet taken by the executor (max_inflight_bytes).
         self._inflight = 0
@@ -502,8 +517,50 @@ class WorkerConnection:
             return False
         self._push = push
         self._pump()  # frames already decoded behind the handshake go first
-        push.deliver_to(self._on_data, self._end_push)
+        push.deliver_to(
+            self._on_data, self._end_push, self._payload_target, self._payload_filled_by
+        )
         return True
+
+    def _receive_payload_into(self) -> None:
+        """A large frame under way in the decoder: take it over, so that the rest of its
+        payload is received straight into a buffer of its own (one copy, from the
+        kernel) instead of piece by piece and joined (on the 2-core test machine a
+        128 MiB upload went from 2.1 to 3.0 GB/s over unix). The buffer is left
+        uninitialised (``numpy.empty``): nothing writes it before the bytes arrive, so
+        fresh pages are committed only as they fill, and a client that announces a
+        large frame (within ``max_frame_bytes``) and sends nothing costs address space,
+        not memory. (Anonymous ``mmap`` per frame was slower: a page fault per page on
+        every frame.)"""
+        header = self._decoder.partial_header()
+        if header is None or header.payload_length < RECEIVE_INTO_BYTES or self._frames.closed:
+            return
+        header, head = self._decoder.take_partial()
+        buffer = np.empty(header.payload_length, np.uint8).data
+        buffer[: len(head)] = head
+        self._payload_header = header
+        self._payload = buffer
+        self._payload_filled = len(head)
+
+    def _payload_target(self) -> memoryview | None:
+        if self._payload is None:
+            return None
+        return self._payload[self._payload_filled :]
+
+    def _payload_filled_by(self, nbytes: int) -> None:
+        self._last_received = time.monotonic()
+        self._payload_filled += nbytes
+        payload = self._payload
+        assert payload is not None and self._payload_header is not None
+        if self._payload_filled < payload.nbytes:
+            return
+        frame = decode_payload(self._payload_header, payload)
+        self._payload = self._payload_header = None
+        self._payload_filled = 0
+        if self._frames.closed:
+            return
+        self._held_frame = frame  # taken first by the pump, in order
+        self._pump()
 
     def _on_data(self, data: bytes) -> None:
         if self._frames.closed:
@@ -552,6 +609,7 @@ class WorkerConnection:
             self._end_push()
             return
         if push is not None:
+            self._receive_payload_into()
             push.pause_reading(False)
 
     def _pong(self, frame: Frame) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import os
+
 import anyio
 import pytest
 
@@ -126,3 +129,68 @@ async def test_fire_and_forget_ping_gets_no_reply(endpoint: Endpoint, worker: Wo
             got.extend(decoder.frames())
     await stream.aclose()
     assert [f.request_id for f in got if f.opcode == Opcode.PING] == [6]
+
+
+def _frames_until(decoder: FrameDecoder, request_id: int, received: list) -> bool:
+    received.extend(decoder.frames())
+    return any(f.request_id == request_id and Flags.MORE not in f.flags for f in received)
+
+
+async def test_large_payload_in_ragged_pieces_arrives_intact(
+    endpoint: Endpoint, worker: Worker
+) -> None:
+    """A large frame's bytes cut at odd places (a piece of the header, the args and a
+    few bulk bytes together, then uneven runs): under asyncio the worker takes the
+    payload over mid-way and receives the rest straight into its own buffer."""
+    size = (3 << 20) + 4099
+    data = os.urandom(size)
+    stream = await endpoint.raw()
+    decoder = FrameDecoder()
+    received: list = []
+    with anyio.fail_after(20):
+        await stream.send(hello())
+        await stream.send(encode_frame(Opcode.MALLOC, 2, Flags.NONE, {"size": size}))
+        while not _frames_until(decoder, 2, received):
+            decoder.feed(await stream.receive())
+        pointer = received[-1].args["ptr"]
+        args = {"dst": pointer, "size": size}
+        frame = encode_frame(Opcode.MEMCPY_HTOD, 3, Flags.NONE, args, data)
+        cuts = [0, 7, 40, 300_001, 300_002, 1_000_000, 2_999_999, len(frame)]
+        for start, end in itertools.pairwise(cuts):
+            await stream.send(frame[start:end])
+            await anyio.sleep(0.01)  # each piece its own read on the worker
+        while not _frames_until(decoder, 3, received):
+            decoder.feed(await stream.receive())
+        assert Flags.ERROR not in received[-1].flags, received[-1].args
+        await stream.send(
+            encode_frame(Opcode.MEMCPY_DTOH, 4, Flags.NONE, {"src": pointer, "size": size})
+        )
+        back = bytearray()
+        while True:
+            decoder.feed(await stream.receive())
+            done = False
+            for reply in decoder.frames():
+                if reply.request_id == 4:
+                    assert Flags.ERROR not in reply.flags, reply.args
+                    back += reply.bulk
+                    done = Flags.MORE not in reply.flags
+            if done:
+                break
+    await stream.aclose()
+    assert bytes(back) == data
+
+
+async def test_large_frame_cut_off_midway_leaves_the_worker_serving(
+    endpoint: Endpoint, worker: Worker
+) -> None:
+    """A client that announces a 6 MiB frame, sends part of it and leaves: the
+    partial payload is dropped with the link, and everyone else is served."""
+    frame = encode_frame(
+        Opcode.MEMCPY_HTOD, 2, Flags.NONE, {"dst": 0x1000, "size": 6 << 20}, bytes(6 << 20)
+    )
+    stream = await endpoint.raw()
+    with anyio.fail_after(10):
+        await stream.send(hello())
+        await stream.send(frame[: 2 << 20])
+    await stream.aclose()
+    await assert_worker_still_serves(endpoint)
