@@ -417,3 +417,18 @@ def test_bench_finds_its_suite_from_any_directory(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert Path(done.stdout.strip()) == REPO / "benchmarks" / "suite.py"
+
+
+def test_stage_trace_reports_every_stage() -> None:
+    """``python -m benchmarks.stages`` against an instrumented emulator worker: every
+    stage of every request kind is reported (shape only, never a figure)."""
+    from benchmarks import stages
+
+    lines: list[str] = []
+    results = stages.measure("emulator", count=40, loop="asyncio", out=lines.append)
+    assert len(results) == 3
+    for per_stage in results.values():
+        assert list(per_stage) == list(stages.STAGES)
+        assert all(len(values) == 36 for values in per_stage.values())
+        assert all(value > 0 for value in per_stage["total"])
+    assert sum("median" in line for line in lines) == 3 * len(stages.STAGES)
