@@ -247,7 +247,11 @@ class BlockingConnection(LinkState):
         buffer (no copy: sendall reads the memoryview)."""
         total = sent.data.nbytes
         if self._is_small(sent, self.chunk_bytes):
-            for part in next(self._frames(sent))[0]:
+            # One frame, flags as given: encoded directly (what _frames would yield
+            # first, without the generator, the slicing and the flag arithmetic).
+            for part in encode_frame_parts(
+                sent.opcode, sent.request_id, sent.flags, sent.args, sent.data
+            ):
                 self._outbox.append(part)
                 self._outbox_bytes += len(part)
             if sent.progress is not None:

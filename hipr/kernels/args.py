@@ -114,11 +114,18 @@ def pack_args(args: Sequence[object]) -> PackedArgs:
         raise invalid_value(f"{len(args)} kernel arguments: at most {MAX_ARGS} are allowed")
     buffer = bytearray()
     slots: list[ArgSlot] = []
+    fast = _NUMPY_FAST
     for index, arg in enumerate(args):
-        data, alignment, kind = _encode_one(index, arg)
-        offset = -(-len(buffer) // alignment) * alignment
-        if offset > len(buffer):
-            buffer += bytes(offset - len(buffer))
+        alignment = fast.get(type(arg))
+        if alignment is not None:  # _encode_one's first case, without the call
+            data: bytes = arg.tobytes()  # type: ignore[attr-defined]
+            kind = "value"
+        else:
+            data, alignment, kind = _encode_one(index, arg)
+        end = len(buffer)
+        offset = -(-end // alignment) * alignment
+        if offset > end:
+            buffer += bytes(offset - end)
         buffer += data
         slots.append(ArgSlot(offset, len(data), kind))
     # No trailing padding: the runtime checks the buffer against the kernel's parameter
