@@ -185,6 +185,11 @@ class PrometheusObserver:
             ["kind"],
             registry=r,
         )
+        # Labelled children by label values: ``labels()`` validates and looks up under
+        # a lock on every call (~5 µs a request for the two metrics below, a tenth of
+        # a small request's cost on the worker); a child found here is only incremented.
+        self._request_children: dict[tuple[str, str, str], Any] = {}
+        self._latency_children: dict[str, Any] = {}
         self.collector: WorkerCollector | None = None
         if worker is not None:
             self.collector = WorkerCollector(worker, telemetry=telemetry)
@@ -193,8 +198,15 @@ class PrometheusObserver:
     # --- WorkerObserver ----------------------------------------------------------------
     def request_done(self, tenant: str, opcode: str, outcome: str, seconds: float) -> None:
         """Count the request and observe its latency."""
-        self.requests.labels(tenant, opcode, outcome).inc()
-        self.latency.labels(opcode).observe(seconds)
+        key = (tenant, opcode, outcome)
+        counter = self._request_children.get(key)
+        if counter is None:
+            counter = self._request_children[key] = self.requests.labels(*key)
+        counter.inc()
+        histogram = self._latency_children.get(opcode)
+        if histogram is None:
+            histogram = self._latency_children[opcode] = self.latency.labels(opcode)
+        histogram.observe(seconds)
 
     def bytes_copied(self, tenant: str, direction: str, size: int) -> None:
         """Add ``size`` to the direction's byte counter."""
