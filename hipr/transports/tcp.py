@@ -94,16 +94,31 @@ async def _accepted(sock: socket.socket) -> ByteStream:
 def _bind_all(host: str, port: int) -> list[socket.socket]:
     """Listening sockets on every address ``host`` resolves to (as anyio binds them:
     SO_REUSEADDR, IPv6 sockets IPv6-only so that they do not collide with IPv4 ones).
-    Port 0 on several addresses takes the first one's port for all."""
-    infos = socket.getaddrinfo(
-        host or None,
-        port,
-        type=socket.SOCK_STREAM,
-        flags=socket.AI_PASSIVE | socket.AI_ADDRCONFIG,
+    Port 0 on several addresses takes the first one's port for all, trying again with
+    a new port when another process holds that port on a later address."""
+    infos = list(
+        dict.fromkeys(
+            socket.getaddrinfo(
+                host or None,
+                port,
+                type=socket.SOCK_STREAM,
+                flags=socket.AI_PASSIVE | socket.AI_ADDRCONFIG,
+            )
+        )
     )
+    for attempt in range(10):
+        try:
+            return _bind_each(infos, port)
+        except OSError as exc:
+            if port != 0 or len(infos) < 2 or exc.errno != errno.EADDRINUSE or attempt == 9:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _bind_each(infos: list[Any], port: int) -> list[socket.socket]:
     sockets: list[socket.socket] = []
     try:
-        for family, kind, proto, _, address in dict.fromkeys(infos):
+        for family, kind, proto, _, address in infos:
             sock = socket.socket(family, kind, proto)
             sockets.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

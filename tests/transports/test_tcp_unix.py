@@ -90,6 +90,24 @@ async def test_tcp_ipv6() -> None:
 
 
 @pytest.mark.anyio
+async def test_tcp_host_with_several_addresses_listens_on_each_with_one_port() -> None:
+    """``localhost`` may resolve to 127.0.0.1 and ::1: one socket each, one port for all
+    (port 0 included), and a client reaches the worker on every one of them."""
+    # As the listener resolves it (AI_ADDRCONFIG leaves out families not configured).
+    flags = socket.AI_PASSIVE | socket.AI_ADDRCONFIG
+    infos = socket.getaddrinfo("localhost", 0, type=socket.SOCK_STREAM, flags=flags)
+    addresses = {info[4][0] for info in infos}
+    with anyio.fail_after(20):
+        listener = await listen("tcp://localhost:0")
+        port = listener.extra(SocketAttribute.local_port)
+        async with serving(listener):
+            for address in sorted(addresses):
+                host = f"[{address}]" if ":" in address else address
+                stream = await connect(f"tcp://{host}:{port}")
+                await assert_echoes(stream, (10,))
+
+
+@pytest.mark.anyio
 async def test_tcp_refused_says_what_to_do() -> None:
     port = _free_port()
     with anyio.fail_after(10), pytest.raises(HipConnectionError) as info:
