@@ -30,8 +30,11 @@ __all__ = ["LoopSocketStream", "open_loop_stream"]
 
 #: Unread bytes above which the loop stops reading the socket (until they are taken).
 READ_HIGH_WATER = 8 << 20
-#: Bytes the transport may buffer for sending before a send waits for them to drain.
-WRITE_HIGH_WATER = 4 << 20
+#: Bytes the transport may buffer for sending before a send waits for them to drain. A
+#: write the socket cannot take at once is copied into the transport's buffer whole, so
+#: a connection holds at most one reply chunk (4 MiB) plus this: small, because a
+#: worker may serve hundreds of slow readers (4 MiB here measured no faster).
+WRITE_HIGH_WATER = 256 << 10
 
 
 #: The read buffer the loop receives into between large payloads (uvloop's own size).
