@@ -17,7 +17,6 @@ from typing import Any, Protocol
 
 import anyio
 import anyio.abc
-import numpy as np
 import structlog
 
 from hipr._version import __version__
@@ -53,6 +52,7 @@ from hipr.transports import connect as transport_connect
 from hipr.transports.loop_stream import LoopSocketStream as PushStream
 from hipr.worker.config import WorkerConfig
 from hipr.worker.isolation import TenantProcesses
+from hipr.worker.payloads import PayloadBuffers
 from hipr.worker.replay import MAX_ONE_REPLY
 from hipr.worker.session import DeferredError, Session, as_hip_error
 from hipr.worker.tenants import Tenant, TenantRegistry
@@ -105,6 +105,8 @@ RECEIVE_SIZE = 1 << 18
 READ_AHEAD_BYTES = 16 << 20
 #: Payloads at least this large are received straight into their own buffer (push mode).
 RECEIVE_INTO_BYTES = 256 << 10
+#: Seconds without a large payload after which a connection lets its buffers go.
+PAYLOAD_IDLE = 1.0
 _NO_REPLY = int(Flags.NO_REPLY)
 _MORE = int(Flags.MORE)
 #: Requests whose reply never reports a pending fire-and-forget error.
@@ -208,6 +210,8 @@ class WorkerConnection:
         self._payload_header: Header | None = None
         self._payload: memoryview | None = None
         self._payload_filled = 0
+        self._payload_buffers = PayloadBuffers()
+        self._last_payload = 0.0
         self._log = log.bind(peer=peer)
         #: Request bytes read but not yet taken by the executor (max_inflight_bytes).
         self._inflight = 0
@@ -394,7 +398,10 @@ class WorkerConnection:
         period = max(0.01, min(config.heartbeat_interval, config.heartbeat_timeout) / 4)
         while True:
             await anyio.sleep(period)
-            silent = time.monotonic() - self._last_received
+            now = time.monotonic()
+            if len(self._payload_buffers) and now - self._last_payload > PAYLOAD_IDLE:
+                self._payload_buffers.release()  # no upload under way: memory back
+            silent = now - self._last_received
             if silent >= config.heartbeat_timeout:
                 self._log.warning("link silent; treating it as dead", seconds=round(silent, 1))
                 # Closing (not cancelling) lets the request under way finish cleanly.
@@ -526,17 +533,16 @@ class WorkerConnection:
         """A large frame under way in the decoder: take it over, so that the rest of its
         payload is received straight into a buffer of its own (one copy, from the
         kernel) instead of piece by piece and joined (on the 2-core test machine a
-        128 MiB upload went from 2.1 to 3.0 GB/s over unix). The buffer is left
-        uninitialised (``numpy.empty``): nothing writes it before the bytes arrive, so
-        fresh pages are committed only as they fill, and a client that announces a
-        large frame (within ``max_frame_bytes``) and sends nothing costs address space,
-        not memory. (Anonymous ``mmap`` per frame was slower: a page fault per page on
-        every frame.)"""
+        128 MiB upload went from 2.1 to 3.0 GB/s over unix). The buffers are anonymous
+        mappings reused while the upload runs (``hipr.worker.payloads``): fresh pages
+        are committed only as bytes fill them, so a client that announces a large frame
+        (within ``max_frame_bytes``) and sends nothing costs address space, not memory."""
         header = self._decoder.partial_header()
         if header is None or header.payload_length < RECEIVE_INTO_BYTES or self._frames.closed:
             return
         header, head = self._decoder.take_partial()
-        buffer = np.empty(header.payload_length, np.uint8).data
+        buffer = self._payload_buffers.take(header.payload_length)
+        self._last_payload = time.monotonic()
         buffer[: len(head)] = head
         self._payload_header = header
         self._payload = buffer
