@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -83,8 +84,14 @@ async def test_children_die_with_a_killed_parent_and_the_next_start_removes_thei
     )
     env = {**os.environ, "RUNTIME_DIRECTORY": str(runtime)}
     children: list[int] = []
+    # No pipes: nothing reads them, and an asyncio pipe transport left for the garbage
+    # collector breaks a later test's loop (``Event loop is closed``).
     parent = await anyio.open_process(
-        [sys.executable, "-m", "hipr", "worker", "--config", str(config)], env=env
+        [sys.executable, "-m", "hipr", "worker", "--config", str(config)],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=None,
     )
     try:
         with anyio.fail_after(60):
@@ -116,7 +123,7 @@ async def test_children_die_with_a_killed_parent_and_the_next_start_removes_thei
     finally:
         if parent.returncode is None:
             parent.kill()
-            await parent.wait()
+        await parent.aclose()  # waits, and closes its transport on this test's loop
         for pid in children:  # only if the test failed: they should be gone
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
