@@ -431,7 +431,8 @@ class LocalWork:
     notes: list[str] = field(default_factory=list)
 
 
-def _timed(fn: Callable[[], Any], count: int) -> list[float]:
+def timed(fn: Callable[[], Any], count: int) -> list[float]:
+    """Seconds each of ``count`` calls of ``fn`` took."""
     clock = time.perf_counter
     times: list[float] = []
     for _ in range(count):
@@ -487,10 +488,10 @@ def local_work(
         backend.synchronize()
 
     try:
-        _timed(backend.synchronize, warmup)
-        work.sync = _timed(backend.synchronize, count)
-        _timed(launch_sync, warmup)
-        work.launch_sync = _timed(launch_sync, count)
+        timed(backend.synchronize, warmup)
+        work.sync = timed(backend.synchronize, count)
+        timed(launch_sync, warmup)
+        work.launch_sync = timed(launch_sync, count)
         work.per_launch = _per_launch(launch, backend.synchronize, batch, batch_repeats)
     finally:
         backend.free(word)
@@ -501,8 +502,8 @@ def local_work(
     ptr = backend.malloc(copy_size)
     try:
         for rep in range(copy_repeats + 1):  # the first round warms up
-            h = _timed(lambda: backend.memcpy_htod(ptr, host.data), 1)
-            d = _timed(lambda: backend.memcpy_dtoh(out.data, ptr), 1)
+            h = timed(lambda: backend.memcpy_htod(ptr, host.data), 1)
+            d = timed(lambda: backend.memcpy_dtoh(out.data, ptr), 1)
             if rep:
                 work.htod += h
                 work.dtoh += d
@@ -539,7 +540,7 @@ def _local_sgemm(backend: Any, n: int, runs: int, notes: list[str]) -> list[floa
             backend.synchronize()
 
         run()  # warm-up: module load, clocks
-        times = _timed(run, runs)
+        times = timed(run, runs)
         backend.memcpy_dtoh(c.reshape(-1).view(np.uint8).data, ptrs[2])
         error = sgemm_check(a, b, c)
         notes.append(f"local SGEMM {n}³: largest relative error of sampled entries {error:.1e}")
@@ -569,8 +570,8 @@ def cupy_launches(
         launch()
         sync()
 
-    _timed(launch_sync, warmup)
-    times = _timed(launch_sync, count)
+    timed(launch_sync, warmup)
+    times = timed(launch_sync, count)
     per = _per_launch(launch, sync, batch, batch_repeats)
     del out
     cupy.get_default_memory_pool().free_all_blocks()

@@ -163,16 +163,6 @@ def floor_rows(floors: fl.Floors, local: fl.LocalWork | None) -> list[Row]:
 # --- the workloads through hipr.connect() ---------------------------------------------
 
 
-def _timed(fn: Callable[[], Any], count: int) -> list[float]:
-    clock = time.perf_counter
-    times: list[float] = []
-    for _ in range(count):
-        start = clock()
-        fn()
-        times.append(clock() - start)
-    return times
-
-
 def sync_rows(
     url: str,
     token: str | None,
@@ -203,8 +193,8 @@ def sync_rows(
             # (a) a synchronizing null call
             log("sync: synchronize() on an idle device")
             gpu.synchronize()
-            _timed(gpu.synchronize, plan.warmup)
-            times = _timed(gpu.synchronize, plan.rtt_count)
+            fl.timed(gpu.synchronize, plan.warmup)
+            times = fl.timed(gpu.synchronize, plan.rtt_count)
             median = _median_us(times)
             rows += [
                 Row(
@@ -241,8 +231,8 @@ def sync_rows(
                 fill.launch(1, 1, args)
                 gpu.synchronize()
 
-            _timed(launch_sync, plan.warmup)
-            times = _timed(launch_sync, plan.rtt_count)
+            fl.timed(launch_sync, plan.warmup)
+            times = fl.timed(launch_sync, plan.rtt_count)
             median = _median_us(times)
             rows += [
                 Row(
@@ -431,7 +421,7 @@ def _sgemm_rows(
             gpu.synchronize()
 
         run()
-        times = _timed(run, plan.sgemm_runs)
+        times = fl.timed(run, plan.sgemm_runs)
         gpu.memcpy_dtoh(ptrs[2], out=c)
         notes.append(
             f"SGEMM {n}³ through hipr: largest relative error of sampled entries "

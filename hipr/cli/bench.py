@@ -35,6 +35,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from hipr.cli.common import positive_int
+
 LOOPS = ("trio", "asyncio")
 #: What the --local worker may run on: the client loops, and uvloop (hipr worker's default).
 WORKER_LOOPS = (*LOOPS, "uvloop")
@@ -63,16 +65,6 @@ def parse_size(text: str) -> int:
 
 def _sizes(text: str) -> tuple[int, ...]:
     return tuple(parse_size(part) for part in text.split(",") if part.strip())
-
-
-def _count(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {n}")
-    return n
 
 
 def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
@@ -140,9 +132,11 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
         "local,facade",
     )
     b.add_argument("--quick", action="store_true", help="tiny counts: checks, measures nothing")
-    b.add_argument("--rtt-count", type=_count, metavar="N", help="round trips (default 2000)")
-    b.add_argument("--ff-count", type=_count, metavar="N", help="fire-and-forget requests")
-    b.add_argument("--clients", type=_count, metavar="N", help="concurrent clients (default 64)")
+    b.add_argument("--rtt-count", type=positive_int, metavar="N", help="round trips (default 2000)")
+    b.add_argument("--ff-count", type=positive_int, metavar="N", help="fire-and-forget requests")
+    b.add_argument(
+        "--clients", type=positive_int, metavar="N", help="concurrent clients (default 64)"
+    )
     b.add_argument("--token", help="tenant token (prefer HIPR_TOKEN)")
     b.add_argument("--json", action="store_true", help="print JSON instead of tables")
     b.add_argument(

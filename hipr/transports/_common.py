@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import socket
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Self
+
+from anyio.abc import SocketAttribute
 
 from hipr.errors import HipConnectionError
 from hipr.transports.base import TransportUrl
@@ -134,3 +136,22 @@ class BlockingSocket(socket.socket):
         adopted.settimeout(None)
         adopted.description = description
         return adopted
+
+
+def socket_attributes(sock: socket.socket, *, connected: bool) -> dict[Any, Callable[[], Any]]:
+    """anyio's ``SocketAttribute`` family of ``sock``: family, raw socket, local address,
+    and for TCP the local port; the peer's address (and port) when ``connected``. One
+    table for the listeners and every stream class built here."""
+    attributes: dict[Any, Callable[[], Any]] = {
+        SocketAttribute.family: lambda: sock.family,
+        SocketAttribute.local_address: sock.getsockname,
+        SocketAttribute.raw_socket: lambda: sock,
+    }
+    tcp = sock.family in (socket.AF_INET, socket.AF_INET6)
+    if tcp:
+        attributes[SocketAttribute.local_port] = lambda: sock.getsockname()[1]
+    if connected:
+        attributes[SocketAttribute.remote_address] = sock.getpeername
+        if tcp:
+            attributes[SocketAttribute.remote_port] = lambda: sock.getpeername()[1]
+    return attributes

@@ -20,7 +20,9 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
-from anyio.abc import ByteStream, Listener, SocketAttribute, TaskGroup
+from anyio.abc import ByteStream, Listener, TaskGroup
+
+from hipr.transports._common import socket_attributes
 
 __all__ = ["SocketListener"]
 
@@ -96,13 +98,5 @@ class SocketListener(Listener[ByteStream]):
 
     @property
     def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
-        """``SocketAttribute`` local address (and port for TCP), family and raw socket."""
-        sock = self._sock
-        attributes: dict[Any, Callable[[], Any]] = {
-            SocketAttribute.family: lambda: sock.family,
-            SocketAttribute.local_address: sock.getsockname,
-            SocketAttribute.raw_socket: lambda: sock,
-        }
-        if sock.family in (socket.AF_INET, socket.AF_INET6):
-            attributes[SocketAttribute.local_port] = lambda: sock.getsockname()[1]
-        return attributes
+        """anyio's ``SocketAttribute`` family (addresses, ports for TCP, raw socket)."""
+        return socket_attributes(self._sock, connected=False)

@@ -24,7 +24,9 @@ from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import anyio
-from anyio.abc import ByteStream, SocketAttribute
+from anyio.abc import ByteStream
+
+from hipr.transports._common import socket_attributes
 
 __all__ = ["LoopSocketStream", "open_loop_stream"]
 
@@ -276,18 +278,8 @@ class LoopSocketStream(ByteStream):
 
     @property
     def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
-        """anyio's ``SocketAttribute`` family: addresses, ports (TCP) and raw socket."""
-        sock = self._sock
-        attributes: dict[Any, Callable[[], Any]] = {
-            SocketAttribute.family: lambda: sock.family,
-            SocketAttribute.local_address: sock.getsockname,
-            SocketAttribute.remote_address: sock.getpeername,
-            SocketAttribute.raw_socket: lambda: sock,
-        }
-        if sock.family in (socket.AF_INET, socket.AF_INET6):
-            attributes[SocketAttribute.local_port] = lambda: sock.getsockname()[1]
-            attributes[SocketAttribute.remote_port] = lambda: sock.getpeername()[1]
-        return attributes
+        """anyio's ``SocketAttribute`` family (addresses, ports for TCP, raw socket)."""
+        return socket_attributes(self._sock, connected=True)
 
 
 async def open_loop_stream(sock: socket.socket) -> LoopSocketStream:

@@ -29,13 +29,14 @@ from typing import Any, ClassVar
 import anyio
 import anyio.lowlevel
 import sniffio
-from anyio.abc import ByteStream, Listener, SocketAttribute
+from anyio.abc import ByteStream, Listener
 
 from hipr.transports._common import (
     BlockingSocket,
     connect_errors,
     connect_timeout_option,
     merge_options,
+    socket_attributes,
 )
 from hipr.transports.base import TransportConfig, TransportUrl
 from hipr.transports.listener import SocketListener
@@ -138,14 +139,8 @@ class UnixSocketStream(ByteStream):
 
     @property
     def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
-        """anyio's ``SocketAttribute`` family, addresses (paths) and raw socket."""
-        sock = self._sock
-        return {
-            SocketAttribute.family: lambda: sock.family,
-            SocketAttribute.local_address: sock.getsockname,
-            SocketAttribute.remote_address: sock.getpeername,
-            SocketAttribute.raw_socket: lambda: sock,
-        }
+        """anyio's ``SocketAttribute`` family (addresses, ports for TCP, raw socket)."""
+        return socket_attributes(self._sock, connected=True)
 
 
 async def socket_stream(sock: socket.socket) -> ByteStream:

@@ -78,6 +78,37 @@ async def test_tcp_nodelay_on_both_ends() -> None:
 
 
 @pytest.mark.anyio
+async def test_accepted_tcp_stream_names_both_ports() -> None:
+    """Whichever stream class the loop gets (the loop's transport on asyncio, the
+    non-blocking socket on trio), an accepted TCP stream gives both ends' ports."""
+    with anyio.fail_after(10):
+        listener = await listen("tcp://127.0.0.1:0")
+        port = listener.extra(SocketAttribute.local_port)
+        seen: list[tuple[int, int, str]] = []
+        accepted = anyio.Event()
+
+        async def handler(stream: anyio.abc.ByteStream) -> None:
+            seen.append(
+                (
+                    stream.extra(SocketAttribute.local_port),
+                    stream.extra(SocketAttribute.remote_port),
+                    stream.extra(SocketAttribute.remote_address)[0],
+                )
+            )
+            accepted.set()
+            await stream.aclose()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(listener.serve, handler)
+            async with await connect(f"tcp://127.0.0.1:{port}") as stream:
+                await accepted.wait()
+                client_port = stream.extra(SocketAttribute.local_port)
+            tg.cancel_scope.cancel()
+        await listener.aclose()
+        assert seen == [(port, client_port, "127.0.0.1")]
+
+
+@pytest.mark.anyio
 @pytest.mark.skipif(not _has_ipv6(), reason="no IPv6 loopback here")
 async def test_tcp_ipv6() -> None:
     with anyio.fail_after(10):
