@@ -350,6 +350,52 @@ class _MultiBase:
             f"(0-{total - 1}) on {len(self._slots)} workers",
         )
 
+    def _peer_pointers(
+        self,
+        dst: DevicePtr | int,
+        dst_device: int,
+        src: DevicePtr | int,
+        src_device: int,
+        size: int,
+    ) -> tuple[WorkerPtr, WorkerPtr]:
+        """memcpy_peer's pointers, each checked against its device's worker and tagged
+        with it (a plain address is taken to be on the device given for it)."""
+        tagged: list[WorkerPtr] = []
+        for ptr, device, name in ((dst, dst_device, "dst"), (src, src_device, "src")):
+            slot = self._slot_of_device(device)
+            owner = _ptr_owner(ptr)
+            if owner is not None and owner is not slot:
+                raise invalid_value(
+                    f"memcpy_peer: {name} is on {owner.describe()}, not on device {device}"
+                )
+            tagged.append(
+                ptr
+                if isinstance(ptr, WorkerPtr)
+                else WorkerPtr(int(ptr), _size_of(ptr, size), slot)
+            )
+        return tagged[0], tagged[1]
+
+    def _across_workers(
+        self, dst: DevicePtr | int, src: DevicePtr | int, size: int, stream: Any
+    ) -> tuple[WorkerSlot, WorkerSlot, WorkerSlot | None] | None:
+        """For memcpy_dtod: None when one worker can do the copy; else the destination's,
+        the source's and the stream's workers, all checked (sizes, the stream on one of
+        the two sides, both workers alive)."""
+        dst_slot, src_slot = _ptr_owner(dst), _ptr_owner(src)
+        if dst_slot is None or src_slot is None or dst_slot is src_slot:
+            return None
+        _check_copy(dst, src, size)
+        stream_slot = self.worker_of(stream) if stream is not None else None
+        if stream_slot is not None and stream_slot not in (dst_slot, src_slot):
+            raise invalid_value(
+                f"memcpy_dtod: the stream of {stream_slot.describe()} belongs to neither "
+                f"the source ({src_slot.describe()}) nor the destination "
+                f"({dst_slot.describe()})"
+            )
+        dst_slot.check_alive()
+        src_slot.check_alive()
+        return dst_slot, src_slot, stream_slot
+
     def _route(
         self, what: str, args: Sequence[Any], kwargs: dict[str, Any]
     ) -> tuple[WorkerSlot, list[Any], dict[str, Any]]:
@@ -487,21 +533,12 @@ class AsyncMultiGpu(_MultiBase):
         client, then client to destination worker, so the copy costs twice the bytes
         on the network at the slower link's speed, and is synchronous (it returns when
         the bytes are on the destination). ``stream`` may belong to either side."""
-        dst_slot, src_slot = _ptr_owner(dst), _ptr_owner(src)
-        if dst_slot is None or src_slot is None or dst_slot is src_slot:
+        across = self._across_workers(dst, src, size, stream)
+        if across is None:
             kw: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
             await self._do("memcpy_dtod", dst, src, size, stream, **kw)
             return
-        _check_copy(dst, src, size)
-        stream_slot = self.worker_of(stream) if stream is not None else None
-        if stream_slot is not None and stream_slot not in (dst_slot, src_slot):
-            raise invalid_value(
-                f"memcpy_dtod: the stream of {stream_slot.describe()} belongs to neither "
-                f"the source ({src_slot.describe()}) nor the destination "
-                f"({dst_slot.describe()})"
-            )
-        dst_slot.check_alive()
-        src_slot.check_alive()
+        dst_slot, src_slot, _ = across
         try:
             with anyio.fail_after(timeout) if timeout is not None else nullcontext():
                 await self._copy_across(dst_slot, int(dst), src_slot, int(src), size, stream)
@@ -546,18 +583,7 @@ class AsyncMultiGpu(_MultiBase):
         """Copy ``size`` bytes from ``src`` on ``src_device`` to ``dst`` on
         ``dst_device`` (client-wide ordinals): the worker copies when both devices are
         its own, the client when they are on two workers (see :meth:`memcpy_dtod`)."""
-        dst_slot, src_slot = self._slot_of_device(dst_device), self._slot_of_device(src_device)
-        for ptr, slot, name in ((dst, dst_slot, "dst"), (src, src_slot, "src")):
-            owner = _ptr_owner(ptr)
-            if owner is not None and owner is not slot:
-                raise invalid_value(
-                    f"memcpy_peer: {name} is on {owner.describe()}, not on device "
-                    f"{dst_device if name == 'dst' else src_device}"
-                )
-        if not isinstance(src, WorkerPtr):
-            src = WorkerPtr(int(src), _size_of(src, size), src_slot)
-        if not isinstance(dst, WorkerPtr):
-            dst = WorkerPtr(int(dst), _size_of(dst, size), dst_slot)
+        dst, src = self._peer_pointers(dst, dst_device, src, src_device, size)
         await self.memcpy_dtod(dst, src, size, **kw)
 
     async def memset(self, ptr: DevicePtr | int, value: int, size: int, *a: Any, **kw: Any) -> None:
@@ -713,21 +739,12 @@ class MultiGpu(_MultiBase):
     ) -> None:
         """Copy between device ranges; across workers through this client, with the
         cost described at :meth:`AsyncMultiGpu.memcpy_dtod`."""
-        dst_slot, src_slot = _ptr_owner(dst), _ptr_owner(src)
-        if dst_slot is None or src_slot is None or dst_slot is src_slot:
+        across = self._across_workers(dst, src, size, stream)
+        if across is None:
             kw: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
             self._do("memcpy_dtod", dst, src, size, stream, **kw)
             return
-        _check_copy(dst, src, size)
-        stream_slot = self.worker_of(stream) if stream is not None else None
-        if stream_slot is not None and stream_slot not in (dst_slot, src_slot):
-            raise invalid_value(
-                f"memcpy_dtod: the stream of {stream_slot.describe()} belongs to neither "
-                f"the source ({src_slot.describe()}) nor the destination "
-                f"({dst_slot.describe()})"
-            )
-        dst_slot.check_alive()
-        src_slot.check_alive()
+        dst_slot, src_slot, stream_slot = across
         deadline = None if timeout is None else time.monotonic() + timeout
 
         def left() -> dict[str, Any]:
@@ -765,18 +782,7 @@ class MultiGpu(_MultiBase):
     ) -> None:
         """Copy between devices given by client-wide ordinals (see
         :meth:`AsyncMultiGpu.memcpy_peer`)."""
-        dst_slot, src_slot = self._slot_of_device(dst_device), self._slot_of_device(src_device)
-        for ptr, slot, name in ((dst, dst_slot, "dst"), (src, src_slot, "src")):
-            owner = _ptr_owner(ptr)
-            if owner is not None and owner is not slot:
-                raise invalid_value(
-                    f"memcpy_peer: {name} is on {owner.describe()}, not on device "
-                    f"{dst_device if name == 'dst' else src_device}"
-                )
-        if not isinstance(src, WorkerPtr):
-            src = WorkerPtr(int(src), _size_of(src, size), src_slot)
-        if not isinstance(dst, WorkerPtr):
-            dst = WorkerPtr(int(dst), _size_of(dst, size), dst_slot)
+        dst, src = self._peer_pointers(dst, dst_device, src, src_device, size)
         self.memcpy_dtod(dst, src, size, **kw)
 
     def memset(self, ptr: DevicePtr | int, value: int, size: int, *a: Any, **kw: Any) -> None:
