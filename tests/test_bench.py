@@ -432,3 +432,14 @@ def test_stage_trace_reports_every_stage() -> None:
         assert all(len(values) == 36 for values in per_stage.values())
         assert all(value > 0 for value in per_stage["total"])
     assert sum("median" in line for line in lines) == 3 * len(stages.STAGES)
+
+
+def test_copy_memory_reports_every_figure() -> None:
+    """``python -m benchmarks.copy_memory`` with two clients for a moment: every figure
+    is there and the worker held more under load than at start (shape, not a bound)."""
+    from benchmarks import copy_memory
+
+    figures = copy_memory.measure(clients=2, seconds=0.5, loop="asyncio")
+    assert set(figures) == {"start", "peak", "end", "idle"}
+    assert all(value > 0 for value in figures.values())
+    assert figures["peak"] >= figures["start"]
