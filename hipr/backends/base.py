@@ -15,11 +15,13 @@ Optional fast path: a backend may name, in ``inline_calls`` (a frozenset of meth
 names), the calls that never wait for the GPU and do not depend on which thread calls
 them. The worker then runs such a call on its event-loop thread (after
 :meth:`Backend.bind_thread` there) whenever the session's GPU thread has nothing queued,
-saving a thread round trip. A backend may also offer ``work_done(streams) -> bool``, a
-non-blocking "has everything this session issued (on ``streams`` and the default
-stream) finished?", which lets a device synchronisation on an idle device be answered
-at once. Backends without them (a fault-injecting wrapper, say) keep every call on the
-session's thread.
+saving a thread round trip. ``inline_when`` (a mapping of method name to a predicate
+over the call's arguments) does the same for calls that are quick for some arguments
+only, such as a kernel over few elements where kernels run on the host. A backend may
+also offer ``work_done(streams) -> bool``, a non-blocking "has everything this session
+issued (on ``streams`` and the default stream) finished?", which lets a device
+synchronisation on an idle device be answered at once. Backends without them (a
+fault-injecting wrapper, say) keep every call on the session's thread.
 """
 
 from __future__ import annotations

@@ -442,6 +442,36 @@ class EmulatorBackend:
         }
     )
 
+    #: A launch whose thread and element counts are both at most this runs inline on
+    #: the worker's loop (numpy over a few thousand floats: microseconds); a larger one
+    #: stays on the session's GPU thread.
+    INLINE_KERNEL_ELEMENTS: int = 16384
+
+    def _quick_launch(
+        self,
+        function: Handle,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: int,
+        stream: Handle | None,
+        args: bytes,
+    ) -> bool:
+        """True when :meth:`launch` of these arguments takes microseconds. Every built-in
+        kernel's work is bounded by its thread count and its last argument, the element
+        count ``n``; a launch this cannot vouch for goes to the GPU thread, which also
+        reports its errors."""
+        if not isinstance(function, _Function):
+            return False
+        layout = function.layout
+        if layout.kinds[-1] != "u64" or len(args) != layout.size:
+            return False
+        limit = self.INLINE_KERNEL_ELEMENTS
+        try:
+            threads = grid[0] * grid[1] * grid[2] * block[0] * block[1] * block[2]
+            return threads <= limit and int.from_bytes(args[-8:], "little") <= limit
+        except (TypeError, IndexError):
+            return False  # malformed geometry: launch() refuses it, with its error
+
     def work_done(self, streams: Sequence[Handle]) -> bool:
         """Every call here finishes before it returns: once the session's GPU thread is
         idle, its work is done; a pending kernel fault is raised, as synchronize does."""
@@ -463,6 +493,8 @@ class EmulatorBackend:
             raise ValueError(f"total_memory must be between 1 and {span} bytes")
         #: The backend's kind, as the worker reports it; the device name is separate.
         self.name = "emulator"
+        #: Calls that are quick for some arguments (see ``Backend.inline_when``).
+        self.inline_when: dict[str, Callable[..., bool]] = {"launch": self._quick_launch}
         self._device_name = name
         self._arch = arch
         self._device_count = device_count

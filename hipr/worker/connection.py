@@ -155,6 +155,12 @@ class _FrameQueue:
         """The next frame if one is queued, without waiting."""
         return self._frames.popleft() if self._frames else None
 
+    def fire_and_forget_next(self) -> bool:
+        """True when the next queued frame asks for no reply (a launch in a stream of
+        launches, say), False when it waits for one or nothing is queued."""
+        # int(): IntFlag's own ``&`` runs Python-level enum code on every request.
+        return bool(self._frames) and bool(int(self._frames[0].header.flags) & _NO_REPLY)
+
     async def get(self) -> Frame:
         """The next frame, waiting for one; ``EndOfStream`` after :meth:`close`."""
         while not self._frames:
@@ -657,9 +663,12 @@ class WorkerConnection:
         self.session.gate.release_inflight(size)
         if self._held_frame is not None:
             self._pump()
-        # More requests already read: fire-and-forget calls go to the GPU thread in a
-        # batch, overlapping with the loop decoding the next frames.
-        self.session.burst = self._inflight > 0
+        # A fire-and-forget request already read behind this one: fire-and-forget calls
+        # go to the GPU thread in a batch, overlapping with the loop decoding the next
+        # frames. Not when a reply-awaiting request is next (the synchronize after a
+        # launch): that one waits for the call anyway, and finds it done inline instead
+        # of after two thread hand-offs.
+        self.session.burst = self._frames.fire_and_forget_next()
         return frame
 
     async def _executor(self) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
@@ -108,6 +108,8 @@ class Session:
         self._gpu = GpuThread(name=f"hipr-gpu-{self.id}")
         #: Backend calls that never wait for the GPU (run inline when the thread is idle).
         self._inline_calls: frozenset[str] = getattr(backend, "inline_calls", frozenset())
+        #: Backend calls that run inline only for some arguments (a small kernel).
+        self._inline_when: Mapping[str, Callable[..., bool]] = getattr(backend, "inline_when", {})
         self._uses_lanes = hasattr(backend, "run_in_lane")
         #: Set by the connection while more requests wait behind the current one: a
         #: burst of fire-and-forget calls is then batched on the GPU thread (overlapped
@@ -137,17 +139,20 @@ class Session:
         self._bind_here()
         return fn(*args)
 
-    def _can_inline(self, fn: Callable[..., Any]) -> bool:
-        """True when ``fn`` may run right here on the event loop: the backend says it
-        never waits for the GPU, and nothing of this session is queued on its thread
-        (so order is kept). Saves the thread round trip, the largest part of a small
-        request's cost on the worker."""
-        return (
-            getattr(fn, "__name__", "") in self._inline_calls
-            and self._gpu.idle
-            and not self._closed
-            and (self._lane is not None or not self._uses_lanes)
-        )
+    def _can_inline(self, fn: Callable[..., Any], args: tuple[Any, ...] = ()) -> bool:
+        """True when ``fn(*args)`` may run right here on the event loop: the backend says
+        it never waits for the GPU (always, or for these arguments), and nothing of this
+        session is queued on its thread (so order is kept). Saves the thread round trip,
+        the largest part of a small request's cost on the worker."""
+        if not (
+            self._gpu.idle and not self._closed and (self._lane is not None or not self._uses_lanes)
+        ):
+            return False
+        name = getattr(fn, "__name__", "")
+        if name in self._inline_calls:
+            return True
+        quick = self._inline_when.get(name)
+        return quick is not None and quick(*args)
 
     def _bind_here(self) -> None:
         """Make the session's device current on the calling (event-loop) thread, which
@@ -160,7 +165,7 @@ class Session:
     async def gpu(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a backend call on this session's thread, after all earlier ones (or
         inline, when it cannot block and nothing is ahead of it)."""
-        if self._can_inline(fn):
+        if self._can_inline(fn, args):
             return self._run_here(fn, *args)
         return await self._gpu.call(fn, *args)
 
@@ -183,7 +188,7 @@ class Session:
     def settled(self, query: Callable[..., bool], *args: Any) -> bool:
         """True when ``query(*args)`` (a stream or event query) says done, asked inline
         when the backend allows; False when the caller must wait on the GPU thread."""
-        if not self._can_inline(query):
+        if not self._can_inline(query, args):
             return False
         return self._poll(lambda: bool(self._run_here(query, *args)))
 
@@ -219,7 +224,7 @@ class Session:
             if self._deferred is None:
                 self._deferred = DeferredError(as_hip_error(exc, opcode), opcode, request_id)
 
-        if not self.burst and self._can_inline(fn):
+        if not self.burst and self._can_inline(fn, args):
             try:
                 self._run_here(fn, *args)
             except Exception as exc:

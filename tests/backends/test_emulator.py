@@ -619,6 +619,23 @@ def test_launch_refuses_bad_arguments_and_geometry(gpu: EmulatorBackend) -> None
     assert not download(gpu, ptr, np.float32, 4).any()
 
 
+def test_only_small_launches_are_offered_to_the_event_loop(gpu: EmulatorBackend) -> None:
+    quick = gpu.inline_when["launch"]
+    fill = fn(gpu, "fill_f32")
+    ptr = gpu.malloc(4)
+    limit = EmulatorBackend.INLINE_KERNEL_ELEMENTS
+    one, block = (1, 1, 1), (1024, 1, 1)
+    assert quick(fill, one, one, 0, None, pack("Qf4xQ", ptr, 1.0, 1))
+    assert quick(fill, (limit // 1024, 1, 1), block, 0, None, pack("Qf4xQ", ptr, 1.0, limit))
+    # Too many elements, too many threads: the session's GPU thread runs it.
+    assert not quick(fill, one, one, 0, None, pack("Qf4xQ", ptr, 1.0, limit + 1))
+    assert not quick(fill, (limit // 1024 + 1, 1, 1), block, 0, None, pack("Qf4xQ", ptr, 1.0, 1))
+    # What launch() refuses is left to it, for its error.
+    assert not quick(fill, one, one, 0, None, pack("Qf4xQ", ptr, 1.0, 1)[:-1])
+    assert not quick("not a function", one, one, 0, None, pack("Qf4xQ", ptr, 1.0, 1))
+    assert not quick(fill, (1, 1), one, 0, None, pack("Qf4xQ", ptr, 1.0, 1))
+
+
 def test_illegal_address_surfaces_at_the_next_synchronize_then_clears(
     gpu: EmulatorBackend,
 ) -> None:
