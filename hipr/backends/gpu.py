@@ -55,6 +55,7 @@ from hipr.backends._gpu_common import (
     Ledger,
     PinnedBlock,
     PinnedStaging,
+    ReusedLaunchExtra,
     check_dims,
     host_address,
     live,
@@ -64,6 +65,7 @@ from hipr.backends.base import BackendStats, BackendUnavailable, DevicePropertie
 from hipr.backends.callmap import DriverCalls, RtcCalls, RuntimeConstants
 from hipr.backends.errmap import rtc_error
 from hipr.errors import HipError, HipErrorCode
+from hipr.kernels.args import MAX_ARGS_BYTES
 from hipr.kernels.builtins import BUILTIN_SOURCE
 
 __all__ = ["GpuBackend", "Runtime", "RuntimeBase", "import_bindings"]
@@ -360,6 +362,8 @@ class GpuBackend:
         )
         # Bound once: the hot path pays no lookup of the runtime on each call.
         self._call: Callable[..., Any] = runtime.call
+        #: Each OS thread's reused launch ``extra`` (the loop's and every session's).
+        self._launch_extras = threading.local()
         self._props: dict[int, DeviceProperties] = {}
         self._builtin: dict[int, GpuModule] = {}
         self._builtin_lock = threading.Lock()
@@ -850,7 +854,19 @@ class GpuBackend:
         """A kernel launch with ``args`` through the ``extra`` buffer-pointer path."""
         check_dims(grid, block)
         self._current()
-        extra = self._extra(self._fit_args(function, args))
+        packed = self._fit_args(function, args)
+        extra: ReusedLaunchExtra | None = getattr(self._launch_extras, "extra", None)
+        if extra is None:
+            pointer, size, end = self._extra_words
+            extra = ReusedLaunchExtra(
+                MAX_ARGS_BYTES, buffer_pointer=pointer, buffer_size=size, end=end
+            )
+            self._launch_extras.extra = extra
+        if len(packed) <= extra.capacity:
+            address = extra.fill(packed)
+        else:  # more than the protocol carries (a direct caller): a buffer of its own
+            fresh = self._extra(packed)
+            address = fresh.address
         self._call(
             self._calls.launch_kernel,
             function,
@@ -859,7 +875,7 @@ class GpuBackend:
             shared_mem,
             self._stream(stream),
             None,
-            extra.address,
+            address,
         )
 
     def _param_size(self, function: Any) -> int | None:

@@ -34,6 +34,7 @@ from hipr.backends._gpu_common import (
     CodeCache,
     LaunchExtra,
     PinnedStaging,
+    ReusedLaunchExtra,
     host_address,
 )
 from hipr.backends.base import Backend
@@ -309,6 +310,18 @@ def test_launch_extra_layout() -> None:
         assert extra.packed() == args
     empty = LaunchExtra(b"", buffer_pointer=1, buffer_size=2, end=0)
     assert ctypes.c_size_t.from_address(empty.entries[3]).value == 0
+
+
+def test_reused_launch_extra_is_refilled_for_each_launch() -> None:
+    extra = ReusedLaunchExtra(64, buffer_pointer=1, buffer_size=2, end=3)
+    words = [int(v or 0) for v in (ctypes.c_void_p * 5).from_address(extra.address)]
+    assert words[0] == 1 and words[2] == 2 and words[4] == 3
+    long_args = struct.pack("<QbxxxiQ", 0xDEADBEEF, -3, 7, 9)
+    for args in (long_args, b"\x01\x02", b"", bytes(range(64))):
+        assert extra.fill(args) == extra.address  # the same array every time
+        assert ctypes.c_size_t.from_address(words[3]).value == len(args)
+        assert ctypes.string_at(words[1], len(args)) == args
+        assert extra.packed() == args
 
 
 def test_host_address() -> None:
