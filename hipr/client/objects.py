@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from hipr.client.timeouts import with_timeouts
 from hipr.errors import HipError, HipErrorCode, SessionLostError, invalid_value
-from hipr.kernels.args import pack_args
+from hipr.kernels.args import pack_args, register_pointer_type
 from hipr.protocol.opcodes import Opcode
 
 
@@ -63,6 +63,9 @@ class DevicePtr:
 
     def __repr__(self) -> str:
         return f"DevicePtr(0x{self.address:x}, size={self.size})"
+
+
+register_pointer_type(DevicePtr)
 
 
 def dim3(value: Dim, what: str) -> list[int]:

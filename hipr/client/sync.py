@@ -48,7 +48,13 @@ def run_inline(
     raise RuntimeError(f"{getattr(fn, '__qualname__', fn)} suspended on a blocking connection")
 
 
+#: Argument types that are never proxies nor hold one: passed through at once.
+_PLAIN = frozenset({int, float, str, bytes, bool, type(None)})
+
+
 def _unwrap(value: Any) -> Any:
+    if type(value) in _PLAIN:
+        return value
     if isinstance(value, SyncProxy):
         return value._target
     if isinstance(value, list):
@@ -79,7 +85,7 @@ class SyncProxy:
         @functools.wraps(attr)
         def call(*args: Any, **kwargs: Any) -> Any:
             if args:
-                args = tuple(_unwrap(a) for a in args)
+                args = tuple([_unwrap(a) for a in args])
             if kwargs:
                 kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
             result = runner(attr, args, kwargs)

@@ -44,6 +44,10 @@ class ArgSlot(NamedTuple):
     kind: str
 
 
+#: ``ArgSlot(...)`` without the named tuple's Python-level ``__new__`` (a launch's hot path).
+_new_slot = tuple.__new__
+
+
 class PackedArgs(NamedTuple):
     """The packed buffer and its layout."""
 
@@ -69,6 +73,20 @@ if sys.byteorder == "little":
         np.float16, np.float32, np.float64, np.bool_,
     ):  # fmt: skip
         _NUMPY_FAST[_type] = np.dtype(_type).alignment
+
+
+#: Classes whose instances are device pointers (``int()`` is the address), registered
+#: by the client (:func:`register_pointer_type`): a pointer argument then skips the
+#: general checks below, which cost more than the rest of its packing.
+_POINTER_TYPES: set[type] = set()
+
+
+def register_pointer_type(cls: type) -> None:
+    """Have :func:`pack_args` take instances of ``cls`` (which must define ``__index__``
+    as the device address and ``is_device_pointer``) as pointers at once."""
+    if not getattr(cls, "is_device_pointer", False) or not hasattr(cls, "__index__"):
+        raise TypeError(f"{cls.__name__} is not a device pointer type")
+    _POINTER_TYPES.add(cls)
 
 
 def _encode_one(index: int, arg: object) -> tuple[bytes, int, str]:
@@ -115,11 +133,17 @@ def pack_args(args: Sequence[object]) -> PackedArgs:
     buffer = bytearray()
     slots: list[ArgSlot] = []
     fast = _NUMPY_FAST
+    pointers = _POINTER_TYPES
     for index, arg in enumerate(args):
-        alignment = fast.get(type(arg))
-        if alignment is not None:  # _encode_one's first case, without the call
+        cls = type(arg)
+        alignment = fast.get(cls)
+        # _encode_one's first cases, without the call and its checks.
+        if alignment is not None:
             data: bytes = arg.tobytes()  # type: ignore[attr-defined]
             kind = "value"
+        elif cls in pointers:
+            data = arg.__index__().to_bytes(POINTER_SIZE, "little")  # type: ignore[attr-defined]
+            alignment, kind = POINTER_SIZE, "ptr"
         else:
             data, alignment, kind = _encode_one(index, arg)
         end = len(buffer)
@@ -127,7 +151,7 @@ def pack_args(args: Sequence[object]) -> PackedArgs:
         if offset > end:
             buffer += bytes(offset - end)
         buffer += data
-        slots.append(ArgSlot(offset, len(data), kind))
+        slots.append(_new_slot(ArgSlot, (offset, len(data), kind)))
     # No trailing padding: the runtime checks the buffer against the kernel's parameter
     # size, which ends at the last parameter (CUDA refuses a padded buffer).
     if len(buffer) > MAX_ARGS_BYTES:
