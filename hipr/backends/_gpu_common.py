@@ -95,9 +95,7 @@ class ReusedLaunchExtra:
 
     __slots__ = ("_args", "_array", "_size", "address", "capacity")
 
-    def __init__(
-        self, capacity: int, *, buffer_pointer: int, buffer_size: int, end: int
-    ) -> None:
+    def __init__(self, capacity: int, *, buffer_pointer: int, buffer_size: int, end: int) -> None:
         self.capacity = capacity
         self._args = ctypes.create_string_buffer(capacity)
         self._size = ctypes.c_size_t(0)

@@ -23,6 +23,11 @@ class RequestLink(Protocol):
         """Send part of the reply's bulk data (a REPLY|MORE frame)."""
         ...
 
+    def chunk_buffer(self, size: int) -> memoryview:
+        """A writable buffer of ``size`` bytes for one chunk of bulk data, reused by the
+        connection once nothing refers to it (its contents undefined)."""
+        ...
+
 
 @dataclass(slots=True)
 class Request:
@@ -56,6 +61,10 @@ class Request:
     async def send_chunk(self, bulk: memoryview | bytes) -> None:
         """Send one chunk of the reply's bulk data ahead of the final reply."""
         await self.link.send_chunk(self.request_id, self.opcode, bulk)
+
+    def chunk_buffer(self, size: int) -> memoryview:
+        """A buffer for one chunk of a streamed reply (see :meth:`RequestLink.chunk_buffer`)."""
+        return self.link.chunk_buffer(size)
 
 
 @dataclass(slots=True)

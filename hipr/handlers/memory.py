@@ -139,7 +139,9 @@ async def memcpy_dtoh(session: Session, request: Request) -> Any:
     offset = 0
     while offset < size:
         n = min(DTOH_CHUNK, size - offset)
-        buffer = _host_buffer(n)
+        # Each chunk goes out as a streamed reply, never cached for a resend, so its
+        # buffer can be reused once the transport has let go of it.
+        buffer = request.chunk_buffer(n)
         call = session.gpu_submit(session.backend.memcpy_dtoh, buffer, src + offset, stream)
         if pending is not None:
             await pending.result()

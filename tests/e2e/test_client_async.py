@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import anyio
 import numpy as np
 import pytest
@@ -68,6 +70,31 @@ async def test_copy_sizes_chunked_both_ways(endpoint: Endpoint, worker: Worker, 
         await gpu.memcpy_htod(p + 8, payload)
         assert await gpu.memcpy_dtoh(p + 8, size) == payload
         await gpu.free(p)
+
+
+async def test_downloads_of_several_chunks_reuse_buffers_without_mixing_them(
+    endpoint: Endpoint, worker: Worker
+) -> None:
+    # Chunks of a streamed reply come from the connection's reused buffers: downloads
+    # one after another, and two at once on one connection, each get their own bytes.
+    size = 3 * (4 << 20) + 4099
+    rng = np.random.default_rng(7)
+    datas = [rng.integers(0, 256, size, dtype=np.uint8) for _ in range(3)]
+    async with endpoint.aconnect() as gpu:
+        ptrs = [await gpu.malloc(size) for _ in datas]
+        for ptr, data in zip(ptrs, datas, strict=True):
+            await gpu.memcpy_htod(ptr, data)
+        for _ in range(2):
+            for ptr, data in zip(ptrs, datas, strict=True):
+                out = np.empty(size, np.uint8)
+                await gpu.memcpy_dtoh(ptr, out=out)
+                assert np.array_equal(out, data)
+        outs = [np.empty(size, np.uint8) for _ in datas]
+        async with anyio.create_task_group() as tasks:
+            for ptr, out in zip(ptrs, outs, strict=True):
+                tasks.start_soon(partial(gpu.memcpy_dtoh, ptr, out=out))
+        for out, data in zip(outs, datas, strict=True):
+            assert np.array_equal(out, data)
 
 
 async def test_streams_events_async_copies(endpoint: Endpoint, worker: Worker) -> None:
