@@ -9,15 +9,16 @@ speaking hipr's frames (the floor of any client), then through ``hipr.connect()`
 each request it prints the medians and 90th percentiles of:
 
 - client send -> worker ``data_received`` (the wake-up of the worker's loop),
-- ``data_received`` -> execution starts (decoding and the hand-off to the executor),
+- ``data_received`` -> execution starts (decoding, and the hand-off to the executor
+  unless the request is answered in the I/O callback itself),
 - execution -> the reply's send starts (the handler and the request's bookkeeping),
 - the reply's send (a syscall that wakes the client),
 - the reply's send ends -> the client has its reply (the client's wake-up and decoding).
 
 A stage can read negative when the woken client preempts the worker on its core. Only
 for the asyncio worker (push mode): the instrumented points are the loop stream's
-``data_received`` and ``send``. The instrumentation costs ~1 µs a point; compare runs of
-this tool with each other, not with ``hipr bench``.
+``data_received``, ``send`` and ``write_nowait``. The instrumentation costs ~1 µs a
+point; compare runs of this tool with each other, not with ``hipr bench``.
 """
 
 from __future__ import annotations
@@ -67,7 +68,24 @@ def _serve(dump: str, worker_argv: list[str]) -> int:
         marks["exec"].append(now())
         return await execute(self, frame)
 
+    answer_now = connection.WorkerConnection._answer_now
+
+    def timed_answer_now(self: Any, frame: Any) -> bool:
+        # A request answered in the I/O callback starts executing here; one handed to
+        # the executor is marked there instead.
+        started = now()
+        answered = answer_now(self, frame)
+        if answered and not frame.header.flags & connection.Flags.NO_REPLY:
+            marks["exec"].append(started)
+        return answered
+
     send = loop_stream.LoopSocketStream.send
+    write_nowait = loop_stream.LoopSocketStream.write_nowait
+
+    def timed_write_nowait(self: Any, data: bytes) -> None:
+        started = now()
+        write_nowait(self, data)
+        sends.append((started, now()))
 
     async def timed_send(self: Any, item: bytes) -> None:
         started = now()
@@ -76,7 +94,9 @@ def _serve(dump: str, worker_argv: list[str]) -> int:
 
     loop_stream._Protocol.data_received = data_received  # type: ignore[method-assign]
     connection.WorkerConnection._execute = timed_execute  # type: ignore[method-assign]
+    connection.WorkerConnection._answer_now = timed_answer_now  # type: ignore[method-assign]
     loop_stream.LoopSocketStream.send = timed_send  # type: ignore[method-assign]
+    loop_stream.LoopSocketStream.write_nowait = timed_write_nowait  # type: ignore[method-assign]
 
     def write(*_: object) -> None:
         finished = list(sends)

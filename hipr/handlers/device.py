@@ -6,7 +6,7 @@ from typing import Any
 
 from hipr.errors import HipError, HipErrorCode
 from hipr.handlers.context import Request
-from hipr.handlers.registry import handler
+from hipr.handlers.registry import LATER, answers_now, handler
 from hipr.protocol.opcodes import Opcode, OpcodeRange
 from hipr.worker.session import Session
 
@@ -59,6 +59,12 @@ async def device_synchronize(session: Session, request: Request) -> Any:
     if not session.work_done():
         await session.gpu(session.backend.synchronize)
     return {}
+
+
+@answers_now(Opcode.DEVICE_SYNCHRONIZE)
+def device_synchronize_now(session: Session, request: Request) -> Any:
+    """Answered in the worker's I/O callback when the session's work is done already."""
+    return {} if session.work_done() else LATER
 
 
 @handler(Opcode.MEM_GET_INFO)

@@ -8,7 +8,7 @@ from typing import Any
 from hipr.errors import invalid_value
 from hipr.handlers.args import Args
 from hipr.handlers.context import Reply, Request, or_restore, run_ordered
-from hipr.handlers.registry import handler
+from hipr.handlers.registry import LATER, answers_now, handler
 from hipr.protocol.opcodes import Opcode, OpcodeRange
 from hipr.worker.resources import FunctionEntry, ModuleEntry
 from hipr.worker.session import Session
@@ -160,5 +160,27 @@ async def launch_kernel(session: Session, request: Request) -> Any:
     stream = session.stream(request.args.handle("stream", optional=True))
     await run_ordered(
         session, request, session.backend.launch, function, grid, block, shared_mem, stream, data
+    )
+    return {}
+
+
+@answers_now(Opcode.LAUNCH_KERNEL)
+def launch_kernel_now(session: Session, request: Request) -> Any:
+    """A lone fire-and-forget launch, issued from the worker's I/O callback (inline when
+    the backend allows, else queued on the session's GPU thread)."""
+    if not request.no_reply:
+        return LATER
+    function, grid, block, shared_mem, data = launch_arguments(session, request.args)
+    stream = session.stream(request.args.handle("stream", optional=True))
+    session.gpu_post(
+        request.name,
+        request.request_id,
+        session.backend.launch,
+        function,
+        grid,
+        block,
+        shared_mem,
+        stream,
+        data,
     )
     return {}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from hipr.protocol.opcodes import Opcode, OpcodeRange
@@ -20,6 +20,20 @@ if TYPE_CHECKING:
     from hipr.worker.session import Session
 
 HandlerFn = Callable[["Session", "Request"], Awaitable[Any]]
+#: A handler's synchronous variant: the result now, or :data:`LATER`.
+NowFn = Callable[["Session", "Request"], Any]
+
+
+class _Later:
+    """The type of :data:`LATER`."""
+
+    def __repr__(self) -> str:
+        return "LATER"
+
+
+#: Returned by a handler's ``now`` variant that cannot answer without waiting (the GPU
+#: still busy): the request then goes to the session's executor like any other.
+LATER: Any = _Later()
 
 
 class RegistrationError(RuntimeError):
@@ -37,6 +51,11 @@ class HandlerSpec:
     #: Streams its request's bulk data itself (continuation DATA frames).
     streams_request: bool
     module: str
+    #: A synchronous variant the worker may run right in its I/O callback when the
+    #: request arrives alone and nothing else of the connection is under way (no task
+    #: hand-off): it must not block, and answers :data:`LATER` when it cannot answer at
+    #: once. Registered with :func:`answers_now`.
+    now: NowFn | None = None
 
     @property
     def doc(self) -> str:
@@ -74,6 +93,16 @@ class HandlerRegistry:
         self._handlers[opcode] = HandlerSpec(
             opcode, fn, fire_and_forget, streams_request, fn.__module__
         )
+
+    def register_now(self, opcode: Opcode, fn: NowFn) -> None:
+        """Add ``fn`` as the synchronous variant of ``opcode``'s registered handler."""
+        spec = self._handlers.get(opcode)
+        where = f"{fn.__module__}.{fn.__qualname__}"
+        if spec is None:
+            raise RegistrationError(f"{where} answers {opcode.name} now, which has no handler")
+        if spec.now is not None or spec.streams_request:
+            raise RegistrationError(f"{where} cannot answer {opcode.name} now")
+        self._handlers[opcode] = replace(spec, now=fn)
 
     def get(self, opcode: int) -> HandlerSpec | None:
         """The handler of ``opcode``, or None for an unknown opcode."""
@@ -115,6 +144,19 @@ def handler(
             fire_and_forget=fire_and_forget,
             streams_request=streams_request,
         )
+        return fn
+
+    return decorate
+
+
+def answers_now(
+    opcode: Opcode, *, registry: HandlerRegistry | None = None
+) -> Callable[[NowFn], NowFn]:
+    """Register the decorated plain function as the synchronous variant of ``opcode``'s
+    handler (registered before it): see :attr:`HandlerSpec.now`."""
+
+    def decorate(fn: NowFn) -> NowFn:
+        (registry or REGISTRY).register_now(opcode, fn)
         return fn
 
     return decorate

@@ -205,6 +205,21 @@ class FrameDecoder:
         unread = len(self._chunk) - self._offset if self._chunk else 0
         return len(self._buffer) + self._filled + unread
 
+    def next_flags(self) -> int | None:
+        """The flags of the next frame, read from its header without decoding it; None
+        while no whole header of a next frame is buffered (or a frame is under way)."""
+        if self._header is not None:
+            return None
+        if self._chunk:
+            data: bytes | bytearray = self._chunk
+            pos = self._offset
+        else:
+            data = self._buffer
+            pos = 0
+        if len(data) - pos < HEADER_SIZE:
+            return None
+        return int(_unpack_header(data, pos)[4])
+
     def receive_size(self, small: int = 1 << 16, large: int = 4 << 20) -> int:
         """How much to ask the transport for next: enough to finish the frame under way
         (a bulk chunk arrives in few reads), but a small read between small frames (a

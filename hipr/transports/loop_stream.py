@@ -252,6 +252,18 @@ class LoopSocketStream(ByteStream):
             else:
                 self._transport.resume_reading()
 
+    @property
+    def writable_now(self) -> bool:
+        """True when a write would be taken at once: open, and not held back by the
+        transport's high-water mark (a peer that does not read)."""
+        protocol = self._protocol
+        return not (
+            self._closed
+            or protocol.closed
+            or protocol.writing_paused
+            or self._transport.is_closing()
+        )
+
     def write_nowait(self, data: bytes) -> None:
         """Queue ``data`` for sending without waiting (a small frame that must not wait
         for a task: a heartbeat's answer). The caller keeps whole frames whole."""

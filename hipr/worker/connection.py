@@ -32,7 +32,7 @@ from hipr.errors import (
 )
 from hipr.handlers.args import Args
 from hipr.handlers.context import Reply, Request
-from hipr.handlers.registry import REGISTRY, HandlerRegistry
+from hipr.handlers.registry import LATER, REGISTRY, HandlerRegistry
 from hipr.observability.observer import WorkerObserver
 from hipr.protocol.codec import (
     Frame,
@@ -111,6 +111,7 @@ RECEIVE_INTO_BYTES = 256 << 10
 PAYLOAD_IDLE = 1.0
 _NO_REPLY = int(Flags.NO_REPLY)
 _MORE = int(Flags.MORE)
+_ERROR_REPLY = Flags.REPLY | Flags.ERROR
 #: Requests whose reply never reports a pending fire-and-forget error.
 _NOT_SYNCHRONISING = {Opcode.PING, Opcode.GOODBYE, Opcode.BARRIER}
 #: Requests that wait for the session's earlier work themselves: their own wait settles
@@ -191,6 +192,11 @@ class _FrameQueue:
         """True once :meth:`close` has been called."""
         return self._closed
 
+    @property
+    def executor_waiting(self) -> bool:
+        """True while the executor waits for a frame and none is queued."""
+        return self._waiter is not None and not self._frames
+
     def take(self) -> Frame | None:
         """The next frame if one is queued, without waiting."""
         return self._frames.popleft() if self._frames else None
@@ -243,6 +249,8 @@ class WorkerConnection:
         self._decoder = FrameDecoder(worker.config.max_frame_bytes)
         self._send_lock = anyio.Lock()
         self._frames = _FrameQueue()
+        #: The executor waits for its next request (none is under way).
+        self._between_requests = False
         self._queue_drained = anyio.Event()
         #: Push mode (asyncio): the stream's protocol hands bytes to ``_on_data``.
         self._push: PushStream | None = None
@@ -649,6 +657,8 @@ class WorkerConnection:
                 if frame.opcode == Opcode.PING and not frame.flags & Flags.MORE:
                     self._pong(frame)
                     continue
+                if self._answer_now(frame):
+                    continue
                 size = frame.header.payload_length
                 if self._inflight > READ_AHEAD_BYTES or not session.gate.try_hold_inflight(
                     size, self._inflight
@@ -669,6 +679,8 @@ class WorkerConnection:
             self._log.exception("decoding requests failed")
             self._end_push()
             return
+        if self._frames.executor_waiting:
+            session.flush_posts()  # a burst answered here, cut by the end of the read
         if push is not None:
             self._receive_payload_into()
             push.pause_reading(False)
@@ -721,10 +733,14 @@ class WorkerConnection:
 
     async def _executor(self) -> None:
         while not self._draining:
+            # Between requests: the I/O callback may answer a lone request itself.
+            self._between_requests = True
             try:
                 frame = await self._next_frame()
             except anyio.EndOfStream:
                 return
+            finally:
+                self._between_requests = False
             if not await self._execute(frame):
                 self._ends_session = True
                 return
@@ -787,14 +803,44 @@ class WorkerConnection:
             except Exception as exc:  # a handler bug must not take the worker down
                 self._log.exception("handler failed", opcode=name)
                 error = as_hip_error(exc, name)
+        if request.more:
+            await request.drain()
+        error = self._settle(session, opcode, name, request_id, no_reply, error, started)
+        if error is not None:
+            if not no_reply:
+                await self._reply(session, frame, Flags.REPLY | Flags.ERROR, error.to_wire(), b"")
+            return True
+        if opcode == Opcode.GOODBYE:
+            # Recorded first: a worker cancelled right after the reply still ends (not
+            # detaches) the session. Freed before answering: when the client's close()
+            # returns, all is released.
+            self._ends_session = True
+            with anyio.CancelScope(shield=True):
+                await session.close()
+        if not no_reply:
+            reply = result if isinstance(result, Reply) else Reply(result)
+            await self._reply(session, frame, Flags.REPLY, reply.result, reply.bulk)
+        return opcode != Opcode.GOODBYE
+
+    def _settle(
+        self,
+        session: Session,
+        opcode: int,
+        name: str,
+        request_id: int,
+        no_reply: bool,
+        error: HipError | None,
+        started: float,
+    ) -> HipError | None:
+        """A request's bookkeeping once it ran: its final error (an earlier fire-and-forget
+        failure that its synchronisation reports comes first), noted as run, counted,
+        logged; a fire-and-forget request's error is kept for the next synchronising one."""
         if opcode in _SETTLED_BY_WAITING and not no_reply:
             # Its wait ran after every earlier call: their error, if any, is known now
             # and comes first (a GPU reports the earliest failure at a synchronisation).
             late = session.take_deferred_error()
             if late is not None:
                 error = _reported(late, "reported at this synchronisation")
-        if request.more:
-            await request.drain()
         if request_id:
             session.last_executed_id = request_id
         observer = self.worker.observer
@@ -816,35 +862,111 @@ class WorkerConnection:
                 observer.quota_rejected(session.tenant, str(quota))
             if no_reply:
                 session.defer_error(error, name, request_id)
-            else:
-                await self._reply(session, frame, Flags.REPLY | Flags.ERROR, error.to_wire(), b"")
-            return True
-        if opcode == Opcode.GOODBYE:
-            # Recorded first: a worker cancelled right after the reply still ends (not
-            # detaches) the session. Freed before answering: when the client's close()
-            # returns, all is released.
-            self._ends_session = True
-            with anyio.CancelScope(shield=True):
-                await session.close()
-        if not no_reply:
-            reply = result if isinstance(result, Reply) else Reply(result)
-            await self._reply(session, frame, Flags.REPLY, reply.result, reply.bulk)
-        return opcode != Opcode.GOODBYE
+        return error
+
+    def _reply_frames(
+        self, session: Session, frame: Frame, flags: Flags, result: Any, bulk: Any
+    ) -> bytes | list[bytes | bytearray | memoryview]:
+        """A final reply's bytes, kept first in the session's reply cache so that the same
+        request resent after a dropped link gets the same answer without running again;
+        or, too large to keep (a resent read runs again instead), its parts unjoined."""
+        parts = encode_frame_parts(frame.opcode, frame.request_id, flags, result, bulk)
+        streamed, self._streamed_reply = self._streamed_reply, False
+        if streamed or not frame.request_id or memoryview(bulk).nbytes > MAX_ONE_REPLY:
+            return parts
+        data = b"".join(parts)
+        session.replies.put(frame.request_id, data)
+        return data
 
     async def _reply(
         self, session: Session, frame: Frame, flags: Flags, result: Any, bulk: Any
     ) -> None:
-        """Send a final reply, kept first in the session's reply cache so that the same
-        request resent after a dropped link gets the same answer without running again."""
-        parts = encode_frame_parts(frame.opcode, frame.request_id, flags, result, bulk)
-        streamed, self._streamed_reply = self._streamed_reply, False
-        if streamed or not frame.request_id or memoryview(bulk).nbytes > MAX_ONE_REPLY:
-            # Too large to keep (a resent read runs again instead): no joined copy either.
-            await self._send_parts(parts)
-            return
-        data = b"".join(parts)
-        session.replies.put(frame.request_id, data)
-        await self._send_bytes(data)
+        """Send a final reply (see :meth:`_reply_frames`)."""
+        data = self._reply_frames(session, frame, flags, result, bulk)
+        if isinstance(data, bytes):
+            await self._send_bytes(data)
+        else:
+            await self._send_parts(data)
+
+    def _answer_now(self, frame: Frame) -> bool:
+        """Run a lone request right here in the I/O callback, when its handler has a
+        synchronous variant (``HandlerSpec.now``) and nothing else of the connection is
+        under way: the executor task is not woken, which saves a task switch and its
+        wake-up machinery on every such request. Requests that follow in the same read
+        are taken the same way, one after the other, in order; fire-and-forget calls
+        followed by more of them are batched onto the GPU thread, as the executor does.
+        False, with nothing done, when the request must go to the executor: the request
+        is unusual (a resend, continuation data, a rate quota to spend), the next one's
+        header has not fully arrived, or the variant answers LATER."""
+        spec = self.registry.get(frame.opcode)
+        push = self._push
+        session = self.session
+        if spec is None or spec.now is None or push is None or session is None:
+            return False
+        header = frame.header
+        flags = int(header.flags)
+        opcode = header.opcode
+        request_id = header.request_id
+        no_reply = bool(flags & _NO_REPLY)
+        if (
+            not self._between_requests
+            or self._draining
+            or not self._frames.executor_waiting
+            or self._send_lock.locked()
+            or not push.writable_now
+            or flags & _MORE
+            or frame.error is not None
+            or (no_reply and not spec.fire_and_forget)
+            # A reply-awaiting request must first see the fire-and-forget errors before
+            # it, which may take a wait: only those that settle them by their own wait.
+            or not (no_reply or opcode in _SETTLED_BY_WAITING or opcode in _NOT_SYNCHRONISING)
+            or 0 < request_id <= session.last_executed_id
+            or (
+                opcode not in _NOT_SYNCHRONISING
+                and session.gate.quotas.max_request_rate is not None
+            )
+        ):
+            return False
+        if self._decoder.buffered:
+            next_flags = self._decoder.next_flags()
+            if next_flags is None:
+                return False  # part of a next request: the executor takes this one
+            burst = bool(next_flags & _NO_REPLY)
+        else:
+            burst = False
+        name = opcode_name(opcode)
+        started = time.perf_counter()
+        error: HipError | None = None
+        result: Any = None
+        session.burst = burst
+        try:
+            request = Request(
+                opcode, name, request_id, Args(frame.args, name), frame.bulk, no_reply, False, self
+            )
+            result = spec.now(session, request)
+        except HipError as exc:
+            error = exc
+        except Exception as exc:  # a handler bug must not take the worker down
+            self._log.exception("handler failed", opcode=name)
+            error = as_hip_error(exc, name)
+        if result is LATER:
+            return False
+        if not burst:
+            session.flush_posts()  # what it queued on the GPU thread starts now
+        error = self._settle(session, opcode, name, request_id, no_reply, error, started)
+        if no_reply:
+            return True
+        if error is not None:
+            data = self._reply_frames(session, frame, _ERROR_REPLY, error.to_wire(), b"")
+        else:
+            reply = result if isinstance(result, Reply) else Reply(result)
+            data = self._reply_frames(session, frame, Flags.REPLY, reply.result, reply.bulk)
+        # A link lost here is found by the stream's own end; the reply waits in the
+        # session's reply cache for the resend.
+        with contextlib.suppress(*_LINK_ERRORS):
+            for part in [data] if isinstance(data, bytes) else data:
+                push.write_nowait(part)  # type: ignore[arg-type]
+        return True
 
     async def _replay(self, frame: Frame, request: Request) -> bool:
         """Answer a request that already ran; False when it must run again instead."""

@@ -54,6 +54,8 @@ class RawSession:
         self.stream = stream
         self.decoder = FrameDecoder()
         self.next_id = 1
+        #: The bulk bytes of the last reply read.
+        self.last_bulk = memoryview(b"")
 
     def frame(self, opcode: Opcode, args: Any, *, no_reply: bool = False) -> bytes:
         self.next_id += 1
@@ -70,6 +72,7 @@ class RawSession:
                     if Flags.ERROR in frame.flags:
                         raise HipError.from_wire(frame.args)
                     found.append(frame.args)
+                    self.last_bulk = frame.bulk
                 if len(found) < count:
                     self.decoder.feed(await self.stream.receive())
         return found

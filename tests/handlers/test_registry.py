@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from hipr.handlers import REGISTRY
-from hipr.handlers.registry import HandlerRegistry, RegistrationError, handler
+from hipr.handlers.registry import HandlerRegistry, RegistrationError, answers_now, handler
 from hipr.protocol.opcodes import Opcode, OpcodeRange
 
 
@@ -66,3 +66,27 @@ def test_module_without_range_fails() -> None:
 
 def test_unknown_opcode_lookup_is_none() -> None:
     assert REGISTRY.get(0x7F7F) is None
+
+
+def test_answers_now_needs_a_handler_once_and_no_streaming() -> None:
+    registry = HandlerRegistry()
+    module = make_module("fake_device_handlers", OpcodeRange.DEVICE)
+
+    def now(session: Any, request: Any) -> Any:
+        return {}
+
+    with pytest.raises(RegistrationError, match="DEVICE_SYNCHRONIZE now, which has no handler"):
+        answers_now(Opcode.DEVICE_SYNCHRONIZE, registry=registry)(now)
+    define(module, Opcode.DEVICE_SYNCHRONIZE, registry)
+    answers_now(Opcode.DEVICE_SYNCHRONIZE, registry=registry)(now)
+    spec = registry.get(Opcode.DEVICE_SYNCHRONIZE)
+    assert spec is not None and spec.now is now
+    with pytest.raises(RegistrationError, match="cannot answer DEVICE_SYNCHRONIZE now"):
+        answers_now(Opcode.DEVICE_SYNCHRONIZE, registry=registry)(now)
+
+
+def test_the_worker_answers_now_only_calls_that_cannot_block() -> None:
+    # A synchronous variant runs in the worker's I/O callback: only calls that answer
+    # without waiting (or say LATER) may have one.
+    answered_now = {spec.opcode for spec in REGISTRY.specs() if spec.now is not None}
+    assert answered_now == {Opcode.DEVICE_SYNCHRONIZE, Opcode.LAUNCH_KERNEL}

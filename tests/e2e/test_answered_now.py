@@ -1,0 +1,126 @@
+"""Requests the worker answers in its I/O callback (push mode, asyncio) behave exactly as
+those its executor runs: order, errors, resends, quotas; under trio all go through the
+executor, and the same tests must pass."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+from hipr.errors import HipError
+from hipr.kernels.args import pack_args
+from hipr.protocol import Flags, Opcode, encode_frame
+from hipr.worker import connection
+from hipr.worker.server import Worker
+from tests.e2e.conftest import Endpoint
+from tests.e2e.test_inline_launches import RawSession, launch_frame
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["tcp", "unix"])
+def transport_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def executed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The opcodes that went through the executor task."""
+    seen: list[int] = []
+    execute = connection.WorkerConnection._execute
+
+    async def counting(self: Any, frame: Any) -> bool:
+        seen.append(frame.opcode)
+        return await execute(self, frame)
+
+    monkeypatch.setattr(connection.WorkerConnection, "_execute", counting)
+    return seen
+
+
+@pytest.fixture
+async def raw_session(endpoint: Endpoint, worker: Worker) -> AsyncIterator[RawSession]:
+    stream = await endpoint.raw()
+    session = RawSession(stream)
+    await session.replies(encode_frame(Opcode.HELLO, 1, Flags.NONE, {"client": "raw"}), 1)
+    yield session
+    await stream.aclose()
+
+
+async def fill_function(session: RawSession) -> tuple[int, int]:
+    ptr = (await session.call(Opcode.MALLOC, {"size": 64}))["ptr"]
+    function = (await session.call(Opcode.MODULE_BUILTIN, {"name": "fill_f32"}))["function"]
+    return ptr, function
+
+
+async def test_lone_requests_skip_the_executor_under_asyncio(
+    raw_session: RawSession, executed: list[int], anyio_backend: str
+) -> None:
+    ptr, function = await fill_function(raw_session)
+    executed.clear()
+    for _ in range(20):
+        sync = raw_session.frame(Opcode.DEVICE_SYNCHRONIZE, {})
+        assert await raw_session.replies(sync, 1) == [{}]
+    data = launch_frame(raw_session, function, ptr, 1.0, 16)
+    data += raw_session.frame(Opcode.DEVICE_SYNCHRONIZE, {})
+    assert await raw_session.replies(data, 1) == [{}]
+    if anyio_backend == "asyncio":
+        assert executed == []  # answered in the I/O callback
+    else:
+        assert executed.count(Opcode.DEVICE_SYNCHRONIZE) == 21
+
+
+async def test_a_launch_error_reaches_the_synchronize_answered_with_it(
+    raw_session: RawSession,
+) -> None:
+    _, function = await fill_function(raw_session)
+    # A pointer argument outside every allocation of the session: refused, and the
+    # launch is fire-and-forget, so the next synchronisation reports it, once.
+    packed = pack_args([np.uint64(0x10), np.float32(1.0), np.uint64(4)])
+    bad = {"function": function, "grid": [1], "block": [1], **packed.to_wire(), "ptrs": [0]}
+    data = raw_session.frame(Opcode.LAUNCH_KERNEL, bad, no_reply=True)
+    data += raw_session.frame(Opcode.DEVICE_SYNCHRONIZE, {})
+    with pytest.raises(HipError, match="not inside an allocation.*LAUNCH_KERNEL"):
+        await raw_session.replies(data, 1)
+    assert await raw_session.call(Opcode.DEVICE_SYNCHRONIZE, {}) == {}
+
+
+async def test_a_resent_synchronize_gets_its_first_answer(raw_session: RawSession) -> None:
+    first = raw_session.frame(Opcode.DEVICE_SYNCHRONIZE, {})
+    assert await raw_session.replies(first, 1) == [{}]
+    # The same request id again (as after a dropped link): answered from the reply cache.
+    assert await raw_session.replies(first, 1) == [{}]
+    assert await raw_session.call(Opcode.DEVICE_SYNCHRONIZE, {}) == {}
+
+
+async def test_launches_answered_in_one_read_keep_their_order(
+    raw_session: RawSession,
+) -> None:
+    ptr, function = await fill_function(raw_session)
+    for rounds in (1, 2, 7, 300):
+        data = b"".join(
+            launch_frame(raw_session, function, ptr, float(i), 16) for i in range(1, rounds + 1)
+        )
+        data += raw_session.frame(Opcode.DEVICE_SYNCHRONIZE, {})
+        assert await raw_session.replies(data, 1) == [{}]
+        out = await raw_session.call(Opcode.MEMCPY_DTOH, {"src": ptr, "size": 64})
+        assert out == {"size": 64}
+        assert (np.frombuffer(bytes(raw_session.last_bulk), np.float32) == rounds).all()
+
+
+async def test_a_synchronize_inside_an_upload_is_still_a_protocol_error(
+    raw_session: RawSession,
+) -> None:
+    ptr = (await raw_session.call(Opcode.MALLOC, {"size": 1 << 20}))["ptr"]
+    raw_session.next_id += 1
+    upload = encode_frame(
+        Opcode.MEMCPY_HTOD, raw_session.next_id, Flags.MORE, {"dst": ptr, "size": 8192}, b"x" * 4096
+    )
+    await raw_session.stream.send(upload)
+    with anyio.fail_after(2):
+        await anyio.sleep(0.05)  # the executor now waits for the upload's next chunk
+    with pytest.raises(HipError, match="expected DATA"):
+        await raw_session.replies(raw_session.frame(Opcode.DEVICE_SYNCHRONIZE, {}), 1)
