@@ -16,7 +16,7 @@ import numpy as np
 
 from hipr.errors import HipError, invalid_value
 from hipr.handlers.context import Reply, Request, run_ordered
-from hipr.handlers.registry import handler
+from hipr.handlers.registry import LATER, answers_now, handler
 from hipr.protocol.opcodes import Opcode, OpcodeRange
 from hipr.worker.gpu_thread import PendingCall
 from hipr.worker.resources import Allocation
@@ -62,20 +62,25 @@ async def free(session: Session, request: Request) -> Any:
     return {}
 
 
-async def _copy_chunks_in(session: Session, request: Request, dst: int, size: int) -> None:
+def _whole_copy_in(session: Session, request: Request, dst: int, size: int) -> tuple[Any, bool]:
+    """A copy that came whole in one frame: its stream, and whether it has bytes."""
     stream = session.stream(request.args.handle("stream", optional=True))
+    if request.bulk.nbytes != size:
+        raise invalid_value(f"MEMCPY_HTOD: announced {size} bytes, received {request.bulk.nbytes}")
+    return stream, size > 0
+
+
+async def _copy_chunks_in(session: Session, request: Request, dst: int, size: int) -> None:
     if not request.more:
         # All of it came in one frame: one ordered call, queued without a wait when the
         # request is fire-and-forget (small async copies run at the launch rate).
-        if request.bulk.nbytes != size:
-            raise invalid_value(
-                f"MEMCPY_HTOD: announced {size} bytes, received {request.bulk.nbytes}"
-            )
-        if size:
+        stream, any_bytes = _whole_copy_in(session, request, dst, size)
+        if any_bytes:
             await run_ordered(
                 session, request, session.backend.memcpy_htod, dst, request.bulk, stream
             )
         return
+    stream = session.stream(request.args.handle("stream", optional=True))
     in_flight: deque[PendingCall[None]] = deque()
     offset = 0
     chunk: memoryview | None = request.bulk
@@ -117,6 +122,29 @@ async def memcpy_htod(session: Session, request: Request) -> Any:
         await request.drain()
         raise
     await _copy_chunks_in(session, request, dst, size)
+    session.observer.bytes_copied(session.tenant, "htod", size)
+    return {}
+
+
+@answers_now(Opcode.MEMCPY_HTOD)
+def memcpy_htod_now(session: Session, request: Request) -> Any:
+    """A fire-and-forget copy that came whole in one frame, queued on the session's GPU
+    thread from the worker's I/O callback."""
+    if not request.no_reply or request.more:
+        return LATER
+    dst = request.args.address("dst")
+    size = request.args.size("size")
+    session.check_range(dst, size, "destination")
+    stream, any_bytes = _whole_copy_in(session, request, dst, size)
+    if any_bytes:
+        session.gpu_post(
+            request.name,
+            request.request_id,
+            session.backend.memcpy_htod,
+            dst,
+            request.bulk,
+            stream,
+        )
     session.observer.bytes_copied(session.tenant, "htod", size)
     return {}
 

@@ -51,10 +51,10 @@ class HandlerSpec:
     #: Streams its request's bulk data itself (continuation DATA frames).
     streams_request: bool
     module: str
-    #: A synchronous variant the worker may run right in its I/O callback when the
-    #: request arrives alone and nothing else of the connection is under way (no task
-    #: hand-off): it must not block, and answers :data:`LATER` when it cannot answer at
-    #: once. Registered with :func:`answers_now`.
+    #: A synchronous variant the worker may run right in its I/O callback when nothing
+    #: else of the connection is under way (no task hand-off): it must not block, and
+    #: answers :data:`LATER` when it cannot answer at once. Only requests whole in one
+    #: frame reach it. Registered with :func:`answers_now`.
     now: NowFn | None = None
 
     @property
@@ -100,8 +100,8 @@ class HandlerRegistry:
         where = f"{fn.__module__}.{fn.__qualname__}"
         if spec is None:
             raise RegistrationError(f"{where} answers {opcode.name} now, which has no handler")
-        if spec.now is not None or spec.streams_request:
-            raise RegistrationError(f"{where} cannot answer {opcode.name} now")
+        if spec.now is not None:
+            raise RegistrationError(f"{where} cannot answer {opcode.name} now: it already is")
         self._handlers[opcode] = replace(spec, now=fn)
 
     def get(self, opcode: int) -> HandlerSpec | None:

@@ -124,3 +124,29 @@ async def test_a_synchronize_inside_an_upload_is_still_a_protocol_error(
         await anyio.sleep(0.05)  # the executor now waits for the upload's next chunk
     with pytest.raises(HipError, match="expected DATA"):
         await raw_session.replies(raw_session.frame(Opcode.DEVICE_SYNCHRONIZE, {}), 1)
+
+
+async def test_fire_and_forget_copies_and_launches_in_one_read_run_in_order(
+    raw_session: RawSession,
+) -> None:
+    ptr, function = await fill_function(raw_session)
+    data = b""
+    for i in range(50):
+        data += raw_session.frame(
+            Opcode.MEMCPY_HTOD,
+            {"dst": ptr, "size": 64, "stream": None},
+            no_reply=True,
+            bulk=np.full(16, float(i), np.float32).tobytes(),
+        )
+        if i % 7 == 3:
+            data += launch_frame(raw_session, function, ptr, -1.0, 16)
+    # The last word of the read is a copy of 49s, with a wrong size after it: the error
+    # waits for the synchronize, which reports it, and the copy before it has landed.
+    data += raw_session.frame(
+        Opcode.MEMCPY_HTOD, {"dst": ptr, "size": 64}, no_reply=True, bulk=b"short"
+    )
+    data += raw_session.frame(Opcode.DEVICE_SYNCHRONIZE, {})
+    with pytest.raises(HipError, match="announced 64 bytes, received 5"):
+        await raw_session.replies(data, 1)
+    await raw_session.call(Opcode.MEMCPY_DTOH, {"src": ptr, "size": 64})
+    assert (np.frombuffer(bytes(raw_session.last_bulk), np.float32) == 49.0).all()

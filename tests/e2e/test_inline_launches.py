@@ -57,10 +57,12 @@ class RawSession:
         #: The bulk bytes of the last reply read.
         self.last_bulk = memoryview(b"")
 
-    def frame(self, opcode: Opcode, args: Any, *, no_reply: bool = False) -> bytes:
+    def frame(
+        self, opcode: Opcode, args: Any, *, no_reply: bool = False, bulk: bytes = b""
+    ) -> bytes:
         self.next_id += 1
         flags = Flags.NO_REPLY if no_reply else Flags.NONE
-        return encode_frame(opcode, self.next_id, flags, args)
+        return encode_frame(opcode, self.next_id, flags, args, bulk)
 
     async def replies(self, data: bytes, count: int) -> list[Any]:
         """Send ``data`` in one write; the next ``count`` replies' arguments."""

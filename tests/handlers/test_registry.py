@@ -68,7 +68,7 @@ def test_unknown_opcode_lookup_is_none() -> None:
     assert REGISTRY.get(0x7F7F) is None
 
 
-def test_answers_now_needs_a_handler_once_and_no_streaming() -> None:
+def test_answers_now_needs_a_handler_and_is_registered_once() -> None:
     registry = HandlerRegistry()
     module = make_module("fake_device_handlers", OpcodeRange.DEVICE)
 
@@ -81,7 +81,7 @@ def test_answers_now_needs_a_handler_once_and_no_streaming() -> None:
     answers_now(Opcode.DEVICE_SYNCHRONIZE, registry=registry)(now)
     spec = registry.get(Opcode.DEVICE_SYNCHRONIZE)
     assert spec is not None and spec.now is now
-    with pytest.raises(RegistrationError, match="cannot answer DEVICE_SYNCHRONIZE now"):
+    with pytest.raises(RegistrationError, match="cannot answer DEVICE_SYNCHRONIZE now: it already"):
         answers_now(Opcode.DEVICE_SYNCHRONIZE, registry=registry)(now)
 
 
@@ -89,4 +89,4 @@ def test_the_worker_answers_now_only_calls_that_cannot_block() -> None:
     # A synchronous variant runs in the worker's I/O callback: only calls that answer
     # without waiting (or say LATER) may have one.
     answered_now = {spec.opcode for spec in REGISTRY.specs() if spec.now is not None}
-    assert answered_now == {Opcode.DEVICE_SYNCHRONIZE, Opcode.LAUNCH_KERNEL}
+    assert answered_now == {Opcode.DEVICE_SYNCHRONIZE, Opcode.LAUNCH_KERNEL, Opcode.MEMCPY_HTOD}
