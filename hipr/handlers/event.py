@@ -6,7 +6,7 @@ from functools import partial
 from typing import Any
 
 from hipr.handlers.context import Request, or_restore, run_ordered
-from hipr.handlers.registry import handler
+from hipr.handlers.registry import LATER, answers_now, handler
 from hipr.protocol.opcodes import Opcode, OpcodeRange
 from hipr.worker.session import Session
 
@@ -49,6 +49,17 @@ async def event_record(session: Session, request: Request) -> Any:
     return {}
 
 
+@answers_now(Opcode.EVENT_RECORD)
+def event_record_now(session: Session, request: Request) -> Any:
+    """A fire-and-forget record, issued from the worker's I/O callback."""
+    if not request.no_reply:
+        return LATER
+    event = _event(session, request)
+    stream = session.stream(request.args.handle("stream", optional=True))
+    session.gpu_post(request.name, request.request_id, session.backend.event_record, event, stream)
+    return {}
+
+
 @handler(Opcode.EVENT_SYNCHRONIZE)
 async def event_synchronize(session: Session, request: Request) -> Any:
     """``{event}``: wait for the event."""
@@ -56,6 +67,12 @@ async def event_synchronize(session: Session, request: Request) -> Any:
     if not session.settled(session.backend.event_query, event):
         await session.gpu(session.backend.event_synchronize, event)
     return {}
+
+
+@answers_now(Opcode.EVENT_SYNCHRONIZE)
+def event_synchronize_now(session: Session, request: Request) -> Any:
+    """Answered in the worker's I/O callback when the event has completed."""
+    return {} if session.settled(session.backend.event_query, _event(session, request)) else LATER
 
 
 @handler(Opcode.EVENT_QUERY)

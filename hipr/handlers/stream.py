@@ -7,7 +7,7 @@ from typing import Any
 
 from hipr.errors import HipError, HipErrorCode
 from hipr.handlers.context import Request, or_restore, run_ordered
-from hipr.handlers.registry import handler
+from hipr.handlers.registry import LATER, answers_now, handler
 from hipr.protocol.opcodes import Opcode, OpcodeRange
 from hipr.worker.resources import GraphEntry
 from hipr.worker.session import Session
@@ -49,6 +49,15 @@ async def stream_synchronize(session: Session, request: Request) -> Any:
     return {}
 
 
+@answers_now(Opcode.STREAM_SYNCHRONIZE)
+def stream_synchronize_now(session: Session, request: Request) -> Any:
+    """Answered in the worker's I/O callback when the (created) stream is idle."""
+    stream = session.stream(request.args.handle("stream", optional=True))
+    if stream is not None and session.settled(session.backend.stream_query, stream):
+        return {}
+    return LATER
+
+
 @handler(Opcode.STREAM_QUERY)
 async def stream_query(session: Session, request: Request) -> Any:
     """``{stream?}`` -> ``{done}``."""
@@ -64,6 +73,21 @@ async def stream_wait_event(session: Session, request: Request) -> Any:
     assert event_id is not None
     event = session.events.get(event_id)
     await run_ordered(session, request, session.backend.stream_wait_event, stream, event)
+    return {}
+
+
+@answers_now(Opcode.STREAM_WAIT_EVENT)
+def stream_wait_event_now(session: Session, request: Request) -> Any:
+    """A fire-and-forget wait, issued from the worker's I/O callback."""
+    if not request.no_reply:
+        return LATER
+    stream = session.stream(request.args.handle("stream", optional=True))
+    event_id = request.args.handle("event")
+    assert event_id is not None
+    event = session.events.get(event_id)
+    session.gpu_post(
+        request.name, request.request_id, session.backend.stream_wait_event, stream, event
+    )
     return {}
 
 

@@ -120,7 +120,7 @@ class Session:
         self._lane: Any = None
         self._gpu.post(self._bind_first, on_error=self._record_bind_error)
         self._deferred: DeferredError | None = None
-        #: When :meth:`work_done` last polled in vain.
+        #: When a poll for finished work (:meth:`_poll`) last ran out.
         self._poll_gave_up = 0.0
         #: Fire-and-forget calls may still be queued (the bind above is one).
         self._unsettled = True
@@ -185,28 +185,26 @@ class Session:
         ):
             return False
         streams = [handle for _, handle in self.streams.items()]
-        # A poll that ran out less than a poll's length ago (the I/O callback's look at
-        # the same synchronize, before it went to the executor) is not run in full
-        # again: one look, then the GPU thread.
-        now = time.perf_counter()
-        seconds = 0.0 if now - self._poll_gave_up < _INLINE_POLL_SECONDS else _INLINE_POLL_SECONDS
-        if self._poll(lambda: bool(self._run_here(probe, streams)), seconds):
-            return True
-        self._poll_gave_up = time.perf_counter()
-        return False
+        return self._poll(lambda: bool(self._run_here(probe, streams)))
 
     def settled(self, query: Callable[..., bool], *args: Any) -> bool:
         """True when ``query(*args)`` (a stream or event query) says done, asked inline
         when the backend allows; False when the caller must wait on the GPU thread."""
         if not self._can_inline(query, args):
             return False
-        return self._poll(lambda: bool(self._run_here(query, *args)), _INLINE_POLL_SECONDS)
+        return self._poll(lambda: bool(self._run_here(query, *args)))
 
-    @staticmethod
-    def _poll(done: Callable[[], bool], seconds: float) -> bool:
-        deadline = time.perf_counter() + seconds
+    def _poll(self, done: Callable[[], bool]) -> bool:
+        """Ask ``done`` until it says True or the poll's time runs out. A poll that ran
+        out less than a poll's length ago (the I/O callback's look at the same
+        synchronize, before it went to the executor) is not run in full again: one
+        look, then the GPU thread."""
+        started = time.perf_counter()
+        recent = started - self._poll_gave_up < _INLINE_POLL_SECONDS
+        deadline = started + (0.0 if recent else _INLINE_POLL_SECONDS)
         while not done():
             if time.perf_counter() >= deadline:
+                self._poll_gave_up = time.perf_counter()
                 return False
         return True
 

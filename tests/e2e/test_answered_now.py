@@ -150,3 +150,32 @@ async def test_fire_and_forget_copies_and_launches_in_one_read_run_in_order(
         await raw_session.replies(data, 1)
     await raw_session.call(Opcode.MEMCPY_DTOH, {"src": ptr, "size": 64})
     assert (np.frombuffer(bytes(raw_session.last_bulk), np.float32) == 49.0).all()
+
+
+async def test_event_records_waits_and_synchronizes_in_one_read(
+    raw_session: RawSession,
+) -> None:
+    ptr, function = await fill_function(raw_session)
+    stream = (await raw_session.call(Opcode.STREAM_CREATE, {}))["stream"]
+    other = (await raw_session.call(Opcode.STREAM_CREATE, {}))["stream"]
+    start = (await raw_session.call(Opcode.EVENT_CREATE, {}))["event"]
+    end = (await raw_session.call(Opcode.EVENT_CREATE, {}))["event"]
+    packed = pack_args([np.uint64(ptr), np.float32(7.0), np.uint64(16)])
+    launch = {"function": function, "grid": [1], "block": [16], **packed.to_wire(), "ptrs": [0]}
+    data = raw_session.frame(Opcode.EVENT_RECORD, {"event": start, "stream": stream}, no_reply=True)
+    data += raw_session.frame(Opcode.LAUNCH_KERNEL, {**launch, "stream": stream}, no_reply=True)
+    data += raw_session.frame(Opcode.EVENT_RECORD, {"event": end, "stream": stream}, no_reply=True)
+    data += raw_session.frame(
+        Opcode.STREAM_WAIT_EVENT, {"stream": other, "event": end}, no_reply=True
+    )
+    data += raw_session.frame(Opcode.EVENT_SYNCHRONIZE, {"event": end})
+    assert await raw_session.replies(data, 1) == [{}]
+    assert await raw_session.call(Opcode.STREAM_SYNCHRONIZE, {"stream": other}) == {}
+    elapsed = await raw_session.call(Opcode.EVENT_ELAPSED_TIME, {"start": start, "end": end})
+    assert elapsed["ms"] >= 0.0
+    await raw_session.call(Opcode.MEMCPY_DTOH, {"src": ptr, "size": 64})
+    assert (np.frombuffer(bytes(raw_session.last_bulk), np.float32) == 7.0).all()
+    # An event of no one: refused by the synchronize answered with it, the session goes on.
+    with pytest.raises(HipError, match="event"):
+        await raw_session.call(Opcode.EVENT_SYNCHRONIZE, {"event": 999})
+    assert await raw_session.call(Opcode.STREAM_SYNCHRONIZE, {"stream": stream}) == {}

@@ -89,4 +89,12 @@ def test_the_worker_answers_now_only_calls_that_cannot_block() -> None:
     # A synchronous variant runs in the worker's I/O callback: only calls that answer
     # without waiting (or say LATER) may have one.
     answered_now = {spec.opcode for spec in REGISTRY.specs() if spec.now is not None}
-    assert answered_now == {Opcode.DEVICE_SYNCHRONIZE, Opcode.LAUNCH_KERNEL, Opcode.MEMCPY_HTOD}
+    assert answered_now == {
+        Opcode.DEVICE_SYNCHRONIZE,
+        Opcode.STREAM_SYNCHRONIZE,
+        Opcode.EVENT_SYNCHRONIZE,
+        Opcode.LAUNCH_KERNEL,
+        Opcode.MEMCPY_HTOD,
+        Opcode.EVENT_RECORD,
+        Opcode.STREAM_WAIT_EVENT,
+    }
