@@ -47,6 +47,19 @@ def host_address(buf: memoryview | bytes | bytearray, *, writable: bool) -> tupl
     return int(arr.ctypes.data), int(arr.nbytes), arr
 
 
+def _extra_array(
+    args: ctypes.Array[ctypes.c_char],
+    size: ctypes.c_size_t,
+    buffer_pointer: int,
+    buffer_size: int,
+    end: int,
+) -> ctypes.Array[ctypes.c_void_p]:
+    """``{BUFFER_POINTER, &args, BUFFER_SIZE, &size, END}``."""
+    return (ctypes.c_void_p * 5)(
+        buffer_pointer, ctypes.addressof(args), buffer_size, ctypes.addressof(size), end
+    )
+
+
 class LaunchExtra:
     """The ``extra`` array of a driver-API launch: ``{BUFFER_POINTER, &args,
     BUFFER_SIZE, &size, END}``. ``args`` is passed as packed, never re-laid out, so any
@@ -62,13 +75,7 @@ class LaunchExtra:
         # A one-byte buffer for empty args keeps the address valid; the size says 0.
         self._args = ctypes.create_string_buffer(bytes(args), max(len(args), 1))
         self._size = ctypes.c_size_t(len(args))
-        self._array = (ctypes.c_void_p * 5)(
-            buffer_pointer,
-            ctypes.addressof(self._args),
-            buffer_size,
-            ctypes.addressof(self._size),
-            end,
-        )
+        self._array = _extra_array(self._args, self._size, buffer_pointer, buffer_size, end)
 
     @property
     def address(self) -> int:
@@ -99,13 +106,7 @@ class ReusedLaunchExtra:
         self.capacity = capacity
         self._args = ctypes.create_string_buffer(capacity)
         self._size = ctypes.c_size_t(0)
-        self._array = (ctypes.c_void_p * 5)(
-            buffer_pointer,
-            ctypes.addressof(self._args),
-            buffer_size,
-            ctypes.addressof(self._size),
-            end,
-        )
+        self._array = _extra_array(self._args, self._size, buffer_pointer, buffer_size, end)
         #: The ``void**`` to pass as ``extra``.
         self.address = ctypes.addressof(self._array)
 

@@ -165,3 +165,7 @@ def blocking_endpoint(
     ):
         way = client_endpoint(running.bound_urls[0], transport_kind, request)
         yield BlockingEndpoint(way.url, way.options, running, portal)
+
+
+# A raw session (hand-made frames) with the test worker; defined beside its helpers.
+from tests.e2e.raw import raw_session  # noqa: E402, F401  (fixture)

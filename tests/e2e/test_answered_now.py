@@ -4,7 +4,6 @@ executor, and the same tests must pass."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -15,9 +14,7 @@ from hipr.errors import HipError
 from hipr.kernels.args import pack_args
 from hipr.protocol import Flags, Opcode, encode_frame
 from hipr.worker import connection
-from hipr.worker.server import Worker
-from tests.e2e.conftest import Endpoint
-from tests.e2e.test_inline_launches import RawSession, launch_frame
+from tests.e2e.raw import RawSession, launch_frame
 
 pytestmark = pytest.mark.anyio
 
@@ -39,15 +36,6 @@ def executed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(connection.WorkerConnection, "_execute", counting)
     return seen
-
-
-@pytest.fixture
-async def raw_session(endpoint: Endpoint, worker: Worker) -> AsyncIterator[RawSession]:
-    stream = await endpoint.raw()
-    session = RawSession(stream)
-    await session.replies(encode_frame(Opcode.HELLO, 1, Flags.NONE, {"client": "raw"}), 1)
-    yield session
-    await stream.aclose()
 
 
 async def fill_function(session: RawSession) -> tuple[int, int]:
