@@ -43,6 +43,12 @@ async def get_device(session: Session, request: Request) -> Any:
     return {"device": session.device}
 
 
+@answers_now(Opcode.GET_DEVICE)
+def get_device_now(session: Session, request: Request) -> Any:
+    """Answered in the worker's I/O callback."""
+    return {"device": session.device}
+
+
 @handler(Opcode.DEVICE_PROPERTIES)
 async def device_properties(session: Session, request: Request) -> Any:
     """``{device}`` -> the device's properties map (name, arch, total_memory, ...)."""
@@ -50,6 +56,15 @@ async def device_properties(session: Session, request: Request) -> Any:
     _check_device(session, device)
     props = await session.gpu(session.backend.device_properties, device)
     return props.to_wire()
+
+
+@answers_now(Opcode.DEVICE_PROPERTIES)
+def device_properties_now(session: Session, request: Request) -> Any:
+    """Answered in the worker's I/O callback where the backend reads properties inline."""
+    device = request.args.integer("device", high=2**31 - 1)
+    _check_device(session, device)
+    ran, props = session.try_here(session.backend.device_properties, device)
+    return props.to_wire() if ran and props is not None else LATER
 
 
 @handler(Opcode.DEVICE_SYNCHRONIZE)
@@ -71,4 +86,14 @@ def device_synchronize_now(session: Session, request: Request) -> Any:
 async def mem_get_info(session: Session, request: Request) -> Any:
     """-> ``{free, total}`` bytes of the current device."""
     free, total = await session.gpu(session.backend.mem_get_info)
+    return {"free": free, "total": total}
+
+
+@answers_now(Opcode.MEM_GET_INFO)
+def mem_get_info_now(session: Session, request: Request) -> Any:
+    """Answered in the worker's I/O callback where the backend asks inline."""
+    ran, info = session.try_here(session.backend.mem_get_info)
+    if not ran or info is None:
+        return LATER
+    free, total = info
     return {"free": free, "total": total}

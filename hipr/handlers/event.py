@@ -81,6 +81,13 @@ async def event_query(session: Session, request: Request) -> Any:
     return {"done": await session.gpu(session.backend.event_query, _event(session, request))}
 
 
+@answers_now(Opcode.EVENT_QUERY)
+def event_query_now(session: Session, request: Request) -> Any:
+    """Answered in the worker's I/O callback where the backend queries inline."""
+    ran, done = session.try_here(session.backend.event_query, _event(session, request))
+    return {"done": done} if ran else LATER
+
+
 @handler(Opcode.EVENT_ELAPSED_TIME)
 async def event_elapsed_time(session: Session, request: Request) -> Any:
     """``{start, end}`` -> ``{ms}``: milliseconds between two completed events."""

@@ -76,6 +76,14 @@ async def stream_wait_event(session: Session, request: Request) -> Any:
     return {}
 
 
+@answers_now(Opcode.STREAM_QUERY)
+def stream_query_now(session: Session, request: Request) -> Any:
+    """Answered in the worker's I/O callback where the backend queries inline."""
+    stream = session.stream(request.args.handle("stream", optional=True))
+    ran, done = session.try_here(session.backend.stream_query, stream)
+    return {"done": done} if ran else LATER
+
+
 @answers_now(Opcode.STREAM_WAIT_EVENT)
 def stream_wait_event_now(session: Session, request: Request) -> Any:
     """A fire-and-forget wait, issued from the worker's I/O callback."""

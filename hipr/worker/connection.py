@@ -917,15 +917,20 @@ class WorkerConnection:
             or flags & _MORE
             or frame.error is not None
             or (no_reply and not spec.fire_and_forget)
-            # A reply-awaiting request must first see the fire-and-forget errors before
-            # it, which may take a wait: only those that settle them by their own wait.
-            or not (no_reply or opcode in _SETTLED_BY_WAITING or opcode in _NOT_SYNCHRONISING)
             or 0 < request_id <= session.last_executed_id
             or (
                 opcode not in _NOT_SYNCHRONISING
                 and session.gate.quotas.max_request_rate is not None
             )
         ):
+            return False
+        # A reply-awaiting request first reports the fire-and-forget errors before it,
+        # once those calls have run (else the executor waits for them), unless its own
+        # wait settles them (a synchronize) or it never reports them (PING, BARRIER).
+        reports_earlier = not (
+            no_reply or opcode in _SETTLED_BY_WAITING or opcode in _NOT_SYNCHRONISING
+        )
+        if reports_earlier and not session.settled_now():
             return False
         if self._decoder.buffered:
             next_flags = self._decoder.next_flags()
@@ -939,11 +944,22 @@ class WorkerConnection:
         error: HipError | None = None
         result: Any = None
         session.burst = burst
+        deferred = session.take_deferred_error() if reports_earlier else None
         try:
-            request = Request(
-                opcode, name, request_id, Args(frame.args, name), frame.bulk, no_reply, False, self
-            )
-            result = spec.now(session, request)
+            if deferred is not None:
+                error = _reported(deferred, "this request did not run")
+            else:
+                request = Request(
+                    opcode,
+                    name,
+                    request_id,
+                    Args(frame.args, name),
+                    frame.bulk,
+                    no_reply,
+                    False,
+                    self,
+                )
+                result = spec.now(session, request)
         except HipError as exc:
             error = exc
         except Exception as exc:  # a handler bug must not take the worker down

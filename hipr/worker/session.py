@@ -164,6 +164,13 @@ class Session:
             self.backend.bind_thread(self.device)
             _LOOP_BINDING.key = key
 
+    def try_here(self, fn: Callable[..., T], *args: Any) -> tuple[bool, T | None]:
+        """``(True, fn(*args))`` run right here when :meth:`gpu` would run it inline;
+        ``(False, None)``, with nothing run, when it would go to the GPU thread."""
+        if self._can_inline(fn, args):
+            return True, self._run_here(fn, *args)
+        return False, None
+
     async def gpu(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a backend call on this session's thread, after all earlier ones (or
         inline, when it cannot block and nothing is ahead of it)."""
@@ -259,6 +266,16 @@ class Session:
                 await self._gpu.call(_nothing)
             self._unsettled = False
         return self.take_deferred_error()
+
+    def settled_now(self) -> bool:
+        """True when every fire-and-forget call queued so far has run, asked without
+        waiting: :meth:`take_deferred_error` then holds their error, if any (the part of
+        :meth:`settled_deferred_error` that needs no wait)."""
+        if self._unsettled:
+            if not self._gpu.idle:
+                return False
+            self._unsettled = False
+        return True
 
     def take_deferred_error(self) -> DeferredError | None:
         """The pending fire-and-forget error, cleared (reported exactly once)."""

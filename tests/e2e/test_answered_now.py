@@ -167,3 +167,27 @@ async def test_event_records_waits_and_synchronizes_in_one_read(
     with pytest.raises(HipError, match="event"):
         await raw_session.call(Opcode.EVENT_SYNCHRONIZE, {"event": 999})
     assert await raw_session.call(Opcode.STREAM_SYNCHRONIZE, {"stream": stream}) == {}
+
+
+async def test_queries_answered_in_the_callback_report_earlier_errors_first(
+    raw_session: RawSession, executed: list[int], anyio_backend: str
+) -> None:
+    _, function = await fill_function(raw_session)
+    executed.clear()
+    assert await raw_session.call(Opcode.GET_DEVICE, {}) == {"device": 0}
+    info = await raw_session.call(Opcode.MEM_GET_INFO, {})
+    assert 0 < info["free"] <= info["total"]
+    props = await raw_session.call(Opcode.DEVICE_PROPERTIES, {"device": 0})
+    assert props["total_memory"] == info["total"]
+    with pytest.raises(HipError, match="does not exist"):
+        await raw_session.call(Opcode.DEVICE_PROPERTIES, {"device": 7})
+    if anyio_backend == "asyncio":
+        assert executed == []
+    # A fire-and-forget launch that fails: the next query does not run, and says why.
+    packed = pack_args([np.uint64(0x10), np.float32(1.0), np.uint64(4)])
+    bad = {"function": function, "grid": [1], "block": [1], **packed.to_wire(), "ptrs": [0]}
+    data = raw_session.frame(Opcode.LAUNCH_KERNEL, bad, no_reply=True)
+    data += raw_session.frame(Opcode.GET_DEVICE, {})
+    with pytest.raises(HipError, match="earlier asynchronous LAUNCH_KERNEL.*did not run"):
+        await raw_session.replies(data, 1)
+    assert await raw_session.call(Opcode.GET_DEVICE, {}) == {"device": 0}

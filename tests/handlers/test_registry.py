@@ -97,4 +97,9 @@ def test_the_worker_answers_now_only_calls_that_cannot_block() -> None:
         Opcode.MEMCPY_HTOD,
         Opcode.EVENT_RECORD,
         Opcode.STREAM_WAIT_EVENT,
+        Opcode.GET_DEVICE,
+        Opcode.DEVICE_PROPERTIES,
+        Opcode.MEM_GET_INFO,
+        Opcode.STREAM_QUERY,
+        Opcode.EVENT_QUERY,
     }
