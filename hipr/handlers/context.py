@@ -97,6 +97,12 @@ async def run_ordered(
     """Run a backend call that returns nothing: queued without waiting when the request is
     fire-and-forget (its error then goes to the next synchronising call), awaited otherwise."""
     if request.no_reply:
-        session.gpu_post(request.name, request.request_id, fn, *args)
+        post_ordered(session, request, fn, *args)
     else:
         await session.gpu(fn, *args)
+
+
+def post_ordered(session: Session, request: Request, fn: Callable[..., Any], *args: Any) -> None:
+    """:func:`run_ordered` for a fire-and-forget request, without the coroutine (what a
+    handler's synchronous variant calls)."""
+    session.gpu_post(request.name, request.request_id, fn, *args)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from hipr.handlers.context import Request, or_restore, run_ordered
+from hipr.handlers.context import Request, or_restore, post_ordered, run_ordered
 from hipr.handlers.registry import LATER, answers_now, handler
 from hipr.protocol.opcodes import Opcode, OpcodeRange
 from hipr.worker.session import Session
@@ -43,10 +43,15 @@ async def event_destroy(session: Session, request: Request) -> Any:
 @handler(Opcode.EVENT_RECORD, fire_and_forget=True)
 async def event_record(session: Session, request: Request) -> Any:
     """``{event, stream?}``: record the event on the stream."""
-    event = _event(session, request)
-    stream = session.stream(request.args.handle("stream", optional=True))
-    await run_ordered(session, request, session.backend.event_record, event, stream)
+    await run_ordered(
+        session, request, session.backend.event_record, *_record_call(session, request)
+    )
     return {}
+
+
+def _record_call(session: Session, request: Request) -> tuple[Any, Any]:
+    """The backend ``event_record`` arguments of a record request, checked."""
+    return _event(session, request), session.stream(request.args.handle("stream", optional=True))
 
 
 @answers_now(Opcode.EVENT_RECORD)
@@ -54,9 +59,7 @@ def event_record_now(session: Session, request: Request) -> Any:
     """A fire-and-forget record, issued from the worker's I/O callback."""
     if not request.no_reply:
         return LATER
-    event = _event(session, request)
-    stream = session.stream(request.args.handle("stream", optional=True))
-    session.gpu_post(request.name, request.request_id, session.backend.event_record, event, stream)
+    post_ordered(session, request, session.backend.event_record, *_record_call(session, request))
     return {}
 
 

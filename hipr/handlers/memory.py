@@ -15,7 +15,7 @@ import anyio
 import numpy as np
 
 from hipr.errors import HipError, invalid_value
-from hipr.handlers.context import Reply, Request, run_ordered
+from hipr.handlers.context import Reply, Request, post_ordered, run_ordered
 from hipr.handlers.registry import LATER, answers_now, handler
 from hipr.protocol.opcodes import Opcode, OpcodeRange
 from hipr.worker.gpu_thread import PendingCall
@@ -137,14 +137,7 @@ def memcpy_htod_now(session: Session, request: Request) -> Any:
     session.check_range(dst, size, "destination")
     stream, any_bytes = _whole_copy_in(session, request, dst, size)
     if any_bytes:
-        session.gpu_post(
-            request.name,
-            request.request_id,
-            session.backend.memcpy_htod,
-            dst,
-            request.bulk,
-            stream,
-        )
+        post_ordered(session, request, session.backend.memcpy_htod, dst, request.bulk, stream)
     session.observer.bytes_copied(session.tenant, "htod", size)
     return {}
 

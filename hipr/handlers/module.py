@@ -7,7 +7,7 @@ from typing import Any
 
 from hipr.errors import invalid_value
 from hipr.handlers.args import Args
-from hipr.handlers.context import Reply, Request, or_restore, run_ordered
+from hipr.handlers.context import Reply, Request, or_restore, post_ordered, run_ordered
 from hipr.handlers.registry import LATER, answers_now, handler
 from hipr.protocol.opcodes import Opcode, OpcodeRange
 from hipr.worker.resources import FunctionEntry, ModuleEntry
@@ -156,12 +156,15 @@ def launch_arguments(session: Session, args: Args) -> tuple[Any, Any, Any, int, 
 async def launch_kernel(session: Session, request: Request) -> Any:
     """``{function, grid, block, shared_mem?, stream?, args, ptrs}``: launch a kernel.
     ``args`` is the C-aligned argument buffer; ``ptrs`` the offsets of its pointers."""
+    await run_ordered(session, request, session.backend.launch, *_launch_call(session, request))
+    return {}
+
+
+def _launch_call(session: Session, request: Request) -> tuple[Any, ...]:
+    """The backend ``launch`` arguments of a launch request, checked."""
     function, grid, block, shared_mem, data = launch_arguments(session, request.args)
     stream = session.stream(request.args.handle("stream", optional=True))
-    await run_ordered(
-        session, request, session.backend.launch, function, grid, block, shared_mem, stream, data
-    )
-    return {}
+    return function, grid, block, shared_mem, stream, data
 
 
 @answers_now(Opcode.LAUNCH_KERNEL)
@@ -170,17 +173,5 @@ def launch_kernel_now(session: Session, request: Request) -> Any:
     the backend allows, else queued on the session's GPU thread)."""
     if not request.no_reply:
         return LATER
-    function, grid, block, shared_mem, data = launch_arguments(session, request.args)
-    stream = session.stream(request.args.handle("stream", optional=True))
-    session.gpu_post(
-        request.name,
-        request.request_id,
-        session.backend.launch,
-        function,
-        grid,
-        block,
-        shared_mem,
-        stream,
-        data,
-    )
+    post_ordered(session, request, session.backend.launch, *_launch_call(session, request))
     return {}

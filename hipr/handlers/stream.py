@@ -6,7 +6,7 @@ from functools import partial
 from typing import Any
 
 from hipr.errors import HipError, HipErrorCode
-from hipr.handlers.context import Request, or_restore, run_ordered
+from hipr.handlers.context import Request, or_restore, post_ordered, run_ordered
 from hipr.handlers.registry import LATER, answers_now, handler
 from hipr.protocol.opcodes import Opcode, OpcodeRange
 from hipr.worker.resources import GraphEntry
@@ -68,12 +68,17 @@ async def stream_query(session: Session, request: Request) -> Any:
 @handler(Opcode.STREAM_WAIT_EVENT, fire_and_forget=True)
 async def stream_wait_event(session: Session, request: Request) -> Any:
     """``{stream?, event}``: later work on the stream waits for the event."""
+    call = _wait_call(session, request)
+    await run_ordered(session, request, session.backend.stream_wait_event, *call)
+    return {}
+
+
+def _wait_call(session: Session, request: Request) -> tuple[Any, Any]:
+    """The backend ``stream_wait_event`` arguments of a wait request, checked."""
     stream = session.stream(request.args.handle("stream", optional=True))
     event_id = request.args.handle("event")
     assert event_id is not None
-    event = session.events.get(event_id)
-    await run_ordered(session, request, session.backend.stream_wait_event, stream, event)
-    return {}
+    return stream, session.events.get(event_id)
 
 
 @answers_now(Opcode.STREAM_QUERY)
@@ -89,13 +94,7 @@ def stream_wait_event_now(session: Session, request: Request) -> Any:
     """A fire-and-forget wait, issued from the worker's I/O callback."""
     if not request.no_reply:
         return LATER
-    stream = session.stream(request.args.handle("stream", optional=True))
-    event_id = request.args.handle("event")
-    assert event_id is not None
-    event = session.events.get(event_id)
-    session.gpu_post(
-        request.name, request.request_id, session.backend.stream_wait_event, stream, event
-    )
+    post_ordered(session, request, session.backend.stream_wait_event, *_wait_call(session, request))
     return {}
 
 

@@ -44,6 +44,14 @@ async def fill_function(session: RawSession) -> tuple[int, int]:
     return ptr, function
 
 
+def refused_launch(session: RawSession, function: int) -> bytes:
+    """A fire-and-forget launch whose pointer argument lies in no allocation of the
+    session: refused, and reported by the next request that reports earlier errors."""
+    packed = pack_args([np.uint64(0x10), np.float32(1.0), np.uint64(4)])
+    args = {"function": function, "grid": [1], "block": [1], **packed.to_wire(), "ptrs": [0]}
+    return session.frame(Opcode.LAUNCH_KERNEL, args, no_reply=True)
+
+
 async def test_lone_requests_skip_the_executor_under_asyncio(
     raw_session: RawSession, executed: list[int], anyio_backend: str
 ) -> None:
@@ -67,9 +75,7 @@ async def test_a_launch_error_reaches_the_synchronize_answered_with_it(
     _, function = await fill_function(raw_session)
     # A pointer argument outside every allocation of the session: refused, and the
     # launch is fire-and-forget, so the next synchronisation reports it, once.
-    packed = pack_args([np.uint64(0x10), np.float32(1.0), np.uint64(4)])
-    bad = {"function": function, "grid": [1], "block": [1], **packed.to_wire(), "ptrs": [0]}
-    data = raw_session.frame(Opcode.LAUNCH_KERNEL, bad, no_reply=True)
+    data = refused_launch(raw_session, function)
     data += raw_session.frame(Opcode.DEVICE_SYNCHRONIZE, {})
     with pytest.raises(HipError, match="not inside an allocation.*LAUNCH_KERNEL"):
         await raw_session.replies(data, 1)
@@ -184,9 +190,7 @@ async def test_queries_answered_in_the_callback_report_earlier_errors_first(
     if anyio_backend == "asyncio":
         assert executed == []
     # A fire-and-forget launch that fails: the next query does not run, and says why.
-    packed = pack_args([np.uint64(0x10), np.float32(1.0), np.uint64(4)])
-    bad = {"function": function, "grid": [1], "block": [1], **packed.to_wire(), "ptrs": [0]}
-    data = raw_session.frame(Opcode.LAUNCH_KERNEL, bad, no_reply=True)
+    data = refused_launch(raw_session, function)
     data += raw_session.frame(Opcode.GET_DEVICE, {})
     with pytest.raises(HipError, match="earlier asynchronous LAUNCH_KERNEL.*did not run"):
         await raw_session.replies(data, 1)
