@@ -171,12 +171,18 @@ def sync_rows(
     plan: Plan,
     log: Log = lambda _: None,
     notes: list[str] | None = None,
+    spin_wait: float | None = None,
 ) -> list[Row]:
     """(a)-(f) of issue 13 through ``hipr.connect(url)``, each beside its floor and the
-    local runtime."""
+    local runtime. ``spin_wait``: the client's :attr:`LinkOptions.spin_wait` (None: its
+    automatic choice), noted with the results."""
     import hipr
+    from hipr.client.link import LinkOptions
 
     notes = notes if notes is not None else []
+    link = LinkOptions(spin_wait=spin_wait)
+    how = "automatic" if spin_wait is None else "--spin-wait"
+    notes.append(f"sync client spin-wait: {link.spin_seconds() * 1e6:.0f} µs ({how})")
     echo_name = f"blocking echo {fl.ECHO_REQUEST}/{fl.ECHO_REPLY} B"
     echo_med = _median_us(floors.echo)
     echo_p99 = _us(percentile(floors.echo, 99))
@@ -186,7 +192,7 @@ def sync_rows(
     def local_us(times: list[float] | None) -> float | None:
         return _median_us(times) if local and times else None
 
-    with hipr.connect(url, token=token) as gpu:
+    with hipr.connect(url, token=token, link=link) as gpu:
         backend = str(gpu.worker_info().get("backend", "?"))
         word = gpu.malloc(4096)
         try:

@@ -108,6 +108,8 @@ class BlockingConnection(LinkState):
         self._last_sent = time.monotonic()
         self._keeper: threading.Thread | None = None
         self._keeper_wake = threading.Event()
+        #: Seconds a waiter polls without sleeping before it blocks (LinkOptions).
+        self._spin = self.options.spin_seconds()
 
     # --- waking waiters ----------------------------------------------------------------
     def _wake(self, pending: Pending) -> None:
@@ -441,10 +443,16 @@ class BlockingConnection(LinkState):
                     continue
                 self._reading = True
             generation = self._generation
+            # Poll without sleeping first: a quick reply then costs no thread wake-up.
+            spin_until = time.monotonic() + self._spin if self._spin else 0.0
+            if deadline is not None:
+                spin_until = min(spin_until, deadline)
             try:
                 while not pending.finished:
-                    wait = _remaining(deadline, options.heartbeat_interval)
-                    if not self._read_once(wait):
+                    if spin_until:
+                        if not self._read_once(0) and time.monotonic() >= spin_until:
+                            spin_until = 0.0
+                    elif not self._read_once(_remaining(deadline, options.heartbeat_interval)):
                         now = time.monotonic()
                         if deadline is not None and now >= deadline:
                             raise TimeoutError

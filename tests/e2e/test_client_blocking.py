@@ -20,7 +20,7 @@ import pytest
 
 import hipr
 from hipr.backends.emulator import EmulatorBackend
-from hipr.client.link import LinkOptions
+from hipr.client.link import AUTO_SPIN_SECONDS, LinkOptions, auto_spin_wait
 from hipr.errors import HipErrorCode as E
 from hipr.worker.server import Worker
 from tests.e2e.conftest import EMULATED_MEMORY, BlockingEndpoint
@@ -269,6 +269,69 @@ def test_fire_and_forget_from_threads_then_one_synchronize(
     got = got.reshape(threads, per_thread, n)
     want = (np.arange(threads)[:, None] * 1000 + np.arange(per_thread)[None, :]).astype(np.float32)
     np.testing.assert_array_equal(got, np.broadcast_to(want[:, :, None], got.shape))
+
+
+# --- 2b. a waiter that spins before it blocks (LinkOptions.spin_wait)
+
+
+def test_a_spinning_waiter_blocks_once_its_window_is_over(
+    blocking_endpoint: BlockingEndpoint, backend: GatedEmulator
+) -> None:
+    """A reply slower than the spin window is waited for asleep: the waiting thread's
+    CPU time stays near the window, not the wait (a spin that never stopped would burn
+    the whole 0.6 s)."""
+    spin = 0.02
+    with blocking_endpoint.connect(link=dataclasses.replace(FAST, spin_wait=spin)) as gpu:
+        p = gpu.malloc_htod(b"spin")
+        gpu.synchronize()  # quick replies come back while spinning
+        backend.gate.clear()
+        threading.Timer(0.6, backend.gate.set).start()
+        cpu_before, started = time.thread_time(), time.monotonic()
+        gpu.memset(p, ord("s"), 2, timeout=10)
+        cpu_used, waited = time.thread_time() - cpu_before, time.monotonic() - started
+        assert waited >= 0.5
+        assert cpu_used < 0.25, f"{cpu_used:.3f} s of CPU for a {waited:.2f} s wait"
+        assert gpu.memcpy_dtoh(p) == b"ssin"
+
+
+def test_a_spinning_waiter_keeps_timeouts_and_shares_the_gpu_with_threads(
+    blocking_endpoint: BlockingEndpoint, backend: GatedEmulator
+) -> None:
+    """A spin window longer than ``timeout=`` ends at the deadline; threads sharing one
+    spinning Gpu each get their own replies (one reads for all, the others wait)."""
+    link = dataclasses.replace(FAST, spin_wait=5.0)
+    with blocking_endpoint.connect(link=link) as gpu:
+        p = gpu.malloc_htod(b"kept")
+        backend.gate.clear()
+        try:
+            started = time.monotonic()
+            with pytest.raises(hipr.HipTimeoutError):
+                gpu.memset(p, ord("K"), 1, timeout=0.3)
+            assert time.monotonic() - started < 3
+        finally:
+            backend.gate.set()
+        assert gpu.memcpy_dtoh(p, timeout=10) == b"Kept"
+
+        def work(me: int) -> bytes:
+            q = gpu.malloc(64)
+            for i in range(20):
+                gpu.memcpy_htod(q, bytes([me, i]) * 32)
+                assert gpu.memcpy_dtoh(q, 2) == bytes([me, i])
+            gpu.free(q)
+            return bytes([me])
+
+        with ThreadPoolExecutor(4) as pool:
+            done = [f.result(timeout=60) for f in [pool.submit(work, t) for t in range(4)]]
+        assert done == [bytes([t]) for t in range(4)]
+
+
+def test_spin_wait_is_automatic_by_cpu_count() -> None:
+    """CUDA's schedule-auto rule for the client: spin where cores are to spare."""
+    assert auto_spin_wait(cpus=16) == AUTO_SPIN_SECONDS > 0
+    assert auto_spin_wait(cpus=2) == 0.0
+    assert LinkOptions(spin_wait=-1.0).spin_seconds() == 0.0
+    assert LinkOptions(spin_wait=0.003).spin_seconds() == 0.003
+    assert LinkOptions().spin_seconds() == auto_spin_wait()
 
 
 # --- 3. an idle client is never taken for dead
