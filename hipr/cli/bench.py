@@ -137,6 +137,20 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
     b.add_argument(
         "--clients", type=positive_int, metavar="N", help="concurrent clients (default 64)"
     )
+    b.add_argument(
+        "--spin-wait",
+        type=float,
+        metavar="SECONDS",
+        help="the sync client's spin before it blocks for a reply (default: automatic, "
+        "200 µs on 4 or more CPUs, else 0; see LinkOptions.spin_wait)",
+    )
+    b.add_argument(
+        "--worker-spin-wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="the --local worker's spin_wait (default 0: the worker's default)",
+    )
     b.add_argument("--token", help="tenant token (prefer HIPR_TOKEN)")
     b.add_argument("--json", action="store_true", help="print JSON instead of tables")
     b.add_argument(
@@ -398,16 +412,16 @@ def _baseline_server(loop: str, urls: Sequence[str]) -> contextlib.AbstractConte
 
 
 def _local_worker(
-    loop: str, backend: str, urls: Sequence[str]
+    loop: str, backend: str, urls: Sequence[str], spin_wait: float = 0.0
 ) -> contextlib.AbstractContextManager[Any]:
     argv = [sys.executable, "-m", "hipr.cli.bench", "--serve-worker", "--loop", loop]
-    argv += ["--backend", backend]
+    argv += ["--backend", backend, "--spin-wait", repr(spin_wait)]
     for url in urls:
         argv += ["--listen", url]
     return _spawn(argv, f"{backend} worker")
 
 
-async def _serve_worker(backend_name: str, urls: Sequence[str]) -> None:
+async def _serve_worker(backend_name: str, urls: Sequence[str], spin_wait: float) -> None:
     import signal
 
     import anyio
@@ -415,7 +429,7 @@ async def _serve_worker(backend_name: str, urls: Sequence[str]) -> None:
     from hipr.worker.config import WorkerConfig
     from hipr.worker.server import Worker, load_configured_backend
 
-    config = WorkerConfig(listen=tuple(urls), backend=backend_name)
+    config = WorkerConfig(listen=tuple(urls), backend=backend_name, spin_wait=spin_wait)
     backend = load_configured_backend(config)
     try:
         async with anyio.create_task_group() as tg:
@@ -442,12 +456,20 @@ def serve_worker_main(argv: Sequence[str]) -> int:
     parser.add_argument("--loop", choices=WORKER_LOOPS, default="trio")
     parser.add_argument("--backend", default="emulator")
     parser.add_argument("--listen", action="append", required=True)
+    parser.add_argument("--spin-wait", type=float, default=0.0)
     args = parser.parse_args(argv)
     configure_logging("error", "console")
     from hipr.cli.common import event_loop
 
     name, options = event_loop(args.loop)
-    anyio.run(_serve_worker, args.backend, args.listen, backend=name, backend_options=options)
+    anyio.run(
+        _serve_worker,
+        args.backend,
+        args.listen,
+        args.spin_wait,
+        backend=name,
+        backend_options=options,
+    )
     return 0
 
 
@@ -602,7 +624,12 @@ def run_bench(args: argparse.Namespace) -> tuple[list[Run], dict[str, Any]]:
                         "unix": f"unix://{tmp}/worker-{worker_loop}.sock",
                     }
                     started = per_loop.enter_context(
-                        _local_worker(worker_loop, backend_name, [wanted[t] for t in transports])
+                        _local_worker(
+                            worker_loop,
+                            backend_name,
+                            [wanted[t] for t in transports],
+                            args.worker_spin_wait,
+                        )
                     )
                     urls = list(started["urls"])
                 else:
@@ -652,7 +679,12 @@ def _run_blocking(
         wanted = {"tcp": "tcp://127.0.0.1:0", "unix": f"unix://{tmp}/worker-blocking.sock"}
         _log(f"starting the {args.backend or 'emulator'} worker (loop {worker_loop})")
         started = stack.enter_context(
-            _local_worker(worker_loop, args.backend or "emulator", [wanted[t] for t in transports])
+            _local_worker(
+                worker_loop,
+                args.backend or "emulator",
+                [wanted[t] for t in transports],
+                args.worker_spin_wait,
+            )
         )
         urls = list(started["urls"])
     else:
@@ -677,6 +709,8 @@ def _run_blocking(
             uvloop_url=uvloop_urls.get(transport, ""),
         )
         notes = list(local.notes) if local else []
+        if args.local:
+            notes.append(f"--local worker spin_wait: {args.worker_spin_wait * 1e6:.0f} µs")
         if transport not in TRANSPORTS:
             notes.append(f"{transport} is compared with floors over plain tcp on loopback")
         if not uvloop_urls:
@@ -685,7 +719,9 @@ def _run_blocking(
         if "floor" in plan.only:
             rows += syncbench.floor_rows(floors, local)
         if "sync" in plan.only:
-            rows += syncbench.sync_rows(url, args.token, floors, local, plan, _log, notes)
+            rows += syncbench.sync_rows(
+                url, args.token, floors, local, plan, _log, notes, args.spin_wait
+            )
         runs.append(Run(transport, BLOCKING, worker_loop, url, floors.url, rows, notes))
     return runs
 

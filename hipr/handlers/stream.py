@@ -44,7 +44,10 @@ async def stream_destroy(session: Session, request: Request) -> Any:
 async def stream_synchronize(session: Session, request: Request) -> Any:
     """``{stream?}``: wait for the stream's work (the default stream when absent)."""
     stream = session.stream(request.args.handle("stream", optional=True))
-    if stream is None or not session.settled(session.backend.stream_query, stream):
+    query = session.backend.stream_query
+    if stream is None or not (
+        session.settled(query, stream) or await session.spin_until_settled(query, stream)
+    ):
         await session.gpu(session.backend.stream_synchronize, stream)
     return {}
 

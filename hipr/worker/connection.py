@@ -57,6 +57,7 @@ from hipr.worker.isolation import TenantProcesses
 from hipr.worker.payloads import PayloadBuffers
 from hipr.worker.replay import MAX_ONE_REPLY
 from hipr.worker.session import DeferredError, Session, as_hip_error
+from hipr.worker.spin import BusyPoll
 from hipr.worker.tenants import Tenant, TenantRegistry
 
 
@@ -72,6 +73,7 @@ class Worker(Protocol):
     chunk_bytes: int
     handshake_timeout: float
     draining: bool
+    busy_poll: BusyPoll
 
     def authenticate(self, hello: Args, stream: anyio.abc.ByteStream) -> Tenant:
         """The tenant a HELLO's credentials name, or AuthError."""
@@ -338,6 +340,7 @@ class WorkerConnection:
             except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
                 return
             self._last_received = time.monotonic()
+            self.worker.busy_poll.note_request()
             self._decoder.feed(data)
 
     async def receive_data(self, request_id: int) -> tuple[memoryview, bool]:
@@ -635,6 +638,7 @@ class WorkerConnection:
         if self._frames.closed:
             return
         self._last_received = time.monotonic()
+        self.worker.busy_poll.note_request()
         self._decoder.feed(data)
         self._pump()
 

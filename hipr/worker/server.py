@@ -43,6 +43,7 @@ from hipr.worker.isolation import (
 from hipr.worker.memory import trim_heap
 from hipr.worker.quotas import QuotaGate, TenantState
 from hipr.worker.session import Session
+from hipr.worker.spin import BusyPoll
 from hipr.worker.tenants import Quotas, Tenant, load_tenants
 
 log = structlog.get_logger("hipr.worker")
@@ -80,6 +81,13 @@ class Worker:
         #: Set when this worker is a tenant's child (``isolation = "process"`` above it).
         self.child_link: ChildLink | None = None
         self._trim_pending = False
+        #: Busy polling of the event loop (``spin_wait``); disabled at 0.
+        self.busy_poll = BusyPoll(config.spin_wait, self._gpu_threads_busy)
+
+    def _gpu_threads_busy(self) -> bool:
+        """True while any session's GPU thread has work (it then needs the interpreter
+        lock, which a spinning loop would hold)."""
+        return any(session.gpu_busy for session in self.sessions.values())
 
     def authenticate(self, hello: Args, stream: anyio.abc.ByteStream) -> Tenant:
         """The tenant a HELLO's credentials name, or AuthError."""
@@ -118,7 +126,12 @@ class Worker:
             self._tenant_state.setdefault(tenant.name, TenantState()),
         )
         session = Session(
-            self.backend, tenant=tenant.name, peer=peer, gate=gate, observer=self.observer
+            self.backend,
+            tenant=tenant.name,
+            peer=peer,
+            gate=gate,
+            observer=self.observer,
+            busy_poll=self.busy_poll,
         )
         self.sessions[session.id] = session
         self.observer.session_opened(tenant.name)
@@ -352,6 +365,7 @@ class Worker:
         try:
             async with anyio.create_task_group() as tg:
                 self._task_group = tg
+                self.busy_poll.attach(tg.start_soon)
                 if self.isolation is not None:
                     tg.start_soon(self.isolation.poll_forever)
                     await tg.start(serve_json, self.isolation.parent_socket, self.whole_status)

@@ -33,6 +33,7 @@ from hipr.worker.resources import (
     HandleTable,
     ModuleEntry,
 )
+from hipr.worker.spin import BusyPoll
 from hipr.worker.tenants import ANONYMOUS, Quotas
 
 T = TypeVar("T")
@@ -76,6 +77,7 @@ class Session:
         peer: str = "",
         gate: QuotaGate | None = None,
         observer: WorkerObserver | None = None,
+        busy_poll: BusyPoll | None = None,
     ) -> None:
         self.id = secrets.token_hex(8)
         self.tenant = tenant
@@ -106,6 +108,8 @@ class Session:
         self.detach_epoch = 0
         self.log = log.bind(session=self.id, tenant=tenant, peer=peer)
         self._gpu = GpuThread(name=f"hipr-gpu-{self.id}")
+        #: The worker's busy polling: a synchronize may wait by polling (spin_wait).
+        self._busy_poll = busy_poll or BusyPoll(0.0, lambda: False)
         #: Backend calls that never wait for the GPU (run inline when the thread is idle).
         self._inline_calls: frozenset[str] = getattr(backend, "inline_calls", frozenset())
         #: Backend calls that run inline only for some arguments (a small kernel).
@@ -193,6 +197,26 @@ class Session:
             return False
         streams = [handle for _, handle in self.streams.items()]
         return self._poll(lambda: bool(self._run_here(probe, streams)))
+
+    @property
+    def gpu_busy(self) -> bool:
+        """True while the session's GPU thread has queued or running work."""
+        return not self._gpu.idle
+
+    async def spin_until_done(self) -> bool:
+        """Wait for :meth:`work_done` by polling from the event loop, for up to the
+        worker's ``spin_wait``: True once the work is done; False when the caller must
+        block on the GPU thread instead (no spinning configured, a backend that cannot
+        tell, time ran out, or a GPU thread needs the loop's interpreter lock)."""
+        if getattr(self.backend, "work_done", None) is None:
+            return False
+        return await self._busy_poll.wait_until(self.work_done)
+
+    async def spin_until_settled(self, query: Callable[..., bool], *args: Any) -> bool:
+        """:meth:`spin_until_done` for a stream or event query (:meth:`settled`)."""
+        if not self._can_inline(query, args):
+            return False
+        return await self._busy_poll.wait_until(lambda: self.settled(query, *args))
 
     def settled(self, query: Callable[..., bool], *args: Any) -> bool:
         """True when ``query(*args)`` (a stream or event query) says done, asked inline

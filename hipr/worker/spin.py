@@ -1,0 +1,79 @@
+"""Busy polling on the worker's event loop: the ``spin_wait`` setting.
+
+A thread that sleeps between requests, or while a kernel runs, is woken by the kernel
+when the next bytes or the kernel's end arrive; on a virtual machine that wake-up
+costs tens of µs, and more after a long sleep. CUDA offers the same trade for a local
+program (``cudaDeviceScheduleSpin``: burn a core, answer sooner). With ``spin_wait``
+set, the worker's loop does not sleep for that long after a request arrives, and a
+synchronize whose work is still running polls for it from the loop for that long
+before it blocks on the session's GPU thread.
+
+The loop spins only while no session's GPU thread is busy: those threads run Python
+and need the interpreter lock that a spinning loop holds, so spinning then would slow
+the very work being waited for. The GPU thread's completion wakes the loop as usual.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+
+#: Starts a task in the worker's task group (``TaskGroup.start_soon``).
+StartTask = Callable[[Callable[[], Coroutine[Any, Any, None]]], object]
+
+
+class BusyPoll:
+    """The worker's busy polling; disabled (every method a no-op) when ``seconds`` is 0."""
+
+    def __init__(self, seconds: float, gpu_threads_busy: Callable[[], bool]) -> None:
+        """``gpu_threads_busy``: True while any session's GPU thread has work."""
+        self.seconds = max(0.0, seconds)
+        self._gpu_threads_busy = gpu_threads_busy
+        self._start: StartTask | None = None
+        self._until = 0.0
+        self._spinning = False
+
+    @property
+    def enabled(self) -> bool:
+        """True when the worker spins at all."""
+        return self.seconds > 0
+
+    def attach(self, start: StartTask) -> None:
+        """Start spinners in this task group from now on (the worker's, while it serves)."""
+        self._start = start
+
+    def note_request(self) -> None:
+        """Bytes of a request arrived: keep the loop awake for ``seconds`` more."""
+        if not self.seconds:
+            return
+        self._until = time.perf_counter() + self.seconds
+        if not self._spinning and self._start is not None:
+            self._spinning = True
+            self._start(self._spin)
+
+    async def _spin(self) -> None:
+        """Yield to the loop (which then polls its sockets without sleeping) until the
+        window closes or a GPU thread needs the interpreter; a new request restarts it."""
+        try:
+            while time.perf_counter() < self._until and not self._gpu_threads_busy():
+                await anyio.lowlevel.checkpoint()
+        finally:
+            self._spinning = False
+
+    async def wait_until(self, done: Callable[[], bool]) -> bool:
+        """Ask ``done`` between loop passes for up to ``seconds``: True once it says so;
+        False when time ran out or a GPU thread got busy (the caller then blocks on the
+        session's GPU thread, as without spinning). ``done`` may raise (a failed
+        kernel), as a synchronize would."""
+        if not self.seconds:
+            return False
+        deadline = time.perf_counter() + self.seconds
+        while not done():
+            if time.perf_counter() >= deadline or self._gpu_threads_busy():
+                return False
+            await anyio.lowlevel.checkpoint()
+        return True

@@ -1,0 +1,98 @@
+"""BusyPoll, the worker's ``spin_wait``: when it spins, for how long, and that it gives
+way to busy GPU threads."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import anyio
+import pytest
+
+from hipr.worker.spin import BusyPoll
+
+pytestmark = pytest.mark.anyio
+
+
+class Starter:
+    """Records the spinners a BusyPoll starts, and runs them in a task group."""
+
+    def __init__(self, group: anyio.abc.TaskGroup) -> None:
+        self.group = group
+        self.started = 0
+
+    def __call__(self, fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        self.started += 1
+        self.group.start_soon(fn)
+
+
+async def test_disabled_it_never_spins_nor_polls() -> None:
+    asked: list[int] = []
+    poll = BusyPoll(0.0, lambda: False)
+    assert not poll.enabled
+    async with anyio.create_task_group() as tg:
+        starter = Starter(tg)
+        poll.attach(starter)
+        poll.note_request()
+    assert starter.started == 0
+    assert not await poll.wait_until(lambda: asked.append(1) or True)
+    assert asked == []
+
+
+async def test_wait_until_polls_until_done_or_the_window_ends() -> None:
+    poll = BusyPoll(0.5, lambda: False)
+    looks = iter([False, False, False, True])
+    assert await poll.wait_until(lambda: next(looks))
+    started = time.perf_counter()
+    assert not await BusyPoll(0.02, lambda: False).wait_until(lambda: False)
+    assert 0.02 <= time.perf_counter() - started < 1.0
+
+
+async def test_wait_until_gives_way_to_a_busy_gpu_thread() -> None:
+    looks: list[int] = []
+
+    def never() -> bool:
+        looks.append(1)
+        return False
+
+    started = time.perf_counter()
+    assert not await BusyPoll(5.0, lambda: True).wait_until(never)
+    assert time.perf_counter() - started < 1.0  # at once, not after the 5 s window
+    assert looks == [1]
+
+
+async def test_wait_until_passes_on_the_error_a_poll_raises() -> None:
+    def fails() -> bool:
+        raise RuntimeError("kernel fault")
+
+    with pytest.raises(RuntimeError, match="kernel fault"):
+        await BusyPoll(1.0, lambda: False).wait_until(fails)
+
+
+async def test_one_spinner_per_window_and_it_ends_when_the_window_does() -> None:
+    poll = BusyPoll(0.05, lambda: False)
+    async with anyio.create_task_group() as tg:
+        starter = Starter(tg)
+        poll.attach(starter)
+        for _ in range(20):
+            poll.note_request()
+            await anyio.lowlevel.checkpoint()
+        assert starter.started == 1
+    # The task group ended: the spinner stopped by itself once the window closed, and
+    # a request after that starts a new one.
+    async with anyio.create_task_group() as tg:
+        poll.attach(starter := Starter(tg))
+        poll.note_request()
+        assert starter.started == 1
+
+
+async def test_the_spinner_stops_while_a_gpu_thread_is_busy() -> None:
+    busy = False
+    poll = BusyPoll(5.0, lambda: busy)
+    with anyio.fail_after(3):
+        async with anyio.create_task_group() as tg:
+            poll.attach(Starter(tg))
+            poll.note_request()
+            await anyio.sleep(0.01)
+            busy = True  # the spinner sees it at its next pass and ends
