@@ -10,6 +10,7 @@ import threading
 import time
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 
@@ -76,6 +77,14 @@ class RunningKernelEmulator(EmulatorBackend):
         super().event_synchronize(event)
 
 
+async def gpu_threads_idle(worker: Worker) -> None:
+    """Until no session's GPU thread has work: the worker polls only then, so a test of
+    polling starts there (a reply can reach the client before its thread's bookkeeping)."""
+    with anyio.fail_after(5):
+        while worker._gpu_threads_busy():
+            await anyio.sleep(0.001)
+
+
 @pytest.fixture(params=["tcp", "unix"])
 def transport_kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
@@ -105,6 +114,7 @@ async def test_a_synchronize_is_answered_by_polling_within_the_window(
         p = await gpu.malloc(16)
         await gpu.memset(p, 7, 16)
         await gpu.synchronize()  # the memset has left the GPU thread
+        await gpu_threads_idle(worker)
         backend.blocking_syncs = 0
         backend.run_for(0.2)
         started = time.monotonic()
@@ -131,11 +141,12 @@ async def test_a_longer_wait_blocks_on_the_gpu_thread_after_the_window(
 
 @pytest.mark.parametrize("spin_wait", [1.0])
 async def test_a_kernel_fault_found_while_polling_is_reported_once(
-    endpoint: Endpoint, backend: RunningKernelEmulator
+    endpoint: Endpoint, backend: RunningKernelEmulator, worker: Worker
 ) -> None:
     async with endpoint.aconnect() as gpu:
         fill = await gpu.builtin("fill_f32")
         p = await gpu.malloc(64)
+        await gpu_threads_idle(worker)
         backend.run_for(0.1)
         # n is past the allocation: the emulator faults as a GPU would. Small enough
         # to run inline: the GPU thread stays idle, so the synchronize polls.
@@ -153,7 +164,7 @@ async def test_a_kernel_fault_found_while_polling_is_reported_once(
 
 @pytest.mark.parametrize("spin_wait", [1.0])
 async def test_stream_and_event_synchronizes_poll_too(
-    endpoint: Endpoint, backend: RunningKernelEmulator
+    endpoint: Endpoint, backend: RunningKernelEmulator, worker: Worker
 ) -> None:
     """A backend whose queries run inline has them polled like the device's work."""
     async with endpoint.aconnect() as gpu:
@@ -165,8 +176,10 @@ async def test_stream_and_event_synchronizes_poll_too(
         # The copy may still be on the GPU thread, and a busy GPU thread is never polled
         # for (this one may block there); afterwards the thread is idle.
         await gpu.synchronize()
+        await gpu_threads_idle(worker)
         backend.blocking_syncs = 0
         for wait in (stream.synchronize, event.synchronize):
+            await gpu_threads_idle(worker)
             backend.run_for(0.2)
             started = time.monotonic()
             await wait()
