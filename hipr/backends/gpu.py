@@ -38,9 +38,11 @@ Choices worth knowing:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from hipr.backends._gpu_common import (
@@ -325,6 +327,13 @@ class _ThreadLanes(threading.local):
         self.state = _LaneState()
 
 
+def _quick_htod(dst: int, src: Any, stream: Handle | None = None) -> bool:
+    """A host-to-device copy that cannot wait for the GPU: on a stream, small enough to
+    be staged in the stream's carve block (no synchronise; an allocation only when the
+    pool has no block to carve from)."""
+    return isinstance(stream, GpuStream) and memoryview(src).nbytes <= PinnedStaging.MAX_CARVED
+
+
 class GpuBackend:
     """:class:`~hipr.backends.base.Backend` over one :class:`Runtime` (see module doc)."""
 
@@ -382,6 +391,9 @@ class GpuBackend:
         self._orphan_refs: list[PinnedBlock] = []
         self._bound_devices: set[int] = set()
         self._closed = False
+        #: Calls that are quick for some arguments (see ``Backend.inline_when``): a small
+        #: async copy on a stream only stages its bytes and queues the copy.
+        self.inline_when: dict[str, Callable[..., bool]] = {"memcpy_htod": _quick_htod}
 
     # --- plumbing ------------------------------------------------------------------------
 
@@ -446,9 +458,11 @@ class GpuBackend:
     def work_done(self, streams: Sequence[Handle]) -> bool:
         """True when the lane's default stream and ``streams`` have no pending work
         (asked without waiting); raises a failed kernel's error, as a query does."""
-        pending = list(getattr(self._tls, "default_streams", {}).values())
-        pending += [live(s, GpuStream, "stream") for s in streams]
-        return all(self._query(self._calls.stream_query, raw) for raw in pending)
+        query, fn = self._query, self._calls.stream_query
+        for raw in getattr(self._tls, "default_streams", {}).values():
+            if not query(fn, raw):
+                return False
+        return all(query(fn, live(s, GpuStream, "stream")) for s in streams)
 
     def release_thread(self) -> None:
         """Destroy the calling thread's default streams (its session is ending)."""
@@ -614,6 +628,13 @@ class GpuBackend:
             self._call(self._calls.stream_synchronize, raw)
             return
         refs = self._capture_refs(stream, raw)
+        if refs is None and nbytes <= PinnedStaging.MAX_CARVED and isinstance(stream, GpuStream):
+            pinned = self._staging.carve(stream, nbytes, partial(self.fence_after, raw))
+            ctypes.memmove(pinned, addr, nbytes)
+            del keep
+            # A failed copy leaves its piece unused: the block still retires in order.
+            self._call(copy, dst, pinned, nbytes, raw)
+            return
         if refs is None and nbytes > PinnedStaging.MAX_STAGED:
             self._call(copy, dst, addr, nbytes, raw)
             self._call(self._calls.stream_synchronize, raw)
@@ -679,6 +700,11 @@ class GpuBackend:
 
     def stream_destroy(self, stream: Handle) -> None:
         """Destroy a stream; its pending work still completes."""
+        if isinstance(stream, GpuStream) and stream.carve is not None:
+            # Its small copies' block retires behind a fence the stream can still take.
+            raw = live(stream, GpuStream, "stream")
+            self._current()
+            self._staging.retire_carve(stream, partial(self.fence_after, raw))
         fn, streams = self._calls.stream_destroy, self._ledger.streams
         self._destroy(stream, GpuStream, "stream", fn, streams, self._orphan_capture_refs)
 
@@ -853,7 +879,19 @@ class GpuBackend:
     ) -> None:
         """A kernel launch with ``args`` through the ``extra`` buffer-pointer path."""
         check_dims(grid, block)
-        self._current()
+        # The lane's device and default stream read once (the launch is the hot path;
+        # _current() and _stream() would each look the lane up again).
+        lane = self._lanes.state
+        device = getattr(lane, "device", None)
+        if device is None:
+            device = self._current()
+        if stream is None:
+            defaults: dict[int, Any] | None = getattr(lane, "default_streams", None)
+            raw_stream = defaults.get(device) if defaults else None
+            if raw_stream is None:
+                raw_stream = self._default_stream()
+        else:
+            raw_stream = live(stream, GpuStream, "stream")
         packed = self._fit_args(function, args)
         extra: ReusedLaunchExtra | None = getattr(self._launch_extras, "extra", None)
         if extra is None:
@@ -873,7 +911,7 @@ class GpuBackend:
             *grid,
             *block,
             shared_mem,
-            self._stream(stream),
+            raw_stream,
             None,
             address,
         )
@@ -922,6 +960,20 @@ class GpuBackend:
     def _extra(self, args: bytes) -> LaunchExtra:
         pointer, size, end = self._extra_words
         return LaunchExtra(args, buffer_pointer=pointer, buffer_size=size, end=end)
+
+    def _drop_carves(self) -> None:
+        """At close: the carve blocks of streams never destroyed go back to the pool once
+        their devices have finished the copies that read them."""
+        with self._ledger.lock:
+            carved = [s for s in self._ledger.streams if s.carve is not None]
+        for device in sorted({s.device for s in carved}):
+            self.bind_thread(device)
+            with contextlib.suppress(HipError):  # a failed context reads nothing more
+                self._call(self._calls.synchronize)
+        for stream in carved:
+            if stream.carve is not None:
+                self._staging.give_back([stream.carve.block])
+                stream.carve = None
 
     # --- graphs -------------------------------------------------------------------------
 
@@ -1084,6 +1136,7 @@ class GpuBackend:
         self._builtin.clear()
         if self._bound_devices:
             try:
+                self._drop_carves()
                 self.bind_thread(min(self._bound_devices))
                 self._staging.close(wait=lambda: self._call(self._calls.synchronize))
                 for block in self._orphan_refs:

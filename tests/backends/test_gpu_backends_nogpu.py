@@ -1381,6 +1381,73 @@ def test_sim_async_htod_source_may_be_reused_at_once(sim: Any) -> None:
     backend.stream_destroy(stream)
 
 
+def _count(gpu: SimGpu, suffix: str) -> int:
+    return sum(1 for name in gpu.calls if name.endswith(suffix))
+
+
+def test_sim_small_async_copies_are_carved_from_one_block_per_stream(sim: Any) -> None:
+    backend, gpu = sim
+    piece = PinnedStaging.CARVE_ALIGN
+    per_block = PinnedStaging.MIN_BLOCK // piece
+    count = per_block + per_block // 2  # a full block, then half of the next
+    ptr = backend.malloc(4 * count)
+    stream, other = backend.stream_create(), backend.stream_create()
+    src = bytearray(4)
+    records = _count(gpu, "EventRecord")
+    for i in range(count):
+        src[:] = i.to_bytes(4, "little")
+        backend.memcpy_htod(ptr + 4 * i, memoryview(src), stream)
+    src[:] = b"\xff" * 4  # reused at once: every copy read its own staged bytes
+    # One fence for the block that filled up, none per copy; a second stream has a
+    # block of its own.
+    assert _count(gpu, "EventRecord") == records + 1
+    backend.memcpy_htod(ptr, memoryview(b"\x07\x00\x00\x00"), other)
+    assert gpu.read(ptr, 4) == b"\0" * 4  # still queued, as on a GPU
+    backend.stream_synchronize(stream)
+    got = np.frombuffer(gpu.read(ptr, 4 * count), np.uint32)
+    assert np.array_equal(got, np.arange(count, dtype=np.uint32))
+    backend.stream_synchronize(other)
+    assert gpu.read(ptr, 4) == b"\x07\x00\x00\x00"
+    # A copy over the carve size is staged in a block of its own, as before.
+    backend.memcpy_htod(ptr, memoryview(bytes(PinnedStaging.MAX_CARVED + 1)[: 4 * count]), stream)
+    backend.stream_synchronize(stream)
+    # Destroying a stream retires its block behind a fence; once done, all come back.
+    backend.stream_destroy(stream)
+    backend.stream_destroy(other)
+    backend.synchronize()
+    assert backend._staging.outstanding == 0
+    host_blocks = len(gpu.host)
+    for _ in range(3):  # a new stream carves from a pooled block: no new pinned memory
+        again = backend.stream_create()
+        backend.memcpy_htod(ptr, memoryview(src), again)
+        backend.stream_destroy(again)
+        backend.synchronize()
+    assert len(gpu.host) == host_blocks
+    backend.free(ptr)
+
+
+def test_sim_carve_blocks_of_streams_never_destroyed_are_freed_at_close(sim: Any) -> None:
+    backend, gpu = sim
+    ptr = backend.malloc(4)
+    stream = backend.stream_create()
+    backend.memcpy_htod(ptr, memoryview(b"abcd"), stream)
+    assert gpu.host  # the stream's carve block
+    backend.close()  # the fixture checks that no pinned memory is left
+    assert gpu.read(ptr, 4) == b"abcd"  # close waited for the copy before freeing
+
+
+def test_small_copies_on_a_stream_may_run_inline(sim: Any) -> None:
+    backend, _ = sim
+    quick = backend.inline_when["memcpy_htod"]
+    stream = backend.stream_create()
+    small = memoryview(bytes(PinnedStaging.MAX_CARVED))
+    assert quick(0, small, stream)
+    assert not quick(0, memoryview(bytes(PinnedStaging.MAX_CARVED + 1)), stream)
+    assert not quick(0, small, None)  # the default stream's copy waits for it to finish
+    assert not quick(0, small)
+    backend.stream_destroy(stream)
+
+
 def test_sim_builtins_launch_with_packed_args(sim: Any) -> None:
     backend, gpu = sim
     mod = backend.builtin_module()
