@@ -18,6 +18,8 @@ U64_MAX = 2**64 - 1
 #: Sizes are bounded below 2**63 so that ``ptr + size`` arithmetic stays meaningful.
 SIZE_MAX = 2**63 - 1
 MAX_STRING = 1 << 20
+#: The largest launch dimension a runtime takes.
+_DIM_MAX = 2**31 - 1
 
 
 def _shown(value: object) -> str:
@@ -64,6 +66,9 @@ class Args:
         self, key: str, *, low: int = 0, high: int = U64_MAX, default: int | None = None
     ) -> int:
         """An integer in ``[low, high]``."""
+        value = self._map.get(key)
+        if type(value) is int and low <= value <= high:
+            return value  # the usual case first: these reads run for every request
         value = self._get(key, default is not None)
         if value is None:
             assert default is not None
@@ -84,6 +89,9 @@ class Args:
 
     def handle(self, key: str, *, optional: bool = False) -> int | None:
         """A per-session handle id; 0 or absent means none when ``optional``."""
+        value = self._map.get(key)
+        if type(value) is int and 0 < value <= U64_MAX:
+            return value
         value = self._get(key, optional)
         if value is None:
             return None
@@ -150,13 +158,30 @@ class Args:
 
     def dim3(self, key: str) -> tuple[int, int, int]:
         """A launch dimension: 1 to 3 positive integers, padded with 1."""
+        value = self._map.get(key)
+        if type(value) is list:  # the usual shapes first, checked without a loop
+            if len(value) == 1:
+                x = value[0]
+                if type(x) is int and 1 <= x <= _DIM_MAX:
+                    return (x, 1, 1)
+            elif len(value) == 3:
+                x, y, z = value
+                if (
+                    type(x) is int
+                    and type(y) is int
+                    and type(z) is int
+                    and 1 <= x <= _DIM_MAX
+                    and 1 <= y <= _DIM_MAX
+                    and 1 <= z <= _DIM_MAX
+                ):
+                    return (x, y, z)
         value = self._get(key, False)
         if isinstance(value, int) and not isinstance(value, bool):
             value = [value]
         if not isinstance(value, list) or not 1 <= len(value) <= 3:
             raise self._fail(key, "1 to 3 positive integers", value)
         for v in value:
-            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 2**31 - 1:
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= _DIM_MAX:
                 raise self._fail(key, "1 to 3 integers in [1, 2**31-1]", value)
         padded = [*value, 1, 1][:3]
         return (padded[0], padded[1], padded[2])
