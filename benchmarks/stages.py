@@ -49,6 +49,7 @@ STAGES = (
 
 def _serve(dump: str, worker_argv: list[str]) -> int:
     """The instrumented worker: record timestamps, write them to ``dump`` on SIGUSR1."""
+    from hipr.protocol.header import Flags
     from hipr.transports import loop_stream
     from hipr.worker import connection
 
@@ -75,7 +76,7 @@ def _serve(dump: str, worker_argv: list[str]) -> int:
         # the executor is marked there instead.
         started = now()
         answered = answer_now(self, frame)
-        if answered and not frame.header.flags & connection.Flags.NO_REPLY:
+        if answered and not frame.header.flags & Flags.NO_REPLY:
             marks["exec"].append(started)
         return answered
 

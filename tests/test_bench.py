@@ -443,3 +443,34 @@ def test_copy_memory_reports_every_figure() -> None:
     assert set(figures) == {"start", "peak", "end", "idle"}
     assert all(value > 0 for value in figures.values())
     assert figures["peak"] >= figures["start"]
+
+
+def test_interleaved_ab_reports_every_workload_for_every_worker() -> None:
+    """``python -m benchmarks.interleaved`` with two emulator workers (one spinning) for
+    one round: every workload has a figure for each, in rounds that alternate."""
+    from benchmarks import interleaved
+
+    specs = [
+        interleaved.WorkerSpec.parse("plain"),
+        interleaved.WorkerSpec.parse(f"spinning:spin_wait=0.001,loop=asyncio,tree={REPO}"),
+    ]
+    assert specs[1].spin_wait == 0.001 and specs[1].tree == REPO
+    timings = interleaved.measure(specs, rounds=1)
+    assert timings.rounds == 1
+    for workload in interleaved.WORKLOADS:
+        assert set(timings.seconds[workload]) == {"plain", "spinning"}
+        assert all(len(v) == 1 and v[0] > 0 for v in timings.seconds[workload].values())
+    lines = interleaved.report(timings, ["plain", "spinning"])
+    assert len(lines) == 2 + 2 * len(interleaved.WORKLOADS)
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [(":spin_wait=1", "no name"), ("a:spin_wait", "key=value"), ("a:color=red", "unknown key"),
+     ("a:tree=/nonexistent", "no hipr package")],
+)  # fmt: skip
+def test_interleaved_worker_specs_are_checked(text: str, problem: str) -> None:
+    from benchmarks import interleaved
+
+    with pytest.raises(ValueError, match=problem):
+        interleaved.WorkerSpec.parse(text)
