@@ -28,18 +28,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from hipr.cli.bench import spawn_server
 
 _ROOT = Path(__file__).resolve().parent.parent
 
@@ -98,29 +98,6 @@ class Timings:
         return statistics.median(self.seconds[workload][who])
 
 
-@contextlib.contextmanager
-def _process(argv: list[str], cwd: Path, what: str) -> Iterator[dict[str, Any]]:
-    """A server process that prints one JSON line once it listens; stopped after."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(cwd), env.get("PYTHONPATH", "")) if p)
-    proc = subprocess.Popen(
-        argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"{what} exited before listening (status {proc.wait()})")
-        yield json.loads(line)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def _listen_url(transport: str, directory: str, name: str) -> str:
     return f"unix://{directory}/{name}.sock" if transport == "unix" else "tcp://127.0.0.1:0"
 
@@ -128,7 +105,7 @@ def _listen_url(transport: str, directory: str, name: str) -> str:
 def _worker(spec: WorkerSpec, backend: str, url: str) -> contextlib.AbstractContextManager[Any]:
     argv = [sys.executable, "-m", "hipr.cli.bench", "--serve-worker", "--loop", spec.loop]
     argv += ["--backend", backend, "--spin-wait", repr(spec.spin_wait), "--listen", url]
-    return _process(argv, spec.tree, f"worker {spec.name}")
+    return spawn_server(argv, f"worker {spec.name}", spec.tree)
 
 
 class _Target:
@@ -201,7 +178,7 @@ def measure(
         directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="hipr-ab-", dir="/tmp"))
         floor_argv = [sys.executable, "-m", "benchmarks.floors"]
         floor_argv += ["--listen", _listen_url(transport, directory, "floor")]
-        floor_url = stack.enter_context(_process(floor_argv, _ROOT, "floor server"))["urls"][0]
+        floor_url = stack.enter_context(spawn_server(floor_argv, "floor server"))["urls"][0]
         floor = stack.enter_context(FloorClient(floor_url))
         targets: dict[str, _Target] = {}
         for spec in specs:

@@ -377,17 +377,23 @@ def _write_split(path: str, runs: Sequence[Run], render: Any) -> list[Path]:
 # --- processes this command starts ------------------------------------------------------
 
 
-def _child_env() -> dict[str, str]:
+def _child_env(tree: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tree), env.get("PYTHONPATH", "")) if p)
     return env
 
 
 @contextlib.contextmanager
-def _spawn(argv: Sequence[str], what: str) -> Iterator[dict[str, Any]]:
-    """Start a server process that prints one JSON line once it listens; stop it after."""
+def spawn_server(argv: Sequence[str], what: str, tree: Path = _ROOT) -> Iterator[dict[str, Any]]:
+    """Start a server process that prints one JSON line once it listens; stop it after.
+    It runs in ``tree`` (a checkout), whose ``hipr`` and ``benchmarks`` it imports."""
     proc = subprocess.Popen(
-        list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, env=_child_env()
+        list(argv),
+        cwd=tree,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=_child_env(tree),
     )
     try:
         assert proc.stdout is not None
@@ -408,7 +414,7 @@ def _baseline_server(loop: str, urls: Sequence[str]) -> contextlib.AbstractConte
     argv = [sys.executable, "-m", "benchmarks.baselines", "--loop", loop]
     for url in urls:
         argv += ["--listen", url]
-    return _spawn(argv, "baseline server")
+    return spawn_server(argv, "baseline server")
 
 
 def _local_worker(
@@ -418,7 +424,7 @@ def _local_worker(
     argv += ["--backend", backend, "--spin-wait", repr(spin_wait)]
     for url in urls:
         argv += ["--listen", url]
-    return _spawn(argv, f"{backend} worker")
+    return spawn_server(argv, f"{backend} worker")
 
 
 async def _serve_worker(backend_name: str, urls: Sequence[str], spin_wait: float) -> None:
@@ -795,7 +801,7 @@ def _floor_urls(
         argv = [sys.executable, "-m", "benchmarks.floors", *([flag] if flag else [])]
         for kind in kinds:
             argv += ["--listen", wanted[kind]]
-        started = stack.enter_context(_spawn(argv, f"floor server {flag}".strip()))
+        started = stack.enter_context(spawn_server(argv, f"floor server {flag}".strip()))
         bound = dict(zip(kinds, started["urls"], strict=True))
         found.append({t: bound[t if t in TRANSPORTS else "tcp"] for t in transports})
     return found[0], found[1]
