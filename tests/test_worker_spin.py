@@ -44,9 +44,12 @@ async def test_wait_until_polls_until_done_or_the_window_ends() -> None:
     poll = BusyPoll(0.5, lambda: False)
     looks = iter([False, False, False, True])
     assert await poll.wait_until(lambda: next(looks))
+    assert poll.gave_up is None
     started = time.perf_counter()
-    assert not await BusyPoll(0.02, lambda: False).wait_until(lambda: False)
+    short = BusyPoll(0.02, lambda: False)
+    assert not await short.wait_until(lambda: False)
     assert 0.02 <= time.perf_counter() - started < 1.0
+    assert short.gave_up == "window"
 
 
 async def test_wait_until_gives_way_to_a_busy_gpu_thread() -> None:
@@ -57,9 +60,11 @@ async def test_wait_until_gives_way_to_a_busy_gpu_thread() -> None:
         return False
 
     started = time.perf_counter()
-    assert not await BusyPoll(5.0, lambda: True).wait_until(never)
+    poll = BusyPoll(5.0, lambda: True)
+    assert not await poll.wait_until(never)
     assert time.perf_counter() - started < 1.0  # at once, not after the 5 s window
     assert looks == [1]
+    assert poll.gave_up == "gpu thread busy"
 
 
 async def test_wait_until_passes_on_the_error_a_poll_raises() -> None:

@@ -36,6 +36,9 @@ class BusyPoll:
         self._start: StartTask | None = None
         self._until = 0.0
         self._spinning = False
+        #: Why the last :meth:`wait_until` stopped polling without the work done
+        #: (``"window"`` or ``"gpu thread busy"``), for logs and tests; None if it never did.
+        self.gave_up: str | None = None
 
     @property
     def enabled(self) -> bool:
@@ -73,7 +76,11 @@ class BusyPoll:
             return False
         deadline = time.perf_counter() + self.seconds
         while not done():
-            if time.perf_counter() >= deadline or self._gpu_threads_busy():
+            if time.perf_counter() >= deadline:
+                self.gave_up = "window"
+                return False
+            if self._gpu_threads_busy():
+                self.gave_up = "gpu thread busy"
                 return False
             await anyio.lowlevel.checkpoint()
         return True
