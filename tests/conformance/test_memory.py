@@ -156,3 +156,23 @@ async def test_mem_get_info_returns_to_baseline(target: Target) -> None:
     async with hipr.aconnect(target.url) as gpu:
         free, _ = await gpu.mem_get_info()
         assert abs(free - base_free) <= slack, (base_free, free)
+
+
+async def test_many_small_stream_copies_each_land_where_sent(target: Target) -> None:
+    """Fire-and-forget 4-byte copies over two streams, more than one pinned carve block
+    holds (GPU backends stage them in pieces of one block per stream), the source
+    rewritten after each call: every value arrives at its own offset."""
+    count = 3000
+    async with hipr.aconnect(target.url) as gpu:
+        streams = [await gpu.stream_create(), await gpu.stream_create()]
+        dst = await gpu.malloc(4 * count)
+        src = np.zeros(1, np.uint32)
+        for i in range(count):
+            src[0] = i
+            await gpu.memcpy_htod_async(dst + 4 * i, src, stream=streams[i % 2])
+        await gpu.synchronize()
+        got = np.frombuffer(await gpu.memcpy_dtoh(dst, 4 * count), dtype=np.uint32)
+        assert np.array_equal(got, np.arange(count, dtype=np.uint32))
+        await gpu.free(dst)
+        for s in streams:
+            await s.destroy()
