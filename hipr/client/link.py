@@ -17,7 +17,6 @@ fire-and-forget requests it already ran and answers replied ones from its reply 
 from __future__ import annotations
 
 import contextvars
-import os
 import random
 import time
 from collections import OrderedDict
@@ -27,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import structlog
 
+from hipr.client.cpus import usable_cpus
 from hipr.errors import HipError, ProtocolError, SessionLostError
 from hipr.protocol.codec import Frame, encode_frame_parts
 from hipr.protocol.header import MAX_REQUEST_ID, Flags
@@ -150,22 +150,18 @@ class LinkOptions:
 #: or a launch + synchronize comes back in ~40-150 µs on a GPU host), short enough that
 #: an idle wait costs little CPU.
 AUTO_SPIN_SECONDS = 200e-6
-#: Below this many CPUs the client does not spin by default: with the worker on the
-#: same small machine, a spinning client takes the core that would answer it.
+#: Below this many usable CPUs (affinity, and a cgroup CPU quota: a container limited
+#: to 2 CPUs on a 64-core node counts 2) the client does not spin by default: with the
+#: worker on the same small machine, a spinning client takes the core that would answer
+#: it, and under a quota the spin spends the container's CPU time.
 AUTO_SPIN_MIN_CPUS = 4
 
 
 def auto_spin_wait(cpus: int | None = None) -> float:
     """CUDA's ``cudaDeviceScheduleAuto`` for the sync client's wait: spin
     :data:`AUTO_SPIN_SECONDS` when the machine has cores to spare, else block at once."""
-    count = (
-        cpus
-        if cpus is not None
-        else len(os.sched_getaffinity(0))
-        if hasattr(os, "sched_getaffinity")
-        else os.cpu_count()
-    )
-    return AUTO_SPIN_SECONDS if (count or 1) >= AUTO_SPIN_MIN_CPUS else 0.0
+    count = cpus if cpus is not None else usable_cpus()
+    return AUTO_SPIN_SECONDS if count >= AUTO_SPIN_MIN_CPUS else 0.0
 
 
 @dataclass(slots=True)

@@ -20,6 +20,7 @@ import pytest
 
 import hipr
 from hipr.backends.emulator import EmulatorBackend
+from hipr.client.cpus import usable_cpus
 from hipr.client.link import AUTO_SPIN_SECONDS, LinkOptions, auto_spin_wait
 from hipr.errors import HipErrorCode as E
 from hipr.worker.server import Worker
@@ -332,6 +333,31 @@ def test_spin_wait_is_automatic_by_cpu_count() -> None:
     assert LinkOptions(spin_wait=-1.0).spin_seconds() == 0.0
     assert LinkOptions(spin_wait=0.003).spin_seconds() == 0.003
     assert LinkOptions().spin_seconds() == auto_spin_wait()
+
+
+@pytest.mark.parametrize(
+    ("cpu_max", "cap"),
+    [
+        ("max 100000\n", None),  # no quota: the affinity mask decides
+        ("200000 100000\n", 2),  # a Kubernetes limit of 2 CPUs
+        ("150000 100000\n", 2),  # 1.5 CPUs: rounded up
+        ("50000 100000\n", 1),
+        ("100000\n", 1),  # the period may be left out (100 ms)
+        ("garbage\n", None),  # unreadable: no cap, never an error
+        ("0 0\n", None),
+        (None, None),  # no cgroup v2 file at all
+    ],
+)
+def test_usable_cpus_honour_a_cgroup_quota(
+    tmp_path: Path, cpu_max: str | None, cap: int | None
+) -> None:
+    """A client in a container limited to 2 CPUs does not spin on a 64-core node."""
+    path = tmp_path / "cpu.max"
+    if cpu_max is not None:
+        path.write_text(cpu_max)
+    uncapped = usable_cpus(tmp_path / "absent")
+    assert uncapped >= 1
+    assert usable_cpus(path) == (uncapped if cap is None else min(uncapped, cap))
 
 
 # --- 3. an idle client is never taken for dead
