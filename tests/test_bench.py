@@ -474,3 +474,20 @@ def test_interleaved_worker_specs_are_checked(text: str, problem: str) -> None:
 
     with pytest.raises(ValueError, match=problem):
         interleaved.WorkerSpec.parse(text)
+
+
+@pytest.mark.timeout(60)
+def test_launch_pieces_report_every_piece() -> None:
+    """benchmarks.pieces: every figure present and positive, the second-thread rows at
+    every switch interval, and the interval put back afterwards."""
+    from benchmarks import pieces
+
+    saved = sys.getswitchinterval()
+    figures = pieces.wire_pieces(50)
+    figures.update(pieces.backend_pieces("emulator", 50))
+    assert sys.getswitchinterval() == saved
+    assert len([name for name in figures if name.startswith("second thread")]) == 1 + len(
+        pieces.SWITCH_INTERVALS
+    )
+    assert "backend launch, this thread" in figures
+    assert all(value > 0 for value in figures.values()), figures
