@@ -25,6 +25,7 @@ from hipr.errors import (
     HipTimeoutError,
     SessionLostError,
 )
+from hipr.protocol.header import PROTOCOL_VERSION, version_text
 from hipr.worker.config import ConfigError, GiB, WorkerConfig
 
 REPO = Path(__file__).resolve().parent.parent
@@ -132,7 +133,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "--version")
     assert code == 0
-    assert out.strip() == f"hipr {__version__} (protocol 1.0)"
+    assert out.strip() == f"hipr {__version__} (protocol {version_text(PROTOCOL_VERSION)})"
 
 
 def test_version_through_python_m() -> None:
@@ -145,7 +146,8 @@ def test_version_through_python_m() -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("hipr ") and "(protocol 1.0)" in proc.stdout
+    assert proc.stdout.startswith("hipr ")
+    assert f"(protocol {version_text(PROTOCOL_VERSION)})" in proc.stdout
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["worker", "--help"], ["info", "-h"], ["ping", "-h"]])

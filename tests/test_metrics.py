@@ -26,6 +26,7 @@ from hipr.observability.metrics import (
     start_metrics_server,
 )
 from hipr.observability.telemetry import DeviceTelemetry, device_telemetry, normalise_bus_id
+from hipr.protocol.header import PROTOCOL_VERSION, version_text
 from hipr.worker.config import WorkerConfig
 from hipr.worker.server import Worker, running_worker
 from hipr.worker.tenants import token_hash
@@ -169,7 +170,13 @@ async def test_requests_copies_and_sessions_of_a_live_worker(
     assert value(obs, "hipr_tenant_session_quota", tenant="alice") == 3
     assert value(obs, "hipr_tenant_device_memory_quota_bytes", tenant="bob") is None
     assert (
-        value(obs, "hipr_worker_info", version=hipr.__version__, backend="emulator", protocol="1.0")
+        value(
+            obs,
+            "hipr_worker_info",
+            version=hipr.__version__,
+            backend="emulator",
+            protocol=version_text(PROTOCOL_VERSION),
+        )
         == 1
     )
     assert (

@@ -133,6 +133,18 @@ class Args:
             raise self._fail(key, f"a byte string of at most {max_length} bytes", value)
         return value
 
+    def blob_list(self, key: str, *, max_items: int, max_length: int) -> list[bytes]:
+        """A non-empty list of byte strings of at most ``max_length`` bytes each."""
+        value = self._get(key, False)
+        if type(value) is not list or not 1 <= len(value) <= max_items:
+            raise self._fail(key, f"a list of 1 to {max_items} byte strings", value)
+        for item in value:
+            if type(item) is not bytes or len(item) > max_length:
+                raise self._fail(
+                    key, f"a list of byte strings of at most {max_length} bytes", value
+                )
+        return value
+
     def str_list(self, key: str, *, max_items: int = 256) -> list[str]:
         """A list of strings (empty when absent)."""
         value = self._map.get(key)

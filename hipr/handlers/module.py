@@ -5,13 +5,13 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from hipr.errors import invalid_value
+from hipr.errors import HipError, invalid_value
 from hipr.handlers.args import Args
 from hipr.handlers.context import Reply, Request, or_restore, post_ordered, run_ordered
 from hipr.handlers.registry import LATER, answers_now, handler
 from hipr.protocol.opcodes import Opcode, OpcodeRange
 from hipr.worker.resources import FunctionEntry, ModuleEntry
-from hipr.worker.session import Session
+from hipr.worker.session import Session, as_hip_error
 
 OPCODE_RANGE = OpcodeRange.MODULE
 
@@ -131,25 +131,39 @@ async def module_builtin(session: Session, request: Request) -> Any:
 def launch_arguments(session: Session, args: Args) -> tuple[Any, Any, Any, int, bytes]:
     """Read and check a launch's function, geometry and packed arguments. Each pointer
     argument must be null or inside one of the session's allocations."""
+    function, grid, block, shared_mem, ptrs = launch_config(session, args)
+    data = args.blob("args", max_length=MAX_KERNEL_ARGS_BYTES) if args.has("args") else b""
+    check_pointers(session, data, ptrs, "launch")
+    return function, grid, block, shared_mem, data
+
+
+def launch_config(session: Session, args: Args) -> tuple[Any, Any, Any, int, list[int]]:
+    """A launch's function (its backend handle), grid, block, shared memory and the
+    offsets of its pointer arguments, checked."""
     function_id = args.handle("function")
     assert function_id is not None
     function = session.functions.get(function_id)
     grid = args.dim3("grid")
     block = args.dim3("block")
     shared_mem = args.integer("shared_mem", high=MAX_SHARED_MEMORY, default=0)
-    data = args.blob("args", max_length=MAX_KERNEL_ARGS_BYTES) if args.has("args") else b""
-    for offset in args.int_list("ptrs", max_items=256, high=MAX_KERNEL_ARGS_BYTES):
+    ptrs = args.int_list("ptrs", max_items=256, high=MAX_KERNEL_ARGS_BYTES)
+    return function.handle, grid, block, shared_mem, ptrs
+
+
+def check_pointers(session: Session, data: bytes, ptrs: list[int], what: str) -> None:
+    """Each pointer argument of ``data`` (at the offsets ``ptrs``) must be null or inside
+    one of the session's allocations; ``what`` names the launch in the error."""
+    for offset in ptrs:
         if offset + 8 > len(data):
             raise invalid_value(
-                f"launch: pointer argument at offset {offset} is past the arguments"
+                f"{what}: pointer argument at offset {offset} is past the arguments"
             )
         address = int.from_bytes(data[offset : offset + 8], "little")
         if address and session.allocations.containing(address) is None:
             raise invalid_value(
-                f"launch: pointer argument at offset {offset} (0x{address:x}) is not inside an "
+                f"{what}: pointer argument at offset {offset} (0x{address:x}) is not inside an "
                 "allocation of this session"
             )
-    return function.handle, grid, block, shared_mem, data
 
 
 @handler(Opcode.LAUNCH_KERNEL, fire_and_forget=True)
@@ -175,3 +189,134 @@ def launch_kernel_now(session: Session, request: Request) -> Any:
         return LATER
     post_ordered(session, request, session.backend.launch, *_launch_call(session, request))
     return {}
+
+
+#: Launches one LAUNCH_KERNELS request may carry (the sync client sends at most 1,024).
+MAX_BATCH_LAUNCHES = 4096
+
+
+class _Batch:
+    """A LAUNCH_KERNELS request read and checked: the call shared by its launches, the
+    launches that may run (index, argument buffer), and the first refusal."""
+
+    __slots__ = ("call", "count", "launches", "refused")
+
+    def __init__(self, session: Session, request: Request) -> None:
+        args = request.args
+        function, grid, block, shared_mem, ptrs = launch_config(session, args)
+        stream = session.stream(args.handle("stream", optional=True))
+        blobs = args.blob_list(
+            "args", max_items=MAX_BATCH_LAUNCHES, max_length=MAX_KERNEL_ARGS_BYTES
+        )
+        self.call = (function, grid, block, shared_mem, stream)
+        self.count = count = len(blobs)
+        #: (index, error) of the first launch refused, if any.
+        self.refused: tuple[int, HipError] | None = None
+        # Each launch counts as the request it stands for against max_request_rate (the
+        # request itself already took one): those past what the bucket allows are refused.
+        allowed = 1 + session.gate.admit_requests(count - 1) if count > 1 else count
+        if allowed < count:
+            self.refused = (
+                allowed,
+                session.gate.over_rate(
+                    f" (launches {allowed + 1} to {count} of {request.name} were refused)"
+                ),
+            )
+        self.launches: list[tuple[int, bytes]] = []
+        for index in range(allowed):
+            blob = blobs[index]
+            if ptrs:
+                try:
+                    check_pointers(
+                        session, blob, ptrs, f"{request.name}: launch {index + 1} of {count}"
+                    )
+                except HipError as exc:
+                    if self.refused is None or index < self.refused[0]:
+                        self.refused = (index, exc)
+                    continue
+            self.launches.append((index, blob))
+
+    def name(self, request: Request, index: int) -> str:
+        """The launch's name in a deferred error: which launch of the batch failed."""
+        return f"{request.name} (launch {index + 1} of {self.count})"
+
+
+@handler(Opcode.LAUNCH_KERNELS, fire_and_forget=True)
+async def launch_kernels(session: Session, request: Request) -> Any:
+    """``{function, grid, block, shared_mem?, stream?, ptrs, args: [buffer, ...]}``
+    (protocol 1.1): one launch of the kernel per argument buffer, in order, as if each
+    came as its own LAUNCH_KERNEL. The function, geometry, stream and pointer offsets
+    are shared and checked once; each buffer's pointers are checked on their own. A
+    launch that is refused (a pointer outside the session's allocations, or past the
+    tenant's max_request_rate: each launch counts as one request) does not stop the
+    others; the first refusal is the request's error, naming the launch."""
+    batch = _Batch(session, request)
+    failed = batch.refused
+    if request.no_reply:
+        _post_batch(session, request, batch)
+    else:
+        function, grid, block, shared_mem, stream = batch.call
+        launch = session.backend.launch
+        for index, blob in batch.launches:
+            try:
+                await session.gpu(launch, function, grid, block, shared_mem, stream, blob)
+            except HipError as exc:
+                if failed is None or index < failed[0]:
+                    failed = (index, _naming(exc, batch.name(request, index)))
+    if failed is not None:
+        raise failed[1]
+    return {}
+
+
+@answers_now(Opcode.LAUNCH_KERNELS)
+def launch_kernels_now(session: Session, request: Request) -> Any:
+    """A fire-and-forget batch of launches issued from the worker's I/O callback."""
+    if not request.no_reply:
+        return LATER
+    batch = _Batch(session, request)
+    _post_batch(session, request, batch)
+    if batch.refused is not None:
+        raise batch.refused[1]
+    return {}
+
+
+def _post_batch(session: Session, request: Request, batch: _Batch) -> None:
+    """Queue a batch's launches as one fire-and-forget call on the session's GPU thread:
+    one hand-off for all of them, where a burst of LAUNCH_KERNEL frames pays one a
+    launch, and none on the worker's loop, which other sessions share."""
+    if not batch.launches:
+        return
+    function, grid, block, shared_mem, stream = batch.call
+    session.gpu_post(
+        request.name,
+        request.request_id,
+        _launch_each,
+        session.backend.launch,
+        (function, grid, block, shared_mem, stream),
+        batch.launches,
+        partial(batch.name, request),
+    )
+
+
+def _launch_each(
+    launch: Any,
+    call: tuple[Any, ...],
+    launches: list[tuple[int, bytes]],
+    name_of: Any,
+) -> None:
+    """On the GPU thread: every launch, in order; one that fails stops none of the
+    others, and the first failure, naming its launch, is the batch's error."""
+    first: HipError | None = None
+    for index, blob in launches:
+        try:
+            launch(*call, blob)
+        except Exception as exc:  # each launch is on its own, as its own frame would be
+            if first is None:
+                first = _naming(as_hip_error(exc, "launch"), name_of(index))
+    if first is not None:
+        raise first
+
+
+def _naming(error: HipError, launch: str) -> HipError:
+    """``error`` with the launch of a batch that raised it in its message."""
+    return type(error)(error.code, f"{launch}: {error.message}")

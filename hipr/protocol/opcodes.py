@@ -76,6 +76,8 @@ class Opcode(IntEnum):
     #: Compile only: the code object comes back (hiprtcGetCode), nothing is loaded.
     PROGRAM_COMPILE = 0x0507
     LAUNCH_KERNEL = 0x0510
+    #: Protocol 1.1: launches of one kernel configuration, one argument buffer each.
+    LAUNCH_KERNELS = 0x0511
 
     # graph 0x06xx
     GRAPH_CREATE = 0x0601

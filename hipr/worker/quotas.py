@@ -124,21 +124,31 @@ class QuotaGate:
 
     def admit_request(self) -> None:
         """Spend one request of max_request_rate; QuotaError when the bucket is empty."""
+        if not self.admit_requests(1):
+            raise self.over_rate()
+
+    def admit_requests(self, count: int) -> int:
+        """Spend up to ``count`` requests of max_request_rate (the launches of a batch,
+        each counted as the request it stands for); how many the bucket allowed."""
         quotas = self.quotas
         if quotas.max_request_rate is None:
-            return
+            return count
         state = self._state
         wanted = (quotas.max_request_rate, quotas.max_request_burst)
         if state.bucket is None or state.bucket_for != wanted:
             state.bucket = TokenBucket(quotas.max_request_rate, quotas.max_request_burst)
             state.bucket_for = wanted
-        if not state.bucket.take():
-            raise QuotaError(
-                message=f"tenant {self.tenant!r} is over its max_request_rate quota of "
-                f"{quotas.max_request_rate:g} requests/s",
-                quota="max_request_rate",
-                limit=quotas.max_request_rate,
-            )
+        return state.bucket.take_up_to(count)
+
+    def over_rate(self, what: str = "") -> QuotaError:
+        """The max_request_rate refusal (``what``: which part of a request it refused)."""
+        rate = self.quotas.max_request_rate
+        return QuotaError(
+            message=f"tenant {self.tenant!r} is over its max_request_rate quota of "
+            f"{rate or 0:g} requests/s{what}",
+            quota="max_request_rate",
+            limit=rate,
+        )
 
     async def hold_inflight(self, size: int, own_inflight: int) -> None:
         """Wait until ``size`` more request bytes fit in max_inflight_bytes, then count

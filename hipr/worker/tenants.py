@@ -256,10 +256,13 @@ class TokenBucket:
 
     def take(self) -> bool:
         """Spend one token; False when the bucket is empty."""
+        return self.take_up_to(1) == 1
+
+    def take_up_to(self, count: int) -> int:
+        """Spend as many of ``count`` whole tokens as the bucket holds; how many."""
         now = time.monotonic()
         self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
         self._stamp = now
-        if self._tokens >= 1:
-            self._tokens -= 1
-            return True
-        return False
+        taken = max(0, min(count, int(self._tokens)))
+        self._tokens -= taken
+        return taken

@@ -12,7 +12,7 @@ import hipr
 from hipr.backends.emulator import EmulatorBackend
 from hipr.errors import HipError
 from hipr.protocol import Flags, FrameDecoder, Header, Opcode, encode_frame
-from hipr.protocol.header import PROTOCOL_VERSION
+from hipr.protocol.header import PROTOCOL_VERSION, version_text
 from hipr.worker.server import Worker
 from tests.e2e.conftest import Endpoint
 
@@ -55,7 +55,8 @@ async def test_unknown_major_version_gets_a_clear_error(endpoint: Endpoint, work
     assert len(frames) == 1 and Flags.ERROR in frames[0].flags
     error = HipError.from_wire(frames[0].args)
     assert isinstance(error, hipr.VersionMismatchError)
-    assert "protocol 1.0" in error.message and "9.0" in error.message
+    assert f"protocol {version_text(PROTOCOL_VERSION)}" in error.message
+    assert "9.0" in error.message
     await assert_worker_still_serves(endpoint)
 
 

@@ -9,11 +9,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
+import numpy as np
 import pytest
 
 import hipr
 from hipr.backends.emulator import EmulatorBackend
 from hipr.errors import HipErrorCode as E
+from hipr.kernels.args import pack_args
 from hipr.protocol import Flags, FrameDecoder, Opcode, encode_frame
 from hipr.transports import connect
 from hipr.worker.config import ConfigError, WorkerConfig
@@ -330,3 +332,31 @@ async def test_a_flooding_tenant_does_not_starve_another(
         assert refused > 0  # the flood hit bob's max_request_rate
         # A generous floor absorbs scheduler noise on a 2-core CI machine.
         assert loaded <= max(2 * unloaded, unloaded + 0.002), (unloaded, loaded)
+
+
+async def test_each_launch_of_a_batch_counts_against_the_request_rate(
+    tenant_worker: tuple[Worker, EmulatorBackend],
+) -> None:
+    """A LAUNCH_KERNELS of 200 launches from bob (200 requests/s, a burst of 50): the
+    launches the bucket covers run, in order; the rest are refused with the quota
+    error, which names them, at the next synchronisation."""
+    worker, _ = tenant_worker
+    async with hipr.aconnect(worker.bound_urls[0], token=BOB) as bob:
+        out = await bob.malloc(4 * 200)
+        fill = await bob.builtin("fill_f32")
+        await anyio.sleep(0.3)  # a full bucket: 50 requests
+        blobs = [
+            pack_args([np.uint64(int(out) + 4 * i), np.float32(1.0), np.uint64(1)]).data
+            for i in range(200)
+        ]
+        wire = {"function": fill._check(), "grid": [1], "block": [1], "ptrs": [0], "args": blobs}
+        await bob._post(Opcode.LAUNCH_KERNELS, wire)
+        await anyio.sleep(0.3)  # the synchronize's own request must not be the one refused
+        with pytest.raises(hipr.QuotaError) as refused:
+            await bob.synchronize()
+        await anyio.sleep(0.3)
+        ran = np.frombuffer(await bob.memcpy_dtoh(out), np.float32)
+    admitted = int(ran.sum())
+    assert 0 < admitted <= 51
+    assert (ran[:admitted] == 1.0).all() and (ran[admitted:] == 0.0).all()
+    assert f"launches {admitted + 1} to 200 of LAUNCH_KERNELS were refused" in str(refused.value)

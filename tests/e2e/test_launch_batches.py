@@ -1,0 +1,134 @@
+"""LAUNCH_KERNELS (protocol 1.1): many launches of one kernel configuration in one
+frame run as if each came as its own LAUNCH_KERNEL: in order, each pointer checked, a
+refused launch stopping none of the others, a resent batch never run twice. Raw
+frames, so that what the worker receives is exact."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hipr.errors import HipError
+from hipr.errors import HipErrorCode as E
+from hipr.handlers.module import MAX_BATCH_LAUNCHES, MAX_KERNEL_ARGS_BYTES
+from hipr.kernels.args import pack_args
+from hipr.protocol import Opcode
+from tests.e2e.raw import RawSession
+from tests.e2e.test_inline_launches import ThreadNotingEmulator, fill_launch, read_floats
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["tcp", "unix"])
+def transport_kind(request: pytest.FixtureRequest) -> str:
+    """Plain sockets: push mode under asyncio, the reader task under trio."""
+    return str(request.param)
+
+
+@pytest.fixture
+def backend() -> ThreadNotingEmulator:
+    return ThreadNotingEmulator(device_count=1, total_memory=64 << 20)
+
+
+def fill_args(ptr: int, value: float, count: int = 1) -> bytes:
+    """fill_f32's packed arguments: ``count`` floats of ``value`` at ``ptr``."""
+    return pack_args([np.uint64(ptr), np.float32(value), np.uint64(count)]).data
+
+
+def batch(function: int, blobs: list[bytes], **more: Any) -> dict[str, Any]:
+    """LAUNCH_KERNELS arguments: 1-thread fill_f32 launches, a pointer at offset 0."""
+    return {"function": function, "grid": [1], "block": [1], "ptrs": [0], "args": blobs, **more}
+
+
+async def test_a_batch_runs_every_launch_in_order(
+    raw_session: RawSession, backend: ThreadNotingEmulator
+) -> None:
+    ptr, function = await fill_launch(raw_session, 64)
+    # Element i gets i + 1; a last launch overwrites element 0: only order makes it 100.
+    blobs = [fill_args(ptr + 4 * i, float(i + 1)) for i in range(64)]
+    blobs.append(fill_args(ptr, 100.0))
+    data = raw_session.frame(Opcode.LAUNCH_KERNELS, batch(function, blobs), no_reply=True)
+    data += raw_session.frame(Opcode.DEVICE_SYNCHRONIZE, {})
+    assert await raw_session.replies(data, 1) == [{}]
+    assert len(backend.launch_threads) == 65
+    expected = np.arange(1, 65, dtype=np.float32)
+    expected[0] = 100.0
+    assert (await read_floats(raw_session, ptr, 64) == expected).all()
+
+
+async def test_a_batch_that_waits_for_its_reply_runs_every_launch(
+    raw_session: RawSession,
+) -> None:
+    ptr, function = await fill_launch(raw_session, 8)
+    blobs = [fill_args(ptr + 4 * i, 7.0) for i in range(8)]
+    assert await raw_session.call(Opcode.LAUNCH_KERNELS, batch(function, blobs)) == {}
+    assert (await read_floats(raw_session, ptr, 8) == 7.0).all()
+
+
+async def test_a_refused_launch_stops_none_of_the_others(raw_session: RawSession) -> None:
+    ptr, function = await fill_launch(raw_session, 3)
+    stray = ptr + (1 << 40)  # inside no allocation of this session
+    blobs = [fill_args(ptr, 1.0), fill_args(stray, 2.0), fill_args(ptr + 8, 3.0)]
+    data = raw_session.frame(Opcode.LAUNCH_KERNELS, batch(function, blobs), no_reply=True)
+    data += raw_session.frame(Opcode.DEVICE_SYNCHRONIZE, {})
+    with pytest.raises(HipError) as refused:
+        await raw_session.replies(data, 1)
+    assert refused.value.code == E.hipErrorInvalidValue
+    assert "launch 2 of 3" in refused.value.message
+    assert "not inside an allocation" in refused.value.message
+    assert list(await read_floats(raw_session, ptr, 3)) == [1.0, 0.0, 3.0]
+
+
+async def test_a_refused_launch_is_the_reply_of_a_batch_that_waits(
+    raw_session: RawSession,
+) -> None:
+    ptr, function = await fill_launch(raw_session, 2)
+    blobs = [fill_args(ptr, 1.0), fill_args(ptr + 4, 2.0), fill_args(0xDEAD_0000, 3.0)]
+    with pytest.raises(HipError, match="launch 3 of 3"):
+        await raw_session.call(Opcode.LAUNCH_KERNELS, batch(function, blobs))
+    assert list(await read_floats(raw_session, ptr, 2)) == [1.0, 2.0]
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        ({"args": []}, f"a list of 1 to {MAX_BATCH_LAUNCHES} byte strings"),
+        ({"args": b"\x00" * 24}, "a list of 1 to"),
+        ({"args": [b"\x00" * 24] * (MAX_BATCH_LAUNCHES + 1)}, "a list of 1 to"),
+        ({"args": [b"\x00" * 24, "text"]}, "a list of byte strings"),
+        ({"args": [b"\x00" * (MAX_KERNEL_ARGS_BYTES + 1)]}, "a list of byte strings"),
+        ({"args": None}, "missing argument 'args'"),
+        ({"function": 999}, "function"),
+        ({"grid": [0]}, "1 to 3 integers"),
+        ({"ptrs": [2**64]}, "ptrs"),
+        ({"ptrs": [24]}, "past the arguments"),
+        ({"stream": 77}, "stream"),
+    ],
+)
+async def test_malformed_batches_are_refused_and_the_session_goes_on(
+    raw_session: RawSession, change: dict[str, Any], fragment: str
+) -> None:
+    ptr, function = await fill_launch(raw_session, 1)
+    bad = batch(function, [fill_args(ptr, 5.0)])
+    bad.update(change)
+    with pytest.raises(HipError, match=fragment):
+        await raw_session.call(Opcode.LAUNCH_KERNELS, bad)
+    good = batch(function, [fill_args(ptr, 6.0)])
+    assert await raw_session.call(Opcode.LAUNCH_KERNELS, good) == {}
+    assert list(await read_floats(raw_session, ptr, 1)) == [6.0]
+
+
+async def test_a_resent_batch_is_not_run_again(raw_session: RawSession) -> None:
+    ptr, function = await fill_launch(raw_session, 1)
+    first = raw_session.frame(
+        Opcode.LAUNCH_KERNELS, batch(function, [fill_args(ptr, 5.0)] * 3), no_reply=True
+    )
+    overwrite = raw_session.frame(
+        Opcode.MEMCPY_HTOD, {"dst": ptr, "size": 4}, bulk=np.float32(9.0).tobytes()
+    )
+    assert await raw_session.replies(first + overwrite, 1) == [{}]
+    # The same request id again, as a client resends after a dropped link.
+    assert await raw_session.replies(first + raw_session.frame(Opcode.DEVICE_SYNCHRONIZE, {}), 1)
+    assert list(await read_floats(raw_session, ptr, 1)) == [9.0]
