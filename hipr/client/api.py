@@ -57,6 +57,13 @@ class AsyncGpu:
     async def _post(self, opcode: Opcode, args: Any = None, data: Buffer = b"") -> None:
         await self._conn.notify(opcode, args, data)
 
+    async def _launch(self, wire: dict[str, Any]) -> None:
+        """A fire-and-forget launch: in a batch of launches where the connection makes
+        them (``LinkOptions.batch_launches``), else a LAUNCH_KERNEL of its own."""
+        post_launch = getattr(self._conn, "post_launch", None)
+        if post_launch is None or not await post_launch(wire):
+            await self._conn.notify(Opcode.LAUNCH_KERNEL, wire)
+
     def worker_info(self) -> dict[str, Any]:
         """What the worker said at HELLO: protocol, worker_version, backend, session_id."""
         return dict(self._hello)

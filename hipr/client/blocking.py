@@ -177,7 +177,9 @@ class BlockingConnection(LinkState):
         self._poller.register(stream.fileno(), select.POLLIN)
         self._tls = hasattr(stream, "pending")
         self._last_received = self._last_sent = time.monotonic()
+        # Whatever was batched for the old link is in the resend buffer already.
         self._outbox, self._outbox_bytes = [], 0
+        self._drop_batch()
         self._generation += 1
 
     def _link_failed(self, generation: int) -> None:
@@ -234,7 +236,9 @@ class BlockingConnection(LinkState):
             self._state.notify_all()
 
     # --- sending -----------------------------------------------------------------------
-    def _flush_locked(self) -> None:
+    def _flush_locked(self, *, close_batch: bool = True) -> None:
+        if close_batch:
+            self._write_batch_locked()
         if not self._outbox:
             return
         batch, self._outbox, self._outbox_bytes = self._outbox, [], 0
@@ -243,6 +247,13 @@ class BlockingConnection(LinkState):
             return  # the resend after reconnecting carries these requests
         _send_all(stream, b"".join(batch) if len(batch) > 1 else batch[0])
         self._last_sent = time.monotonic()
+
+    def _write_batch_locked(self) -> None:
+        """Close the open batch of launches into the outbox (before anything else is
+        written, so that frames keep the order of their request ids)."""
+        sent = self._close_batch()
+        if sent is not None:
+            self._write_locked(sent)
 
     def _write_locked(self, sent: Sent) -> None:
         """Batch a small request; send a large one frame by frame from the caller's
@@ -287,6 +298,7 @@ class BlockingConnection(LinkState):
             generation = self._generation
             sent = self._track(opcode, flags, args, data, pending, progress)
             try:
+                self._write_batch_locked()
                 self._write_locked(sent)
                 if pending is not None or self._outbox_bytes >= self.options.coalesce_bytes:
                     self._flush_locked()
@@ -500,7 +512,7 @@ class BlockingConnection(LinkState):
                 return
             with self._send_lock:
                 try:
-                    if self._outbox:
+                    if self._outbox or self._batch is not None:
                         self._flush_locked()
                 except _LINK_ERRORS:
                     pass
@@ -593,6 +605,36 @@ class BlockingConnection(LinkState):
             # Bound the resend buffer: a barrier's reply acknowledges everything before it.
             self.call(Opcode.BARRIER)
 
+    async def post_launch(self, wire: dict[str, Any]) -> bool:
+        """Send a fire-and-forget launch (LAUNCH_KERNEL's arguments) in a batch of
+        launches of its configuration (``LinkOptions.batch_launches``); False, with
+        nothing sent, when the worker takes no batches: the caller then notifies."""
+        if not self._batches:
+            return False
+        with self._send_lock:
+            if self._broken is not None:
+                raise self._broken
+            if self._add_to_batch(wire):
+                return True
+            generation = self._generation
+            # The batch before goes to the outbox (no I/O), then this one opens: its id
+            # is taken now, so a link that fails in the flush below resends it too.
+            self._write_batch_locked()
+            self._open_batch(wire)
+            try:
+                if self._outbox_bytes >= self.options.coalesce_bytes:
+                    self._flush_locked(close_batch=False)
+            except _LINK_ERRORS:
+                failed = True
+            else:
+                failed = False
+                self._keeper_wake.set()  # the batch leaves after coalesce_delay at most
+        if failed:
+            self._link_failed(generation)
+        if self._unacked_bytes > self.options.resend_buffer_bytes:
+            self.call(Opcode.BARRIER)
+        return True
+
     # --- closing -----------------------------------------------------------------------
     def goodbye(self, timeout: float = 5.0) -> None:
         """End the session on purpose (the worker frees it), then close."""
@@ -619,6 +661,7 @@ class BlockingConnection(LinkState):
         self._lose(HipConnectionError(message="the connection is closed"))
 
     def _flush_locked_to(self, stream: BlockingStream) -> None:
+        self._write_batch_locked()
         if self._outbox:
             _send_all(stream, b"".join(self._outbox))
             self._outbox, self._outbox_bytes = [], 0

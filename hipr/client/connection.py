@@ -135,6 +135,7 @@ class ClientConnection(LinkState):
         self._last_received = time.monotonic()
         # Whatever was batched for the old link is in the resend buffer already.
         self._outbox, self._outbox_bytes = [], 0
+        self._drop_batch()
         self._link_up.set()
 
     # --- the supervisor: one link after another ----------------------------------------
@@ -260,6 +261,7 @@ class ClientConnection(LinkState):
                     pass
 
     async def _flush_locked(self) -> None:
+        await self._write_batch_locked()
         if not self._outbox:
             return
         stream = self._stream
@@ -270,6 +272,13 @@ class ClientConnection(LinkState):
             await stream.send(b"".join(batch))
         except _LINK_ERRORS:
             pass  # the reader sees the dead link; resend covers the batch
+
+    async def _write_batch_locked(self) -> None:
+        """Close the open batch of launches into the outbox (before anything else is
+        written, so that frames keep the order of their request ids)."""
+        sent = self._close_batch()
+        if sent is not None:
+            await self._write_request_locked(sent)
 
     async def _write_request_locked(self, sent: Sent) -> None:
         """Put one request's frames in the outbox (small) or on the wire (large)."""
@@ -328,6 +337,7 @@ class ClientConnection(LinkState):
                     continue
                 sent = self._track(opcode, flags, args, data, pending, progress)
                 with anyio.CancelScope(shield=True):
+                    await self._write_batch_locked()
                     await self._write_request_locked(sent)
                     if pending is not None or self._outbox_bytes >= self.options.coalesce_bytes:
                         await self._flush_locked()
@@ -376,6 +386,42 @@ class ClientConnection(LinkState):
                 self._abandon(request_id)
             raise
         return self._result(pending)
+
+    async def post_launch(self, wire: dict[str, Any]) -> bool:
+        """Send a fire-and-forget launch (LAUNCH_KERNEL's arguments) in a batch of
+        launches of its configuration (``LinkOptions.batch_launches``); False, with
+        nothing sent, when the worker takes no batches: the caller then notifies."""
+        if not self._batches:
+            return False
+        while True:
+            if self._broken is not None:
+                raise self._broken
+            if self._stream is None:
+                await self._link_up.wait()
+                continue
+            try:
+                self._send_lock.acquire_nowait()
+            except anyio.WouldBlock:
+                with anyio.CancelScope(shield=True):
+                    await self._send_lock.acquire()
+            try:
+                if self._stream is None:
+                    continue
+                if not self._add_to_batch(wire):
+                    with anyio.CancelScope(shield=True):
+                        # The batch before goes to the outbox, then this one opens; the
+                        # flusher sends it after coalesce_delay, or the next request.
+                        await self._write_batch_locked()
+                        if self._outbox_bytes >= self.options.coalesce_bytes:
+                            await self._flush_locked()
+                        self._open_batch(wire)
+                        self._outbox_ready.set()
+                break
+            finally:
+                self._send_lock.release()
+        if self._unacked_bytes > self.options.resend_buffer_bytes:
+            await self.request(Opcode.BARRIER)
+        return True
 
     async def notify(self, opcode: Opcode, args: Any = None, data: Buffer = b"") -> None:
         """Send a fire-and-forget request: no reply; an error comes with a later call.

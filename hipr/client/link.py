@@ -140,6 +140,12 @@ class LinkOptions:
     #: for a remote call. ``0`` always blocks at once; a value as long as a kernel
     #: (``0.01``) spins through it, one core busy meanwhile. The async client never spins.
     spin_wait: float | None = None
+    #: Fire-and-forget launches of one kernel configuration (function, geometry, shared
+    #: memory, stream, pointer offsets) that follow each other go to the worker as one
+    #: LAUNCH_KERNELS frame (protocol 1.1; workers before it get one frame a launch).
+    #: The frame leaves when anything else is sent, after ``coalesce_delay``, or at
+    #: :data:`BATCH_LAUNCHES` launches, so nothing waits longer than a batch does now.
+    batch_launches: bool = True
 
     def spin_seconds(self) -> float:
         """The spin window in force: ``spin_wait``, or the automatic choice."""
@@ -162,6 +168,24 @@ def auto_spin_wait(cpus: int | None = None) -> float:
     :data:`AUTO_SPIN_SECONDS` when the machine has cores to spare, else block at once."""
     count = cpus if cpus is not None else usable_cpus()
     return AUTO_SPIN_SECONDS if count >= AUTO_SPIN_MIN_CPUS else 0.0
+
+
+#: Launches one LAUNCH_KERNELS frame carries at most (the worker takes up to 4,096).
+BATCH_LAUNCHES = 1024
+#: Bytes of argument buffers one LAUNCH_KERNELS frame carries at most.
+BATCH_LAUNCH_BYTES = 64 << 10
+#: The protocol minor from which a worker takes LAUNCH_KERNELS.
+_BATCHES_SINCE_MINOR = 1
+
+
+@dataclass(slots=True)
+class _LaunchBatch:
+    """The LAUNCH_KERNELS request still open for more launches of its configuration."""
+
+    key: tuple[Any, ...]
+    sent: Sent
+    buffers: list[bytes]
+    nbytes: int
 
 
 @dataclass(slots=True)
@@ -189,10 +213,12 @@ class Sent:
     args: Any
     data: memoryview
     progress: Progress | None = None
+    #: Bytes of its arguments beyond the usual few (a batch's launch buffers).
+    extra: int = 0
 
     @property
     def nbytes(self) -> int:
-        return self.data.nbytes + 64
+        return self.data.nbytes + 64 + self.extra
 
 
 def describe(error: BaseException | None) -> str:
@@ -265,6 +291,10 @@ class LinkState:
         self._closing = False
         self._retry_deadline = 0.0
         self._retry_delay = 0.0
+        #: The worker takes LAUNCH_KERNELS (protocol 1.1) and the options allow batches.
+        self._batches = False
+        #: The batch of launches not yet written to the outbox (see LinkOptions).
+        self._batch: _LaunchBatch | None = None
 
     # --- events and failure ----------------------------------------------------------
     def _emit(self, kind: str, **details: Any) -> None:
@@ -309,6 +339,60 @@ class LinkState:
         self.session_id = str(reply.get("session_id", ""))
         self._resume_token = str(reply.get("resume_token", ""))
         self.chunk_bytes = int(reply.get("chunk_bytes", self.chunk_bytes))
+        protocol = reply.get("protocol", 0)
+        self._batches = (
+            self.options.batch_launches
+            and isinstance(protocol, int)
+            and protocol & 0xFF >= _BATCHES_SINCE_MINOR
+        )
+
+    # --- batches of launches (call under the send lock) -------------------------------
+    def _add_to_batch(self, wire: dict[str, Any]) -> bool:
+        """Put a fire-and-forget launch (LAUNCH_KERNEL's arguments) in the open batch
+        when it has the batch's configuration and room: True. False: the caller closes
+        the batch (:meth:`_close_batch`) and opens another (:meth:`_open_batch`)."""
+        batch = self._batch
+        if batch is None:
+            return False
+        buffer: bytes = wire["args"]
+        if (
+            len(batch.buffers) >= BATCH_LAUNCHES
+            or batch.nbytes + len(buffer) > BATCH_LAUNCH_BYTES
+            or batch.key != _batch_key(wire)
+        ):
+            return False
+        batch.buffers.append(buffer)
+        batch.nbytes += len(buffer)
+        # A byte string's CBOR head: 1 byte up to 23 bytes, 2 up to 255, 3 beyond.
+        grown = len(buffer) + 3
+        batch.sent.extra += grown
+        self._unacked_bytes += grown
+        return True
+
+    def _open_batch(self, wire: dict[str, Any]) -> None:
+        """Start a batch with this launch: its request id is taken now, so that ids
+        follow wire order (nothing else is written before the batch closes)."""
+        buffer: bytes = wire["args"]
+        buffers = [buffer]
+        args = {**wire, "args": buffers}
+        sent = self._track(Opcode.LAUNCH_KERNELS, Flags.NO_REPLY, args, _NO_BYTES, None, None)
+        self._batch = _LaunchBatch(_batch_key(wire), sent, buffers, len(buffer))
+
+    def _close_batch(self) -> Sent | None:
+        """The open batch, closed to further launches, for the I/O layer to write; a
+        batch of one launch goes as LAUNCH_KERNEL, the frame the worker answers alone."""
+        batch, self._batch = self._batch, None
+        if batch is None:
+            return None
+        sent = batch.sent
+        if len(batch.buffers) == 1:
+            sent.opcode = Opcode.LAUNCH_KERNEL
+            sent.args = {**sent.args, "args": batch.buffers[0]}
+        return sent
+
+    def _drop_batch(self) -> None:
+        """A new link: the open batch is in the resend buffer, whole, and goes from there."""
+        self._close_batch()
 
     def _resume_args(self) -> dict[str, Any]:
         return {"session_id": self.session_id, "resume_token": self._resume_token}
@@ -489,3 +573,18 @@ class LinkState:
         if pending.error is not None:
             raise pending.error
         return pending.result, bytes(pending.bulk) if pending.bulk else b""
+
+
+_NO_BYTES = memoryview(b"")
+
+
+def _batch_key(wire: dict[str, Any]) -> tuple[Any, ...]:
+    """What the launches of one LAUNCH_KERNELS share."""
+    return (
+        wire["function"],
+        tuple(wire["grid"]),
+        tuple(wire["block"]),
+        wire["shared_mem"],
+        wire.get("stream"),
+        tuple(wire.get("ptrs", ())),
+    )

@@ -1,0 +1,153 @@
+"""The clients' batches of launches (``LinkOptions.batch_launches``): launches of one
+configuration that follow each other leave as one LAUNCH_KERNELS request, in order
+with everything else, from one thread or several; an error names the launch; a
+worker that speaks protocol 1.0 gets one LAUNCH_KERNEL a launch."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+import hipr
+from hipr.client.link import BATCH_LAUNCHES, LinkOptions, LinkState
+from hipr.protocol.header import PROTOCOL_VERSION
+from hipr.worker.server import Worker
+from tests.e2e.conftest import Endpoint
+
+#: No flush by the delay during a test: what leaves, and when, is then exact.
+HELD = LinkOptions(coalesce_delay=30.0)
+
+
+def _link(gpu: Any) -> LinkState:
+    """The connection under a sync ``Gpu`` or an ``AsyncGpu``."""
+    target = getattr(gpu, "_target", gpu)
+    link = target._conn
+    assert isinstance(link, LinkState)
+    return link
+
+
+def _ids_taken(gpu: Any, since: int) -> int:
+    return _link(gpu)._next_id - since
+
+
+def test_launches_of_one_kernel_leave_as_one_request_each_in_its_place(
+    threaded_worker: Worker,
+) -> None:
+    with hipr.connect(threaded_worker.bound_urls[0], link=HELD) as gpu:
+        count = BATCH_LAUNCHES + 10
+        out = gpu.malloc(4 * count)
+        fill = gpu.builtin("fill_f32")
+        gpu.synchronize()
+        before = _link(gpu)._next_id
+        for i in range(count):
+            fill.launch(1, 1, [out + 4 * i, np.float32(i), np.uint64(1)])
+        # A full batch closed itself; the rest waits in the next one.
+        assert _ids_taken(gpu, before) == 2
+        gpu.synchronize()
+        assert _ids_taken(gpu, before) == 3
+        got = np.frombuffer(gpu.memcpy_dtoh(out), np.float32)
+        assert (got == np.arange(count, dtype=np.float32)).all()
+
+
+def test_a_batch_keeps_its_place_among_other_requests(threaded_worker: Worker) -> None:
+    with hipr.connect(threaded_worker.bound_urls[0], link=HELD) as gpu:
+        out = gpu.malloc(8)
+        fill = gpu.builtin("fill_f32")
+        for _ in range(3):
+            fill.launch(1, 1, [out, np.float32(1.0), np.uint64(2)])
+        # A fire-and-forget copy after the batch must land after it ...
+        gpu.memcpy_htod_async(out, np.float32([5.0]))
+        # ... and a launch of another geometry after the copy.
+        fill.launch(1, 2, [out + 4, np.float32(2.0), np.uint64(1)])
+        assert list(np.frombuffer(gpu.memcpy_dtoh(out), np.float32)) == [5.0, 2.0]
+
+
+def test_a_change_of_configuration_starts_a_new_batch(threaded_worker: Worker) -> None:
+    with hipr.connect(threaded_worker.bound_urls[0], link=HELD) as gpu:
+        out = gpu.malloc(4 * 8)
+        fill = gpu.builtin("fill_f32")
+        stream = gpu.stream_create()
+        gpu.synchronize()
+        before = _link(gpu)._next_id
+        fill.launch(1, 1, [out, np.float32(1.0), np.uint64(8)])
+        fill.launch(1, 1, [out, np.float32(2.0), np.uint64(4)])  # same configuration
+        fill.launch(1, 2, [out, np.float32(3.0), np.uint64(2)])  # another block
+        fill.launch(1, 2, [out, np.float32(4.0), np.uint64(1)], stream=stream)
+        fill.launch(1, 2, [out, np.float32(5.0), np.uint64(1)], shared_mem=16, stream=stream)
+        assert _ids_taken(gpu, before) == 4
+        gpu.synchronize()
+        got = np.frombuffer(gpu.memcpy_dtoh(out), np.float32)
+        assert list(got) == [5.0, 3.0, 2.0, 2.0, 1.0, 1.0, 1.0, 1.0]
+
+
+def test_threads_sharing_a_gpu_batch_their_launches_safely(threaded_worker: Worker) -> None:
+    with hipr.connect(threaded_worker.bound_urls[0]) as gpu:
+        per_thread, threads = 300, 4
+        out = gpu.malloc(4 * per_thread * threads)
+        fill = gpu.builtin("fill_f32")
+
+        def work(t: int) -> None:
+            for i in range(per_thread):
+                index = t * per_thread + i
+                fill.launch(1, 1, [out + 4 * index, np.float32(index), np.uint64(1)])
+
+        workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(timeout=60)
+        gpu.synchronize()
+        got = np.frombuffer(gpu.memcpy_dtoh(out), np.float32)
+        assert (got == np.arange(per_thread * threads, dtype=np.float32)).all()
+
+
+def test_a_refused_launch_is_named_at_the_next_synchronisation(threaded_worker: Worker) -> None:
+    with hipr.connect(threaded_worker.bound_urls[0], link=HELD) as gpu:
+        out = gpu.malloc(8)
+        fill = gpu.builtin("fill_f32")
+        stray = hipr.DevicePtr(int(out) + (1 << 40), 4)  # inside no allocation of ours
+        for pointer, value in ((out, 1.0), (stray, 2.0), (out + 4, 3.0)):
+            fill.launch(1, 1, [pointer, np.float32(value), np.uint64(1)])
+        with pytest.raises(hipr.HipError, match="launch 2 of 3"):
+            gpu.synchronize()
+        assert list(np.frombuffer(gpu.memcpy_dtoh(out), np.float32)) == [1.0, 3.0]
+
+
+def test_no_batches_when_turned_off_or_for_a_worker_before_protocol_1_1(
+    threaded_worker: Worker,
+) -> None:
+    url = threaded_worker.bound_urls[0]
+    with hipr.connect(url, link=LinkOptions(batch_launches=False, coalesce_delay=30.0)) as gpu:
+        out = gpu.malloc(4)
+        fill = gpu.builtin("fill_f32")
+        before = _link(gpu)._next_id
+        for _ in range(5):
+            fill.launch(1, 1, [out, np.float32(1.0), np.uint64(1)])
+        assert _ids_taken(gpu, before) == 5
+        gpu.synchronize()
+    link = LinkState("tcp://gpu:1", 1 << 20)
+    link._accept_handshake({"protocol": 0x0100, "session_id": "s"})
+    assert not link._batches
+    link._accept_handshake({"protocol": PROTOCOL_VERSION, "session_id": "s"})
+    assert link._batches
+
+
+@pytest.mark.anyio
+async def test_the_async_client_batches_its_launches_too(
+    endpoint: Endpoint, worker: Worker
+) -> None:
+    async with hipr.aconnect(endpoint.url, link=HELD, **endpoint.options) as gpu:
+        count = 500
+        out = await gpu.malloc(4 * count)
+        fill = await gpu.builtin("fill_f32")
+        await gpu.synchronize()
+        before = _link(gpu)._next_id
+        for i in range(count):
+            await fill.launch(1, 1, [out + 4 * i, np.float32(i), np.uint64(1)])
+        assert _ids_taken(gpu, before) == 1
+        await gpu.synchronize()
+        got = np.frombuffer(await gpu.memcpy_dtoh(out), np.float32)
+        assert (got == np.arange(count, dtype=np.float32)).all()
