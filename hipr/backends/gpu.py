@@ -334,6 +334,14 @@ def _quick_htod(dst: int, src: Any, stream: Handle | None = None) -> bool:
     return isinstance(stream, GpuStream) and memoryview(src).nbytes <= PinnedStaging.MAX_CARVED
 
 
+def _quick_htod_many(pieces: Sequence[tuple[int, Any]], stream: Handle | None = None) -> bool:
+    """:func:`_quick_htod` for every piece of a :meth:`GpuBackend.memcpy_htod_many`."""
+    limit = PinnedStaging.MAX_CARVED
+    return isinstance(stream, GpuStream) and all(
+        memoryview(src).nbytes <= limit for _, src in pieces
+    )
+
+
 class GpuBackend:
     """:class:`~hipr.backends.base.Backend` over one :class:`Runtime` (see module doc)."""
 
@@ -393,7 +401,10 @@ class GpuBackend:
         self._closed = False
         #: Calls that are quick for some arguments (see ``Backend.inline_when``): a small
         #: async copy on a stream only stages its bytes and queues the copy.
-        self.inline_when: dict[str, Callable[..., bool]] = {"memcpy_htod": _quick_htod}
+        self.inline_when: dict[str, Callable[..., bool]] = {
+            "memcpy_htod": _quick_htod,
+            "memcpy_htod_many": _quick_htod_many,
+        }
 
     # --- plumbing ------------------------------------------------------------------------
 
@@ -652,6 +663,36 @@ class GpuBackend:
                 refs.append(block)
         else:
             self._staging.retire([self.fence_after(raw)], [block])
+
+    def memcpy_htod_many(
+        self, pieces: Sequence[tuple[int, memoryview]], stream: Handle | None = None
+    ) -> None:
+        """Small host-to-device copies, in order, as :meth:`memcpy_htod` of each. On a
+        stream each is staged as that stages it; on the default stream all are issued
+        and one synchronise covers them, where one copy after another would wait for each
+        (the pieces' bytes must stay valid only until this returns)."""
+        if stream is not None or getattr(self._tls, "ptds_capture", None) is not None:
+            for dst, src in pieces:
+                self.memcpy_htod(dst, src, stream)
+            return
+        self._current()
+        raw = self._stream(None)
+        copy = self._calls.memcpy_htod_async
+        self._staging.reclaim()
+        kept = []
+        try:
+            for dst, src in pieces:
+                addr, nbytes, keep = host_address(src, writable=False)
+                if nbytes:
+                    kept.append(keep)
+                    self._call(copy, dst, addr, nbytes, raw)
+        except HipError:
+            # The copies already issued still read their bytes: wait for them first.
+            with contextlib.suppress(HipError):
+                self._call(self._calls.stream_synchronize, raw)
+            raise
+        self._call(self._calls.stream_synchronize, raw)
+        del kept
 
     def memcpy_dtoh(self, dst: memoryview, src: int, stream: Handle | None = None) -> None:
         """Device to host; returns once the bytes are in ``dst``."""

@@ -28,6 +28,7 @@ from typing import Any
 import cbor2
 
 from hipr.client.link import (
+    BATCH_COPY_BYTES,
     DEADLINE,
     Buffer,
     DirectSink,
@@ -607,20 +608,35 @@ class BlockingConnection(LinkState):
 
     async def post_launch(self, wire: dict[str, Any]) -> bool:
         """Send a fire-and-forget launch (LAUNCH_KERNEL's arguments) in a batch of
-        launches of its configuration (``LinkOptions.batch_launches``); False, with
+        launches of its configuration (``LinkOptions.batch_posts``); False, with
         nothing sent, when the worker takes no batches: the caller then notifies."""
-        if not self._batches:
+        return self._batches and self._post_batched(
+            lambda: self._add_launch(wire), lambda: self._open_launches(wire)
+        )
+
+    async def post_copy(self, dst: int, data: memoryview, stream: int | None) -> bool:
+        """Send a small fire-and-forget host-to-device copy in a batch of copies on its
+        stream (its bytes copied: the caller may reuse its buffer at once); False, with
+        nothing sent, when it is too large or the worker takes no batches."""
+        if not self._batches or data.nbytes > BATCH_COPY_BYTES:
             return False
+        piece = bytes(data)
+        return self._post_batched(
+            lambda: self._add_copy(dst, piece, stream),
+            lambda: self._open_copies(dst, piece, stream),
+        )
+
+    def _post_batched(self, add: Callable[[], bool], start: Callable[[], None]) -> bool:
         with self._send_lock:
             if self._broken is not None:
                 raise self._broken
-            if self._add_to_batch(wire):
+            if add():
                 return True
             generation = self._generation
             # The batch before goes to the outbox (no I/O), then this one opens: its id
             # is taken now, so a link that fails in the flush below resends it too.
             self._write_batch_locked()
-            self._open_batch(wire)
+            start()
             try:
                 if self._outbox_bytes >= self.options.coalesce_bytes:
                     self._flush_locked(close_batch=False)

@@ -18,6 +18,7 @@ import anyio
 import anyio.abc
 
 from hipr.client.link import (
+    BATCH_COPY_BYTES,
     Buffer,
     EventCallback,
     LinkOptions,
@@ -389,10 +390,27 @@ class ClientConnection(LinkState):
 
     async def post_launch(self, wire: dict[str, Any]) -> bool:
         """Send a fire-and-forget launch (LAUNCH_KERNEL's arguments) in a batch of
-        launches of its configuration (``LinkOptions.batch_launches``); False, with
+        launches of its configuration (``LinkOptions.batch_posts``); False, with
         nothing sent, when the worker takes no batches: the caller then notifies."""
         if not self._batches:
             return False
+        await self._post_batched(lambda: self._add_launch(wire), lambda: self._open_launches(wire))
+        return True
+
+    async def post_copy(self, dst: int, data: memoryview, stream: int | None) -> bool:
+        """Send a small fire-and-forget host-to-device copy in a batch of copies on its
+        stream (its bytes copied: the caller may reuse its buffer at once); False, with
+        nothing sent, when it is too large or the worker takes no batches."""
+        if not self._batches or data.nbytes > BATCH_COPY_BYTES:
+            return False
+        piece = bytes(data)
+        await self._post_batched(
+            lambda: self._add_copy(dst, piece, stream),
+            lambda: self._open_copies(dst, piece, stream),
+        )
+        return True
+
+    async def _post_batched(self, add: Callable[[], bool], start: Callable[[], None]) -> None:
         while True:
             if self._broken is not None:
                 raise self._broken
@@ -407,21 +425,20 @@ class ClientConnection(LinkState):
             try:
                 if self._stream is None:
                     continue
-                if not self._add_to_batch(wire):
+                if not add():
                     with anyio.CancelScope(shield=True):
                         # The batch before goes to the outbox, then this one opens; the
                         # flusher sends it after coalesce_delay, or the next request.
                         await self._write_batch_locked()
                         if self._outbox_bytes >= self.options.coalesce_bytes:
                             await self._flush_locked()
-                        self._open_batch(wire)
+                        start()
                         self._outbox_ready.set()
                 break
             finally:
                 self._send_lock.release()
         if self._unacked_bytes > self.options.resend_buffer_bytes:
             await self.request(Opcode.BARRIER)
-        return True
 
     async def notify(self, opcode: Opcode, args: Any = None, data: Buffer = b"") -> None:
         """Send a fire-and-forget request: no reply; an error comes with a later call.

@@ -141,11 +141,13 @@ class LinkOptions:
     #: (``0.01``) spins through it, one core busy meanwhile. The async client never spins.
     spin_wait: float | None = None
     #: Fire-and-forget launches of one kernel configuration (function, geometry, shared
-    #: memory, stream, pointer offsets) that follow each other go to the worker as one
-    #: LAUNCH_KERNELS frame (protocol 1.1; workers before it get one frame a launch).
-    #: The frame leaves when anything else is sent, after ``coalesce_delay``, or at
-    #: :data:`BATCH_LAUNCHES` launches, so nothing waits longer than a batch does now.
-    batch_launches: bool = True
+    #: memory, stream, pointer offsets), and fire-and-forget host-to-device copies of
+    #: at most :data:`BATCH_COPY_BYTES` on one stream, that follow each other go to the
+    #: worker as one frame, LAUNCH_KERNELS or MEMCPY_HTOD_MANY (protocol 1.1; a worker
+    #: before it gets one frame each). The frame leaves when anything else is sent,
+    #: after ``coalesce_delay``, or at :data:`BATCH_ITEMS` items or :data:`BATCH_BYTES`,
+    #: so nothing waits longer than in a batched write.
+    batch_posts: bool = True
 
     def spin_seconds(self) -> float:
         """The spin window in force: ``spin_wait``, or the automatic choice."""
@@ -170,21 +172,27 @@ def auto_spin_wait(cpus: int | None = None) -> float:
     return AUTO_SPIN_SECONDS if count >= AUTO_SPIN_MIN_CPUS else 0.0
 
 
-#: Launches one LAUNCH_KERNELS frame carries at most (the worker takes up to 4,096).
-BATCH_LAUNCHES = 1024
-#: Bytes of argument buffers one LAUNCH_KERNELS frame carries at most.
-BATCH_LAUNCH_BYTES = 64 << 10
-#: The protocol minor from which a worker takes LAUNCH_KERNELS.
+#: Launches or copies one batch frame carries at most (the worker takes up to 4,096).
+BATCH_ITEMS = 1024
+#: Bytes one batch frame carries at most: launch argument buffers, or copied bytes.
+BATCH_BYTES = 64 << 10
+#: Fire-and-forget host-to-device copies of at most this many bytes are batched.
+BATCH_COPY_BYTES = 4096
+#: The protocol minor from which a worker takes LAUNCH_KERNELS and MEMCPY_HTOD_MANY.
 _BATCHES_SINCE_MINOR = 1
 
 
 @dataclass(slots=True)
-class _LaunchBatch:
-    """The LAUNCH_KERNELS request still open for more launches of its configuration."""
+class _OpenBatch:
+    """The LAUNCH_KERNELS or MEMCPY_HTOD_MANY request still open for more launches of
+    its configuration, or more copies on its stream."""
 
     key: tuple[Any, ...]
     sent: Sent
-    buffers: list[bytes]
+    #: Launch argument buffers, or the copies' bytes.
+    items: list[bytes]
+    #: The copies' destinations (empty for launches).
+    dsts: list[int]
     nbytes: int
 
 
@@ -291,10 +299,10 @@ class LinkState:
         self._closing = False
         self._retry_deadline = 0.0
         self._retry_delay = 0.0
-        #: The worker takes LAUNCH_KERNELS (protocol 1.1) and the options allow batches.
+        #: The worker takes batch frames (protocol 1.1) and the options allow them.
         self._batches = False
-        #: The batch of launches not yet written to the outbox (see LinkOptions).
-        self._batch: _LaunchBatch | None = None
+        #: The batch of launches or copies not yet written to the outbox (LinkOptions).
+        self._batch: _OpenBatch | None = None
 
     # --- events and failure ----------------------------------------------------------
     def _emit(self, kind: str, **details: Any) -> None:
@@ -341,57 +349,88 @@ class LinkState:
         self.chunk_bytes = int(reply.get("chunk_bytes", self.chunk_bytes))
         protocol = reply.get("protocol", 0)
         self._batches = (
-            self.options.batch_launches
+            self.options.batch_posts
             and isinstance(protocol, int)
             and protocol & 0xFF >= _BATCHES_SINCE_MINOR
         )
 
-    # --- batches of launches (call under the send lock) -------------------------------
-    def _add_to_batch(self, wire: dict[str, Any]) -> bool:
+    # --- batches of launches and copies (call under the send lock) --------------------
+    def _add_launch(self, wire: dict[str, Any]) -> bool:
         """Put a fire-and-forget launch (LAUNCH_KERNEL's arguments) in the open batch
         when it has the batch's configuration and room: True. False: the caller closes
-        the batch (:meth:`_close_batch`) and opens another (:meth:`_open_batch`)."""
-        batch = self._batch
-        if batch is None:
-            return False
+        the batch (:meth:`_close_batch`) and opens another (:meth:`_open_launches`)."""
+        return self._add_item(_launch_key(wire), wire["args"], None)
+
+    def _open_launches(self, wire: dict[str, Any]) -> None:
+        """Start a batch with this launch: its request id is taken now, so that ids
+        follow wire order (nothing else is written before the batch closes)."""
         buffer: bytes = wire["args"]
+        items = [buffer]
+        args = {**wire, "args": items}
+        sent = self._track(Opcode.LAUNCH_KERNELS, Flags.NO_REPLY, args, _NO_BYTES, None, None)
+        self._batch = _OpenBatch(_launch_key(wire), sent, items, [], len(buffer))
+
+    def _add_copy(self, dst: int, data: bytes, stream: int | None) -> bool:
+        """:meth:`_add_launch` for a small fire-and-forget host-to-device copy (its
+        bytes already copied from the caller's buffer) on ``stream``."""
+        return self._add_item(("copy", stream), data, dst)
+
+    def _open_copies(self, dst: int, data: bytes, stream: int | None) -> None:
+        """:meth:`_open_launches` for a copy."""
+        args = {"stream": stream}
+        sent = self._track(Opcode.MEMCPY_HTOD_MANY, Flags.NO_REPLY, args, _NO_BYTES, None, None)
+        sent.extra = len(data)
+        self._unacked_bytes += len(data)
+        self._batch = _OpenBatch(("copy", stream), sent, [data], [dst], len(data))
+
+    def _add_item(self, key: tuple[Any, ...], item: bytes, dst: int | None) -> bool:
+        batch = self._batch
         if (
-            len(batch.buffers) >= BATCH_LAUNCHES
-            or batch.nbytes + len(buffer) > BATCH_LAUNCH_BYTES
-            or batch.key != _batch_key(wire)
+            batch is None
+            or len(batch.items) >= BATCH_ITEMS
+            or batch.nbytes + len(item) > BATCH_BYTES
+            or batch.key != key
         ):
             return False
-        batch.buffers.append(buffer)
-        batch.nbytes += len(buffer)
-        # A byte string's CBOR head: 1 byte up to 23 bytes, 2 up to 255, 3 beyond.
-        grown = len(buffer) + 3
+        batch.items.append(item)
+        batch.nbytes += len(item)
+        if dst is not None:
+            batch.dsts.append(dst)
+        # Its bytes, and a CBOR head or two (a launch buffer's, a copy's two integers).
+        grown = len(item) + 12
         batch.sent.extra += grown
         self._unacked_bytes += grown
         return True
 
-    def _open_batch(self, wire: dict[str, Any]) -> None:
-        """Start a batch with this launch: its request id is taken now, so that ids
-        follow wire order (nothing else is written before the batch closes)."""
-        buffer: bytes = wire["args"]
-        buffers = [buffer]
-        args = {**wire, "args": buffers}
-        sent = self._track(Opcode.LAUNCH_KERNELS, Flags.NO_REPLY, args, _NO_BYTES, None, None)
-        self._batch = _LaunchBatch(_batch_key(wire), sent, buffers, len(buffer))
-
     def _close_batch(self) -> Sent | None:
-        """The open batch, closed to further launches, for the I/O layer to write; a
-        batch of one launch goes as LAUNCH_KERNEL, the frame the worker answers alone."""
+        """The open batch, closed to further items, for the I/O layer to write; a batch
+        of one goes as LAUNCH_KERNEL or MEMCPY_HTOD, the frames the worker answers alone."""
         batch, self._batch = self._batch, None
         if batch is None:
             return None
         sent = batch.sent
-        if len(batch.buffers) == 1:
-            sent.opcode = Opcode.LAUNCH_KERNEL
-            sent.args = {**sent.args, "args": batch.buffers[0]}
+        items = batch.items
+        if sent.opcode == Opcode.LAUNCH_KERNELS:
+            if len(items) == 1:
+                sent.opcode = Opcode.LAUNCH_KERNEL
+                sent.args = {**sent.args, "args": items[0]}
+            return sent
+        stream = sent.args["stream"]
+        if len(items) == 1:
+            sent.opcode = Opcode.MEMCPY_HTOD
+            sent.args = {"dst": batch.dsts[0], "size": len(items[0]), "stream": stream}
+            sent.data = memoryview(items[0])
+        else:
+            sent.args = {"dst": batch.dsts, "size": [len(i) for i in items], "stream": stream}
+            sent.data = memoryview(b"".join(items))
+        # The bytes are counted in data now, no longer as extra.
+        self._unacked_bytes -= sent.extra
+        sent.extra = 0
+        self._unacked_bytes += sent.data.nbytes
         return sent
 
     def _drop_batch(self) -> None:
-        """A new link: the open batch is in the resend buffer, whole, and goes from there."""
+        """A new link: the open batch is in the resend buffer and goes from there."""
         self._close_batch()
 
     def _resume_args(self) -> dict[str, Any]:
@@ -578,9 +617,10 @@ class LinkState:
 _NO_BYTES = memoryview(b"")
 
 
-def _batch_key(wire: dict[str, Any]) -> tuple[Any, ...]:
+def _launch_key(wire: dict[str, Any]) -> tuple[Any, ...]:
     """What the launches of one LAUNCH_KERNELS share."""
     return (
+        "launch",
         wire["function"],
         tuple(wire["grid"]),
         tuple(wire["block"]),

@@ -227,3 +227,101 @@ async def malloc_htod(session: Session, request: Request) -> Any:
                 session.allocations.add(allocation)
         raise
     return {"ptr": ptr}
+
+
+#: Pieces one MEMCPY_HTOD_MANY may carry, and bytes in all (the sync client sends at
+#: most 1,024 pieces of at most 4 KiB, 64 KiB in all).
+MAX_PIECES = 4096
+MAX_PIECES_BYTES = 1 << 20
+
+
+def _pieces(
+    session: Session, request: Request
+) -> tuple[Any, list[tuple[int, memoryview]], HipError | None]:
+    """A MEMCPY_HTOD_MANY read and checked: its stream, the pieces that may run
+    (address, bytes), and the first refusal, naming its piece."""
+    args = request.args
+    stream = session.stream(args.handle("stream", optional=True))
+    dsts = args.int_list("dst", max_items=MAX_PIECES)
+    sizes = args.int_list("size", max_items=MAX_PIECES, high=MAX_PIECES_BYTES)
+    if not dsts or len(dsts) != len(sizes):
+        raise invalid_value(
+            f"{request.name}: 'dst' and 'size' must be lists of 1 to {MAX_PIECES} integers "
+            f"of one length, got {len(dsts)} and {len(sizes)}"
+        )
+    bulk = request.bulk
+    if sum(sizes) != bulk.nbytes:
+        raise invalid_value(
+            f"{request.name}: the pieces' sizes add up to {sum(sizes)} bytes, "
+            f"received {bulk.nbytes}"
+        )
+    pieces: list[tuple[int, memoryview]] = []
+    refused: HipError | None = None
+    offset = 0
+    for index, (dst, size) in enumerate(zip(dsts, sizes, strict=True)):
+        piece = bulk[offset : offset + size]
+        offset += size
+        try:
+            session.check_range(dst, size, f"destination of piece {index + 1} of {len(dsts)}")
+        except HipError as exc:
+            refused = refused or exc
+            continue
+        if size:
+            pieces.append((dst, piece))
+    return stream, pieces, refused
+
+
+def _post_pieces(session: Session, request: Request) -> None:
+    stream, pieces, refused = _pieces(session, request)
+    if pieces:
+        post_ordered(session, request, *_copy_call(session, pieces, stream))
+        session.observer.bytes_copied(
+            session.tenant, "htod", sum(piece.nbytes for _, piece in pieces)
+        )
+    if refused is not None:
+        raise refused
+
+
+def _copy_call(
+    session: Session, pieces: list[tuple[int, memoryview]], stream: Any
+) -> tuple[Any, ...]:
+    """The backend call that copies ``pieces``: its own ``memcpy_htod_many`` where it has
+    one (one synchronise for all on the default stream), else one copy after another."""
+    many = getattr(session.backend, "memcpy_htod_many", None)
+    if many is not None:
+        return many, pieces, stream
+    return _each_piece, session.backend.memcpy_htod, pieces, stream
+
+
+def _each_piece(copy: Any, pieces: list[tuple[int, memoryview]], stream: Any) -> None:
+    for dst, piece in pieces:
+        copy(dst, piece, stream)
+
+
+@handler(Opcode.MEMCPY_HTOD_MANY, fire_and_forget=True)
+async def memcpy_htod_many(session: Session, request: Request) -> Any:
+    """``{dst: [address, ...], size: [bytes, ...], stream?}`` + the pieces' bytes, one
+    after another (protocol 1.1): host-to-device copies in order, as if each came as its
+    own MEMCPY_HTOD on ``stream``. Each destination range is checked; a refused piece
+    stops none of the others, and the first refusal is the request's error."""
+    if request.no_reply:
+        _post_pieces(session, request)
+        return {}
+    stream, pieces, refused = _pieces(session, request)
+    if pieces:
+        await session.gpu(*_copy_call(session, pieces, stream))
+        session.observer.bytes_copied(
+            session.tenant, "htod", sum(piece.nbytes for _, piece in pieces)
+        )
+    if refused is not None:
+        raise refused
+    return {}
+
+
+@answers_now(Opcode.MEMCPY_HTOD_MANY)
+def memcpy_htod_many_now(session: Session, request: Request) -> Any:
+    """A fire-and-forget MEMCPY_HTOD_MANY queued from the worker's I/O callback."""
+    if not request.no_reply or request.more:
+        return LATER
+    _post_pieces(session, request)
+    return {}

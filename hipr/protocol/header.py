@@ -8,8 +8,9 @@ from typing import NamedTuple
 
 MAGIC = b"HIPR"
 PROTOCOL_MAJOR = 1
-#: 1.1: LAUNCH_KERNELS (many launches of one kernel configuration in one frame). A
-#: client sends it only to a worker that answered HELLO with 1.1 or later.
+#: 1.1: LAUNCH_KERNELS and MEMCPY_HTOD_MANY (many launches of one kernel configuration,
+#: many small copies on one stream, in one frame). A client sends them only to a worker
+#: that answered HELLO with 1.1 or later.
 PROTOCOL_MINOR = 1
 #: Major in the high byte, minor in the low byte, as AMD's C HIP Remote did (0x0100).
 PROTOCOL_VERSION = (PROTOCOL_MAJOR << 8) | PROTOCOL_MINOR

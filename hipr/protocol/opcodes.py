@@ -46,6 +46,8 @@ class Opcode(IntEnum):
     MEMCPY_HTOD = 0x0210
     MEMCPY_DTOH = 0x0211
     MEMCPY_DTOD = 0x0212
+    #: Protocol 1.1: small host-to-device copies on one stream, their bytes one after another.
+    MEMCPY_HTOD_MANY = 0x0213
     MEMSET = 0x0220
     MALLOC_HTOD = 0x0230
 

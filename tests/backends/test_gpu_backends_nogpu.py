@@ -1448,6 +1448,36 @@ def test_small_copies_on_a_stream_may_run_inline(sim: Any) -> None:
     backend.stream_destroy(stream)
 
 
+def test_sim_many_small_copies(sim: Any) -> None:
+    """memcpy_htod_many: on the default stream every piece is issued and one synchronise
+    covers them all; on a stream each is carved; either way each lands in its place and
+    the source may be reused at once."""
+    backend, gpu = sim
+    count = 50
+    ptr = backend.malloc(4 * count)
+    src = bytearray(np.arange(count, dtype=np.uint32).tobytes())
+    pieces = [(ptr + 4 * i, memoryview(src)[4 * i : 4 * i + 4]) for i in range(count)]
+    syncs = _count(gpu, "StreamSynchronize")
+    backend.memcpy_htod_many(pieces, None)
+    assert _count(gpu, "StreamSynchronize") == syncs + 1
+    src[:] = bytes(len(src))
+    assert np.array_equal(
+        np.frombuffer(gpu.read(ptr, 4 * count), np.uint32), np.arange(count, dtype=np.uint32)
+    )
+    stream = backend.stream_create()
+    records = _count(gpu, "EventRecord")
+    backend.memcpy_htod_many([(ptr, memoryview(b"\x07\x00\x00\x00"))] * 3, stream)
+    assert _count(gpu, "EventRecord") == records  # carved: no fence per copy
+    backend.stream_synchronize(stream)
+    assert gpu.read(ptr, 4) == b"\x07\x00\x00\x00"
+    quick = backend.inline_when["memcpy_htod_many"]
+    assert quick(pieces, stream)
+    assert not quick(pieces, None)  # the default stream's copies wait for their end
+    assert not quick([(ptr, memoryview(bytes(PinnedStaging.MAX_CARVED + 1)))], stream)
+    backend.stream_destroy(stream)
+    backend.free(ptr)
+
+
 def test_sim_builtins_launch_with_packed_args(sim: Any) -> None:
     backend, gpu = sim
     mod = backend.builtin_module()

@@ -132,3 +132,67 @@ async def test_a_resent_batch_is_not_run_again(raw_session: RawSession) -> None:
     # The same request id again, as a client resends after a dropped link.
     assert await raw_session.replies(first + raw_session.frame(Opcode.DEVICE_SYNCHRONIZE, {}), 1)
     assert list(await read_floats(raw_session, ptr, 1)) == [9.0]
+
+
+# --- MEMCPY_HTOD_MANY ------------------------------------------------------------------
+
+
+def copies(dsts: list[int], pieces: list[bytes], **more: Any) -> tuple[dict[str, Any], bytes]:
+    """MEMCPY_HTOD_MANY arguments and bulk bytes."""
+    args = {"dst": dsts, "size": [len(p) for p in pieces], **more}
+    return args, b"".join(pieces)
+
+
+@pytest.mark.parametrize("on_stream", [False, True])
+async def test_many_small_copies_land_in_order(raw_session: RawSession, on_stream: bool) -> None:
+    ptr, _ = await fill_launch(raw_session, 64)
+    stream = (await raw_session.call(Opcode.STREAM_CREATE, {}))["stream"] if on_stream else None
+    dsts = [ptr + 4 * i for i in range(64)] + [ptr]
+    pieces = [np.float32(i + 1).tobytes() for i in range(64)] + [np.float32(100).tobytes()]
+    args, bulk = copies(dsts, pieces, stream=stream)
+    data = raw_session.frame(Opcode.MEMCPY_HTOD_MANY, args, no_reply=True, bulk=bulk)
+    data += raw_session.frame(Opcode.DEVICE_SYNCHRONIZE, {})
+    assert await raw_session.replies(data, 1) == [{}]
+    expected = np.arange(1, 65, dtype=np.float32)
+    expected[0] = 100.0
+    assert (await read_floats(raw_session, ptr, 64) == expected).all()
+
+
+async def test_a_refused_piece_stops_none_of_the_others(raw_session: RawSession) -> None:
+    ptr, _ = await fill_launch(raw_session, 3)
+    four = [np.float32(v).tobytes() for v in (1.0, 2.0, 3.0)]
+    args, bulk = copies([ptr, ptr + (1 << 40), ptr + 8], four)
+    data = raw_session.frame(Opcode.MEMCPY_HTOD_MANY, args, no_reply=True, bulk=bulk)
+    data += raw_session.frame(Opcode.DEVICE_SYNCHRONIZE, {})
+    with pytest.raises(HipError, match="piece 2 of 3"):
+        await raw_session.replies(data, 1)
+    assert list(await read_floats(raw_session, ptr, 3)) == [1.0, 0.0, 3.0]
+    # Waiting for its reply, the same refusal is the reply.
+    with pytest.raises(HipError, match="piece 2 of 3"):
+        await raw_session.replies(raw_session.frame(Opcode.MEMCPY_HTOD_MANY, args, bulk=bulk), 1)
+
+
+@pytest.mark.parametrize(
+    ("args", "bulk", "fragment"),
+    [
+        ({"dst": [], "size": []}, b"", "lists of 1 to"),
+        ({"dst": [1, 2], "size": [4]}, b"\0" * 4, "of one length"),
+        ({"dst": "x", "size": [4]}, b"\0" * 4, "a list of at most"),
+        ({"dst": [1], "size": [-4]}, b"", "a list of integers"),
+        ({"dst": [1], "size": [2**64]}, b"", "a list of integers"),
+        ({"dst": [1], "size": [8]}, b"\0" * 4, "add up to 8 bytes, received 4"),
+        ({"dst": [1], "size": [4]}, b"\0" * 8, "add up to 4 bytes, received 8"),
+        ({"dst": [1] * 4097, "size": [0] * 4097}, b"", "a list of at most 4096"),
+        ({"dst": [1], "size": [4], "stream": 99}, b"\0" * 4, "stream"),
+    ],
+)
+async def test_malformed_copies_are_refused_and_the_session_goes_on(
+    raw_session: RawSession, args: dict[str, Any], bulk: bytes, fragment: str
+) -> None:
+    ptr, _ = await fill_launch(raw_session, 1)
+    with pytest.raises(HipError, match=fragment):
+        await raw_session.replies(raw_session.frame(Opcode.MEMCPY_HTOD_MANY, args, bulk=bulk), 1)
+    good, data = copies([ptr], [np.float32(6.0).tobytes()])
+    frame = raw_session.frame(Opcode.MEMCPY_HTOD_MANY, good, bulk=data)
+    assert await raw_session.replies(frame, 1) == [{}]
+    assert list(await read_floats(raw_session, ptr, 1)) == [6.0]

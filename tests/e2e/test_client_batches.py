@@ -1,7 +1,7 @@
-"""The clients' batches of launches (``LinkOptions.batch_launches``): launches of one
-configuration that follow each other leave as one LAUNCH_KERNELS request, in order
-with everything else, from one thread or several; an error names the launch; a
-worker that speaks protocol 1.0 gets one LAUNCH_KERNEL a launch."""
+"""The clients' batches (``LinkOptions.batch_posts``): launches of one configuration,
+or small copies on one stream, that follow each other leave as one LAUNCH_KERNELS or
+MEMCPY_HTOD_MANY request, in order with everything else, from one thread or several;
+an error names the launch or piece; a worker of protocol 1.0 gets a frame each."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import hipr
-from hipr.client.link import BATCH_LAUNCHES, LinkOptions, LinkState
+from hipr.client.link import BATCH_COPY_BYTES, BATCH_ITEMS, LinkOptions, LinkState
 from hipr.protocol.header import PROTOCOL_VERSION
 from hipr.worker.server import Worker
 from tests.e2e.conftest import Endpoint
@@ -37,7 +37,7 @@ def test_launches_of_one_kernel_leave_as_one_request_each_in_its_place(
     threaded_worker: Worker,
 ) -> None:
     with hipr.connect(threaded_worker.bound_urls[0], link=HELD) as gpu:
-        count = BATCH_LAUNCHES + 10
+        count = BATCH_ITEMS + 10
         out = gpu.malloc(4 * count)
         fill = gpu.builtin("fill_f32")
         gpu.synchronize()
@@ -120,7 +120,7 @@ def test_no_batches_when_turned_off_or_for_a_worker_before_protocol_1_1(
     threaded_worker: Worker,
 ) -> None:
     url = threaded_worker.bound_urls[0]
-    with hipr.connect(url, link=LinkOptions(batch_launches=False, coalesce_delay=30.0)) as gpu:
+    with hipr.connect(url, link=LinkOptions(batch_posts=False, coalesce_delay=30.0)) as gpu:
         out = gpu.malloc(4)
         fill = gpu.builtin("fill_f32")
         before = _link(gpu)._next_id
@@ -151,3 +151,61 @@ async def test_the_async_client_batches_its_launches_too(
         await gpu.synchronize()
         got = np.frombuffer(await gpu.memcpy_dtoh(out), np.float32)
         assert (got == np.arange(count, dtype=np.float32)).all()
+        before = _link(gpu)._next_id
+        for i in range(count):
+            await gpu.memcpy_htod_async(out + 4 * i, np.float32([-i]))
+        assert _ids_taken(gpu, before) == 1
+        await gpu.synchronize()
+        got = np.frombuffer(await gpu.memcpy_dtoh(out), np.float32)
+        assert (got == -np.arange(count, dtype=np.float32)).all()
+
+
+@pytest.mark.parametrize("on_stream", [False, True])
+def test_small_copies_leave_as_one_request_each_in_its_place(
+    threaded_worker: Worker, on_stream: bool
+) -> None:
+    with hipr.connect(threaded_worker.bound_urls[0], link=HELD) as gpu:
+        count = BATCH_ITEMS + 10
+        out = gpu.malloc(4 * count)
+        stream = gpu.stream_create() if on_stream else None
+        gpu.synchronize()
+        before = _link(gpu)._next_id
+        word = np.zeros(1, np.uint32)
+        for i in range(count):
+            word[0] = i  # reused at once: each copy took its bytes when posted
+            gpu.memcpy_htod_async(out + 4 * i, word, stream=stream)
+        assert _ids_taken(gpu, before) == 2
+        gpu.synchronize()
+        got = np.frombuffer(gpu.memcpy_dtoh(out), np.uint32)
+        assert (got == np.arange(count, dtype=np.uint32)).all()
+
+
+def test_copies_and_launches_keep_their_order(threaded_worker: Worker) -> None:
+    with hipr.connect(threaded_worker.bound_urls[0], link=HELD) as gpu:
+        out = gpu.malloc(8)
+        big = gpu.malloc(BATCH_COPY_BYTES + 4)
+        fill = gpu.builtin("fill_f32")
+        stream = gpu.stream_create()
+        gpu.synchronize()
+        before = _link(gpu)._next_id
+        gpu.memcpy_htod_async(out, np.float32([1.0, 1.0]))
+        fill.launch(1, 1, [out, np.float32(2.0), np.uint64(1)])
+        gpu.memcpy_htod_async(out + 4, np.float32([3.0]))
+        gpu.memcpy_htod_async(out, np.float32([4.0]))
+        gpu.memcpy_htod_async(out + 4, np.float32([5.0]), stream=stream)  # another stream
+        # A copy over BATCH_COPY_BYTES goes on its own, after what was batched before it.
+        gpu.memcpy_htod_async(big, np.ones(BATCH_COPY_BYTES // 4 + 1, np.float32))
+        assert _ids_taken(gpu, before) == 5
+        gpu.synchronize()
+        assert list(np.frombuffer(gpu.memcpy_dtoh(out), np.float32)) == [4.0, 5.0]
+        assert (np.frombuffer(gpu.memcpy_dtoh(big), np.float32) == 1.0).all()
+
+
+def test_a_refused_copy_is_named_at_the_next_synchronisation(threaded_worker: Worker) -> None:
+    with hipr.connect(threaded_worker.bound_urls[0], link=HELD) as gpu:
+        out = gpu.malloc(8)
+        for address, value in ((int(out), 1.0), (int(out) + (1 << 40), 2.0), (int(out) + 4, 3.0)):
+            gpu.memcpy_htod_async(address, np.float32([value]))
+        with pytest.raises(hipr.HipError, match="piece 2 of 3"):
+            gpu.synchronize()
+        assert list(np.frombuffer(gpu.memcpy_dtoh(out), np.float32)) == [1.0, 3.0]
