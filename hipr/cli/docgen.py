@@ -90,7 +90,10 @@ def protocol_markdown() -> str:
         "",
         f"Protocol version **{version_text(PROTOCOL_VERSION)}** "
         f"(`0x{PROTOCOL_VERSION:04x}` on the wire: major in the high byte). A worker refuses "
-        "a client of another major version with a `version` error naming both.",
+        "a client of another major version with a `version` error naming both. Minor "
+        "versions add requests: a client sends one only to a worker whose HELLO reply "
+        "names a minor that has it (1.1: LAUNCH_KERNELS, MEMCPY_HTOD_MANY), and sends "
+        "their one-at-a-time forms (LAUNCH_KERNEL, MEMCPY_HTOD) to an older worker.",
         "",
         "## Frames",
         "",

@@ -176,3 +176,35 @@ async def test_many_small_stream_copies_each_land_where_sent(target: Target) -> 
         await gpu.free(dst)
         for s in streams:
             await s.destroy()
+
+
+@pytest.mark.parametrize("on_stream", [False, True], ids=["default-stream", "stream"])
+async def test_runs_of_small_copies_and_launches_land_in_order(
+    target: Target, on_stream: bool
+) -> None:
+    """Runs of fire-and-forget 4-byte copies on one stream (batched into
+    MEMCPY_HTOD_MANY) and of launches of one kernel (LAUNCH_KERNELS), one run after
+    another on the same stream: each value where it was sent, the last writer winning."""
+    count = 2500
+    async with hipr.aconnect(target.url) as gpu:
+        stream = await gpu.stream_create() if on_stream else None
+        dst = await gpu.malloc(4 * count)
+        fill = await gpu.builtin("fill_f32")
+        src = np.zeros(1, np.float32)
+        for i in range(count):
+            src[0] = i
+            await gpu.memcpy_htod_async(dst + 4 * i, src, stream=stream)
+        for i in range(0, count, 3):
+            await fill.launch(1, 1, [dst + 4 * i, np.float32(-1.0), np.uint64(1)], stream=stream)
+        src[0] = 7.0
+        for i in range(0, count, 5):
+            await gpu.memcpy_htod_async(dst + 4 * i, src, stream=stream)
+        await gpu.synchronize()
+        expected = np.arange(count, dtype=np.float32)
+        expected[::3] = -1.0
+        expected[::5] = 7.0
+        got = np.frombuffer(await gpu.memcpy_dtoh(dst, 4 * count), dtype=np.float32)
+        assert np.array_equal(got, expected)
+        await gpu.free(dst)
+        if stream is not None:
+            await stream.destroy()
