@@ -308,6 +308,33 @@ def _launch(rng: random.Random, t: Targets) -> dict[str, Any]:
     }
 
 
+def _launches(rng: random.Random, t: Targets) -> dict[str, Any]:
+    """LAUNCH_KERNELS arguments: one launch's, its buffer repeated or varied, or a list
+    that is empty, too long, or not of byte strings."""
+    wire = _launch(rng, t)
+    count = rng.choice((1, 2, 64, 4096, 4097, 0))
+    if count * len(wire["args"]) > 1 << 17:  # the frame stays well under the worker's limit
+        wire["args"] = wire["args"][:16]
+    buffers: Any = [wire["args"]] * count
+    if count and rng.random() < 0.3:
+        buffers = [_launch(rng, t)["args"] for _ in range(min(count, 64))]
+    if rng.random() < 0.1:
+        buffers = rng.choice((wire["args"], [1, 2], ["x"], None))
+    return {**wire, "args": buffers}
+
+
+def _pieces(rng: random.Random, t: Targets, stream: Any) -> dict[str, Any]:
+    """MEMCPY_HTOD_MANY arguments: pieces at and around the targets' edges, sizes that
+    may not match the destinations or the bulk bytes."""
+    count = rng.choice((1, 2, 16, 300, 4097, 0))
+    ranges = [_edge_range(rng, t) for _ in range(min(count, 300))]
+    dsts = [ptr for ptr, _ in ranges]
+    sizes = [min(size, 4096) if rng.random() < 0.8 else size for _, size in ranges]
+    if rng.random() < 0.1:
+        sizes = sizes[:-1] or [1, 2]
+    return {"dst": dsts, "size": sizes, "stream": stream}
+
+
 def plausible_args(rng: random.Random, opcode: int, t: Targets) -> Any:
     """Arguments of the shape ``opcode`` takes, values aimed at and around the targets."""
     ptr, size = _edge_range(rng, t)
@@ -360,6 +387,8 @@ def plausible_args(rng: random.Random, opcode: int, t: Targets) -> Any:
         },
         Opcode.MODULE_BUILTIN: lambda: {"name": rng.choice((*BUILTINS, "nope", ""))},
         Opcode.LAUNCH_KERNEL: lambda: _launch(rng, t),
+        Opcode.LAUNCH_KERNELS: lambda: _launches(rng, t),
+        Opcode.MEMCPY_HTOD_MANY: lambda: _pieces(rng, t, stream),
         Opcode.GRAPH_DESTROY: lambda: {"graph": rng.choice((t.graph, 0, 9))},
         Opcode.GRAPH_ADD_MEMSET: lambda: {
             "graph": t.graph,
@@ -422,6 +451,7 @@ def mutate_args(rng: random.Random, args: Any) -> Any:
 _WEIGHTED_OPCODES: tuple[int, ...] = (
     *([Opcode.MEMCPY_HTOD, Opcode.MEMCPY_DTOH, Opcode.MEMCPY_DTOD, Opcode.MEMSET] * 4),
     *([Opcode.MALLOC, Opcode.FREE, Opcode.MALLOC_HTOD, Opcode.LAUNCH_KERNEL] * 3),
+    *([Opcode.LAUNCH_KERNELS, Opcode.MEMCPY_HTOD_MANY] * 2),
     *([Opcode.GRAPH_ADD_KERNEL, Opcode.GRAPH_ADD_MEMSET, Opcode.GRAPH_ADD_MEMCPY] * 2),
     *(op for op in Opcode if op not in (Opcode.GOODBYE, Opcode.DATA)),
 )
@@ -438,6 +468,13 @@ def pick_opcode(rng: random.Random) -> int:
 
 
 def _bulk_for(rng: random.Random, opcode: int, args: Any) -> bytes:
+    if opcode == Opcode.MEMCPY_HTOD_MANY and isinstance(args, dict):
+        sizes = args.get("size")
+        if isinstance(sizes, list) and all(isinstance(s, int) for s in sizes):
+            total = sum(sizes)
+            if 0 <= total <= 1 << 17 and rng.random() < 0.8:
+                return rng.randbytes(total + rng.choice((0, 0, 0, 1, -1 if total else 0)))
+        return rng.randbytes(rng.choice((0, 1, 16, 4096)))
     if (
         opcode in (Opcode.MEMCPY_HTOD, Opcode.MALLOC_HTOD, Opcode.MODULE_LOAD)
         or rng.random() < 0.05
