@@ -250,8 +250,8 @@ class BlockingConnection(LinkState):
         self._last_sent = time.monotonic()
 
     def _write_batch_locked(self) -> None:
-        """Close the open batch of launches into the outbox (before anything else is
-        written, so that frames keep the order of their request ids)."""
+        """Write the open batch of launches or copies (before anything else is written,
+        so that frames keep the order of their request ids)."""
         sent = self._close_batch()
         if sent is not None:
             self._write_locked(sent)
@@ -633,17 +633,21 @@ class BlockingConnection(LinkState):
             if add():
                 return True
             generation = self._generation
-            # The batch before goes to the outbox (no I/O), then this one opens: its id
-            # is taken now, so a link that fails in the flush below resends it too.
-            self._write_batch_locked()
+            # The batch before goes out (to the outbox; a large copy batch to the wire),
+            # then this one opens, whatever happened: its id is taken now, so a link
+            # that failed under either write resends it with the rest.
+            failed = False
+            try:
+                self._write_batch_locked()
+            except _LINK_ERRORS:
+                failed = True
             start()
             try:
-                if self._outbox_bytes >= self.options.coalesce_bytes:
+                if not failed and self._outbox_bytes >= self.options.coalesce_bytes:
                     self._flush_locked(close_batch=False)
             except _LINK_ERRORS:
                 failed = True
-            else:
-                failed = False
+            if not failed:
                 self._keeper_wake.set()  # the batch leaves after coalesce_delay at most
         if failed:
             self._link_failed(generation)

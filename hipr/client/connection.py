@@ -275,8 +275,8 @@ class ClientConnection(LinkState):
             pass  # the reader sees the dead link; resend covers the batch
 
     async def _write_batch_locked(self) -> None:
-        """Close the open batch of launches into the outbox (before anything else is
-        written, so that frames keep the order of their request ids)."""
+        """Write the open batch of launches or copies (before anything else is written,
+        so that frames keep the order of their request ids)."""
         sent = self._close_batch()
         if sent is not None:
             await self._write_request_locked(sent)
