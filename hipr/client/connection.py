@@ -320,33 +320,38 @@ class ClientConnection(LinkState):
     ) -> int:
         """Assign the next id and send, all under the send lock so ids follow wire order.
         Waits while the link is down; never leaves half a request on the wire."""
+        await self._hold_send_lock()
+        try:
+            sent = self._track(opcode, flags, args, data, pending, progress)
+            with anyio.CancelScope(shield=True):
+                await self._write_batch_locked()
+                await self._write_request_locked(sent)
+                if pending is not None or self._outbox_bytes >= self.options.coalesce_bytes:
+                    await self._flush_locked()
+                elif self._outbox:
+                    self._outbox_ready.set()
+            return sent.request_id
+        finally:
+            self._send_lock.release()
+
+    async def _hold_send_lock(self) -> None:
+        """Take the send lock with a link up, waiting for one while it is down; raises
+        once the session is lost. A free lock is taken without an event-loop pass, so a
+        small fire-and-forget request then only joins the outbox (no await at all)."""
         while True:
             if self._broken is not None:
                 raise self._broken
             if self._stream is None:
                 await self._link_up.wait()
                 continue
-            # Fast path: a free lock is taken without an event-loop pass, and a small
-            # fire-and-forget request then only joins the batch (no await at all).
             try:
                 self._send_lock.acquire_nowait()
             except anyio.WouldBlock:
                 with anyio.CancelScope(shield=True):
                     await self._send_lock.acquire()
-            try:
-                if self._stream is None:
-                    continue
-                sent = self._track(opcode, flags, args, data, pending, progress)
-                with anyio.CancelScope(shield=True):
-                    await self._write_batch_locked()
-                    await self._write_request_locked(sent)
-                    if pending is not None or self._outbox_bytes >= self.options.coalesce_bytes:
-                        await self._flush_locked()
-                    elif self._outbox:
-                        self._outbox_ready.set()
-                return sent.request_id
-            finally:
-                self._send_lock.release()
+            if self._stream is not None:
+                return
+            self._send_lock.release()
 
     # --- requests ----------------------------------------------------------------------
     async def request(
@@ -411,32 +416,19 @@ class ClientConnection(LinkState):
         return True
 
     async def _post_batched(self, add: Callable[[], bool], start: Callable[[], None]) -> None:
-        while True:
-            if self._broken is not None:
-                raise self._broken
-            if self._stream is None:
-                await self._link_up.wait()
-                continue
-            try:
-                self._send_lock.acquire_nowait()
-            except anyio.WouldBlock:
+        await self._hold_send_lock()
+        try:
+            if not add():
                 with anyio.CancelScope(shield=True):
-                    await self._send_lock.acquire()
-            try:
-                if self._stream is None:
-                    continue
-                if not add():
-                    with anyio.CancelScope(shield=True):
-                        # The batch before goes to the outbox, then this one opens; the
-                        # flusher sends it after coalesce_delay, or the next request.
-                        await self._write_batch_locked()
-                        if self._outbox_bytes >= self.options.coalesce_bytes:
-                            await self._flush_locked()
-                        start()
-                        self._outbox_ready.set()
-                break
-            finally:
-                self._send_lock.release()
+                    # The batch before goes to the outbox, then this one opens; the
+                    # flusher sends it after coalesce_delay, or the next request.
+                    await self._write_batch_locked()
+                    if self._outbox_bytes >= self.options.coalesce_bytes:
+                        await self._flush_locked()
+                    start()
+                    self._outbox_ready.set()
+        finally:
+            self._send_lock.release()
         if self._unacked_bytes > self.options.resend_buffer_bytes:
             await self.request(Opcode.BARRIER)
 
