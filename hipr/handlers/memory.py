@@ -255,19 +255,28 @@ def _pieces(
             f"{request.name}: the pieces' sizes add up to {sum(sizes)} bytes, "
             f"received {bulk.nbytes}"
         )
-    pieces: list[tuple[int, memoryview]] = []
+    count = len(dsts)
+    # Each piece counts as the request it stands for against max_request_rate (the
+    # request itself already took one): those past what the bucket allows are refused.
+    allowed = 1 + session.gate.admit_requests(count - 1) if count > 1 else count
+    # The first refusal by position: a range refused before the pieces the rate refused.
     refused: HipError | None = None
+    pieces: list[tuple[int, memoryview]] = []
     offset = 0
-    for index, (dst, size) in enumerate(zip(dsts, sizes, strict=True)):
+    for index, (dst, size) in enumerate(zip(dsts[:allowed], sizes[:allowed], strict=True)):
         piece = bulk[offset : offset + size]
         offset += size
         try:
-            session.check_range(dst, size, f"destination of piece {index + 1} of {len(dsts)}")
+            session.check_range(dst, size, f"destination of piece {index + 1} of {count}")
         except HipError as exc:
             refused = refused or exc
             continue
         if size:
             pieces.append((dst, piece))
+    if refused is None and allowed < count:
+        refused = session.gate.over_rate(
+            f" (pieces {allowed + 1} to {count} of {request.name} were refused)"
+        )
     return stream, pieces, refused
 
 
@@ -303,7 +312,9 @@ async def memcpy_htod_many(session: Session, request: Request) -> Any:
     """``{dst: [address, ...], size: [bytes, ...], stream?}`` + the pieces' bytes, one
     after another (protocol 1.1): host-to-device copies in order, as if each came as its
     own MEMCPY_HTOD on ``stream``. Each destination range is checked; a refused piece
-    stops none of the others, and the first refusal is the request's error."""
+    (outside the session's allocations, or past the tenant's max_request_rate: each
+    piece counts as one request) stops none of the others, and the first refusal is the
+    request's error, naming the piece."""
     if request.no_reply:
         _post_pieces(session, request)
         return {}

@@ -360,3 +360,26 @@ async def test_each_launch_of_a_batch_counts_against_the_request_rate(
     assert 0 < admitted <= 51
     assert (ran[:admitted] == 1.0).all() and (ran[admitted:] == 0.0).all()
     assert f"launches {admitted + 1} to 200 of LAUNCH_KERNELS were refused" in str(refused.value)
+
+
+async def test_each_piece_of_a_copy_batch_counts_against_the_request_rate(
+    tenant_worker: tuple[Worker, EmulatorBackend],
+) -> None:
+    """MEMCPY_HTOD_MANY of 200 pieces from bob: as for launches, the pieces the bucket
+    covers land, in order, and the rest are refused, named, at the next synchronisation."""
+    worker, _ = tenant_worker
+    async with hipr.aconnect(worker.bound_urls[0], token=BOB) as bob:
+        out = await bob.malloc(4 * 200)
+        await anyio.sleep(0.3)  # a full bucket: 50 requests
+        dsts = [int(out) + 4 * i for i in range(200)]
+        ones = np.ones(200, np.float32).tobytes()
+        await bob._post(Opcode.MEMCPY_HTOD_MANY, {"dst": dsts, "size": [4] * 200}, ones)
+        await anyio.sleep(0.3)  # the synchronize's own request must not be the one refused
+        with pytest.raises(hipr.QuotaError) as refused:
+            await bob.synchronize()
+        await anyio.sleep(0.3)
+        landed = np.frombuffer(await bob.memcpy_dtoh(out), np.float32)
+    admitted = int(landed.sum())
+    assert 0 < admitted <= 51
+    assert (landed[:admitted] == 1.0).all() and (landed[admitted:] == 0.0).all()
+    assert f"pieces {admitted + 1} to 200 of MEMCPY_HTOD_MANY were refused" in str(refused.value)
