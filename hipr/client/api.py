@@ -57,13 +57,6 @@ class AsyncGpu:
     async def _post(self, opcode: Opcode, args: Any = None, data: Buffer = b"") -> None:
         await self._conn.notify(opcode, args, data)
 
-    async def _launch(self, wire: dict[str, Any]) -> None:
-        """A fire-and-forget launch: in a batch of launches where the connection makes
-        them (``LinkOptions.batch_posts``), else a LAUNCH_KERNEL of its own."""
-        post_launch = getattr(self._conn, "post_launch", None)
-        if post_launch is None or not await post_launch(wire):
-            await self._conn.notify(Opcode.LAUNCH_KERNEL, wire)
-
     def worker_info(self) -> dict[str, Any]:
         """What the worker said at HELLO: protocol, worker_version, backend, session_id."""
         return dict(self._hello)
@@ -159,12 +152,8 @@ class AsyncGpu:
         """Queue a host-to-device copy on ``stream``. The bytes are sent before this
         returns, so ``src`` may be reused at once."""
         data, size = _host_source(dst, src, size)
-        stream_id = handle_id(stream)
-        post_copy = getattr(self._conn, "post_copy", None)
-        if post_copy is not None and size and await post_copy(int(dst), data, stream_id):
-            return
         await self._post(
-            Opcode.MEMCPY_HTOD, {"dst": int(dst), "size": size, "stream": stream_id}, data
+            Opcode.MEMCPY_HTOD, {"dst": int(dst), "size": size, "stream": handle_id(stream)}, data
         )
 
     async def memcpy_dtoh(

@@ -28,8 +28,8 @@ from typing import Any
 import cbor2
 
 from hipr.client.link import (
-    BATCH_COPY_BYTES,
     DEADLINE,
+    BatchItem,
     Buffer,
     DirectSink,
     EventCallback,
@@ -597,41 +597,27 @@ class BlockingConnection(LinkState):
 
     async def notify(self, opcode: Opcode, args: Any = None, data: Buffer = b"") -> None:
         """Send a fire-and-forget request: no reply; an error comes with a later call.
-        The bytes are copied, so the caller may reuse its buffer at once."""
+        The bytes are copied, so the caller may reuse its buffer at once. Launches of one
+        configuration, and small copies on one stream, go in batches (LinkOptions)."""
         view = byte_view(data)
-        if view.nbytes:
-            view = memoryview(bytes(view))
-        self._submit(opcode, Flags.NO_REPLY, args, view, None)
+        item = self._batch_item(opcode, args, view)
+        if item is not None:
+            self._post_batched(opcode, args, item)
+        else:
+            if view.nbytes:
+                view = memoryview(bytes(view))
+            self._submit(opcode, Flags.NO_REPLY, args, view, None)
         if self._unacked_bytes > self.options.resend_buffer_bytes:
             # Bound the resend buffer: a barrier's reply acknowledges everything before it.
             self.call(Opcode.BARRIER)
 
-    async def post_launch(self, wire: dict[str, Any]) -> bool:
-        """Send a fire-and-forget launch (LAUNCH_KERNEL's arguments) in a batch of
-        launches of its configuration (``LinkOptions.batch_posts``); False, with
-        nothing sent, when the worker takes no batches: the caller then notifies."""
-        return self._batches and self._post_batched(
-            lambda: self._add_launch(wire), lambda: self._open_launches(wire)
-        )
-
-    async def post_copy(self, dst: int, data: memoryview, stream: int | None) -> bool:
-        """Send a small fire-and-forget host-to-device copy in a batch of copies on its
-        stream (its bytes copied: the caller may reuse its buffer at once); False, with
-        nothing sent, when it is too large or the worker takes no batches."""
-        if not self._batches or data.nbytes > BATCH_COPY_BYTES:
-            return False
-        piece = bytes(data)
-        return self._post_batched(
-            lambda: self._add_copy(dst, piece, stream),
-            lambda: self._open_copies(dst, piece, stream),
-        )
-
-    def _post_batched(self, add: Callable[[], bool], start: Callable[[], None]) -> bool:
+    def _post_batched(self, opcode: int, args: dict[str, Any], item: BatchItem) -> None:
+        """A fire-and-forget request into the open batch, or a new one (LinkState)."""
         with self._send_lock:
             if self._broken is not None:
                 raise self._broken
-            if add():
-                return True
+            if self._add_to_batch(item):
+                return
             generation = self._generation
             # The batch before goes out (to the outbox; a large copy batch to the wire),
             # then this one opens, whatever happened: its id is taken now, so a link
@@ -641,7 +627,7 @@ class BlockingConnection(LinkState):
                 self._write_batch_locked()
             except _LINK_ERRORS:
                 failed = True
-            start()
+            self._open_batch(opcode, args, item)
             try:
                 if not failed and self._outbox_bytes >= self.options.coalesce_bytes:
                     self._flush_locked(close_batch=False)
@@ -651,9 +637,6 @@ class BlockingConnection(LinkState):
                 self._keeper_wake.set()  # the batch leaves after coalesce_delay at most
         if failed:
             self._link_failed(generation)
-        if self._unacked_bytes > self.options.resend_buffer_bytes:
-            self.call(Opcode.BARRIER)
-        return True
 
     # --- closing -----------------------------------------------------------------------
     def goodbye(self, timeout: float = 5.0) -> None:

@@ -18,7 +18,7 @@ import anyio
 import anyio.abc
 
 from hipr.client.link import (
-    BATCH_COPY_BYTES,
+    BatchItem,
     Buffer,
     EventCallback,
     LinkOptions,
@@ -393,52 +393,34 @@ class ClientConnection(LinkState):
             raise
         return self._result(pending)
 
-    async def post_launch(self, wire: dict[str, Any]) -> bool:
-        """Send a fire-and-forget launch (LAUNCH_KERNEL's arguments) in a batch of
-        launches of its configuration (``LinkOptions.batch_posts``); False, with
-        nothing sent, when the worker takes no batches: the caller then notifies."""
-        if not self._batches:
-            return False
-        await self._post_batched(lambda: self._add_launch(wire), lambda: self._open_launches(wire))
-        return True
-
-    async def post_copy(self, dst: int, data: memoryview, stream: int | None) -> bool:
-        """Send a small fire-and-forget host-to-device copy in a batch of copies on its
-        stream (its bytes copied: the caller may reuse its buffer at once); False, with
-        nothing sent, when it is too large or the worker takes no batches."""
-        if not self._batches or data.nbytes > BATCH_COPY_BYTES:
-            return False
-        piece = bytes(data)
-        await self._post_batched(
-            lambda: self._add_copy(dst, piece, stream),
-            lambda: self._open_copies(dst, piece, stream),
-        )
-        return True
-
-    async def _post_batched(self, add: Callable[[], bool], start: Callable[[], None]) -> None:
+    async def _post_batched(self, opcode: int, args: dict[str, Any], item: BatchItem) -> None:
+        """A fire-and-forget request into the open batch, or a new one (LinkState)."""
         await self._hold_send_lock()
         try:
-            if not add():
+            if not self._add_to_batch(item):
                 with anyio.CancelScope(shield=True):
                     # The batch before goes to the outbox, then this one opens; the
                     # flusher sends it after coalesce_delay, or the next request.
                     await self._write_batch_locked()
                     if self._outbox_bytes >= self.options.coalesce_bytes:
                         await self._flush_locked()
-                    start()
+                    self._open_batch(opcode, args, item)
                     self._outbox_ready.set()
         finally:
             self._send_lock.release()
-        if self._unacked_bytes > self.options.resend_buffer_bytes:
-            await self.request(Opcode.BARRIER)
 
     async def notify(self, opcode: Opcode, args: Any = None, data: Buffer = b"") -> None:
         """Send a fire-and-forget request: no reply; an error comes with a later call.
-        The bytes are copied, so the caller may reuse its buffer at once."""
+        The bytes are copied, so the caller may reuse its buffer at once. Launches of one
+        configuration, and small copies on one stream, go in batches (LinkOptions)."""
         view = byte_view(data)
-        if view.nbytes:
-            view = memoryview(bytes(view))
-        await self._submit(opcode, Flags.NO_REPLY, args, view, None)
+        item = self._batch_item(opcode, args, view)
+        if item is not None:
+            await self._post_batched(opcode, args, item)
+        else:
+            if view.nbytes:
+                view = memoryview(bytes(view))
+            await self._submit(opcode, Flags.NO_REPLY, args, view, None)
         if self._unacked_bytes > self.options.resend_buffer_bytes:
             # Bound the resend buffer: a barrier's reply acknowledges everything before it.
             await self.request(Opcode.BARRIER)

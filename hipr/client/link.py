@@ -182,6 +182,10 @@ BATCH_COPY_BYTES = 4096
 _BATCHES_SINCE_MINOR = 1
 
 
+#: A request as a batch takes it: (what its batch shares, its bytes, a copy's address).
+BatchItem = tuple[tuple[Any, ...], bytes, int | None]
+
+
 @dataclass(slots=True)
 class _OpenBatch:
     """The LAUNCH_KERNELS or MEMCPY_HTOD_MANY request still open for more launches of
@@ -355,49 +359,60 @@ class LinkState:
         )
 
     # --- batches of launches and copies (call under the send lock) --------------------
-    def _add_launch(self, wire: dict[str, Any]) -> bool:
-        """Put a fire-and-forget launch (LAUNCH_KERNEL's arguments) in the open batch
-        when it has the batch's configuration and room: True. False: the caller closes
-        the batch (:meth:`_close_batch`) and opens another (:meth:`_open_launches`)."""
-        return self._add_item(_launch_key(wire), wire["args"], None)
+    def _batch_item(self, opcode: int, args: Any, data: memoryview) -> BatchItem | None:
+        """How a fire-and-forget request joins a batch: (what its batch shares, its
+        launch buffer or copied bytes, its copy's destination); None when it goes as
+        a frame of its own (another kind of request, a large copy, no 1.1 worker)."""
+        if not self._batches or type(args) is not dict:
+            return None
+        if opcode == Opcode.LAUNCH_KERNEL and type(args.get("args")) is bytes:
+            return _launch_key(args), args["args"], None
+        if (
+            opcode == Opcode.MEMCPY_HTOD
+            and 0 < data.nbytes <= BATCH_COPY_BYTES
+            and args.get("size") == data.nbytes
+            and type(args.get("dst")) is int
+        ):
+            # The bytes are taken now: the caller may reuse its buffer at once.
+            return ("copy", args.get("stream")), bytes(data), args["dst"]
+        return None
 
-    def _open_launches(self, wire: dict[str, Any]) -> None:
-        """Start a batch with this launch: its request id is taken now, so that ids
+    def _open_batch(self, opcode: int, args: dict[str, Any], item: BatchItem) -> None:
+        """Start a batch with this request: its request id is taken now, so that ids
         follow wire order (nothing else is written before the batch closes)."""
-        buffer: bytes = wire["args"]
-        items = [buffer]
-        args = {**wire, "args": items}
-        sent = self._track(Opcode.LAUNCH_KERNELS, Flags.NO_REPLY, args, _NO_BYTES, None, None)
-        self._batch = _OpenBatch(_launch_key(wire), sent, items, [], len(buffer))
+        key, piece, dst = item
+        if opcode == Opcode.LAUNCH_KERNEL:
+            items = [piece]
+            wire = {**args, "args": items}
+            sent = self._track(Opcode.LAUNCH_KERNELS, Flags.NO_REPLY, wire, _NO_BYTES, None, None)
+            self._batch = _OpenBatch(key, sent, items, [], len(piece))
+            return
+        wire = {"stream": args.get("stream")}
+        sent = self._track(Opcode.MEMCPY_HTOD_MANY, Flags.NO_REPLY, wire, _NO_BYTES, None, None)
+        sent.extra = len(piece)
+        self._unacked_bytes += len(piece)
+        assert dst is not None
+        self._batch = _OpenBatch(key, sent, [piece], [dst], len(piece))
 
-    def _add_copy(self, dst: int, data: bytes, stream: int | None) -> bool:
-        """:meth:`_add_launch` for a small fire-and-forget host-to-device copy (its
-        bytes already copied from the caller's buffer) on ``stream``."""
-        return self._add_item(("copy", stream), data, dst)
-
-    def _open_copies(self, dst: int, data: bytes, stream: int | None) -> None:
-        """:meth:`_open_launches` for a copy."""
-        args = {"stream": stream}
-        sent = self._track(Opcode.MEMCPY_HTOD_MANY, Flags.NO_REPLY, args, _NO_BYTES, None, None)
-        sent.extra = len(data)
-        self._unacked_bytes += len(data)
-        self._batch = _OpenBatch(("copy", stream), sent, [data], [dst], len(data))
-
-    def _add_item(self, key: tuple[Any, ...], item: bytes, dst: int | None) -> bool:
+    def _add_to_batch(self, item: BatchItem) -> bool:
+        """Put a request in the open batch when it shares the batch's configuration or
+        stream and there is room: True. False: the caller writes the open batch
+        (:meth:`_close_batch`) and opens another (:meth:`_open_batch`)."""
+        key, piece, dst = item
         batch = self._batch
         if (
             batch is None
             or len(batch.items) >= BATCH_ITEMS
-            or batch.nbytes + len(item) > BATCH_BYTES
+            or batch.nbytes + len(piece) > BATCH_BYTES
             or batch.key != key
         ):
             return False
-        batch.items.append(item)
-        batch.nbytes += len(item)
+        batch.items.append(piece)
+        batch.nbytes += len(piece)
         if dst is not None:
             batch.dsts.append(dst)
         # Its bytes, and a CBOR head or two (a launch buffer's, a copy's two integers).
-        grown = len(item) + 12
+        grown = len(piece) + 12
         batch.sent.extra += grown
         self._unacked_bytes += grown
         return True
@@ -618,13 +633,14 @@ _NO_BYTES = memoryview(b"")
 
 
 def _launch_key(wire: dict[str, Any]) -> tuple[Any, ...]:
-    """What the launches of one LAUNCH_KERNELS share."""
+    """What the launches of one LAUNCH_KERNELS share (compared, never hashed: the lists
+    stay lists)."""
     return (
         "launch",
-        wire["function"],
-        tuple(wire["grid"]),
-        tuple(wire["block"]),
-        wire["shared_mem"],
+        wire.get("function"),
+        wire.get("grid"),
+        wire.get("block"),
+        wire.get("shared_mem"),
         wire.get("stream"),
-        tuple(wire.get("ptrs", ())),
+        wire.get("ptrs"),
     )

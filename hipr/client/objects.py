@@ -26,7 +26,6 @@ class AsyncGpu(Protocol):
     def lost(self) -> bool: ...
     async def _call(self, opcode: Opcode, args: Any = None, data: Any = b"") -> Any: ...
     async def _post(self, opcode: Opcode, args: Any = None, data: Any = b"") -> None: ...
-    async def _launch(self, wire: dict[str, Any]) -> None: ...
     async def event_elapsed_ms(self, start: Event, end: Event) -> float: ...
 
 
@@ -222,7 +221,7 @@ class Function(_Handle):
         """
         wire = launch_args(self, grid, block, args, shared_mem)
         wire["stream"] = handle_id(stream)
-        await self._gpu._launch(wire)
+        await self._gpu._post(Opcode.LAUNCH_KERNEL, wire)
 
     def __repr__(self) -> str:
         return f"<Function {self.name!r}>"
