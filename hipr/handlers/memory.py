@@ -313,19 +313,21 @@ async def memcpy_htod_many(session: Session, request: Request) -> Any:
     after another (protocol 1.1): host-to-device copies in order, as if each came as its
     own MEMCPY_HTOD on ``stream``. Each destination range is checked; a refused piece
     (outside the session's allocations, or past the tenant's max_request_rate: each
-    piece counts as one request) stops none of the others, and the first refusal is the
-    request's error, naming the piece."""
-    if request.no_reply:
-        _post_pieces(session, request)
-        return {}
+    piece counts as one request) stops none of the others; the first refusal, else a
+    failure of the copies, is the request's error, a refusal naming its piece."""
     stream, pieces, refused = _pieces(session, request)
+    failure: HipError | None = None
     if pieces:
-        await session.gpu(*_copy_call(session, pieces, stream))
+        try:
+            await run_ordered(session, request, *_copy_call(session, pieces, stream))
+        except HipError as exc:  # waited for: the copies failed on the device
+            failure = exc
         session.observer.bytes_copied(
             session.tenant, "htod", sum(piece.nbytes for _, piece in pieces)
         )
-    if refused is not None:
-        raise refused
+    error = refused or failure
+    if error is not None:
+        raise error
     return {}
 
 

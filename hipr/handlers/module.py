@@ -210,34 +210,39 @@ class _Batch:
         )
         self.call = (function, grid, block, shared_mem, stream)
         self.count = count = len(blobs)
-        #: (index, error) of the first launch refused, if any.
-        self.refused: tuple[int, HipError] | None = None
         # Each launch counts as the request it stands for against max_request_rate (the
         # request itself already took one): those past what the bucket allows are refused.
         allowed = 1 + session.gate.admit_requests(count - 1) if count > 1 else count
-        if allowed < count:
-            self.refused = (
-                allowed,
-                session.gate.over_rate(
-                    f" (launches {allowed + 1} to {count} of {request.name} were refused)"
-                ),
-            )
+        #: The first refusal by position: a stray pointer before the launches the rate
+        #: refused.
+        self.refused: HipError | None = None
         self.launches: list[tuple[int, bytes]] = []
-        for index in range(allowed):
-            blob = blobs[index]
-            if ptrs:
-                try:
-                    check_pointers(
-                        session, blob, ptrs, f"{request.name}: launch {index + 1} of {count}"
-                    )
-                except HipError as exc:
-                    if self.refused is None or index < self.refused[0]:
-                        self.refused = (index, exc)
-                    continue
+        for index, blob in enumerate(blobs[:allowed]):
+            try:
+                check_pointers(
+                    session, blob, ptrs, f"{request.name}: launch {index + 1} of {count}"
+                )
+            except HipError as exc:
+                self.refused = self.refused or exc
+                continue
             self.launches.append((index, blob))
+        if self.refused is None and allowed < count:
+            self.refused = session.gate.over_rate(
+                f" (launches {allowed + 1} to {count} of {request.name} were refused)"
+            )
+
+    def run(self, session: Session, request: Request) -> tuple[Any, ...]:
+        """The one backend call that runs every launch that may run (``_launch_each``)."""
+        return (
+            _launch_each,
+            session.backend.launch,
+            self.call,
+            self.launches,
+            partial(self.name, request),
+        )
 
     def name(self, request: Request, index: int) -> str:
-        """The launch's name in a deferred error: which launch of the batch failed."""
+        """The launch's name in an error: which launch of the batch failed."""
         return f"{request.name} (launch {index + 1} of {self.count})"
 
 
@@ -248,23 +253,20 @@ async def launch_kernels(session: Session, request: Request) -> Any:
     came as its own LAUNCH_KERNEL. The function, geometry, stream and pointer offsets
     are shared and checked once; each buffer's pointers are checked on their own. A
     launch that is refused (a pointer outside the session's allocations, or past the
-    tenant's max_request_rate: each launch counts as one request) does not stop the
-    others; the first refusal is the request's error, naming the launch."""
+    tenant's max_request_rate: each launch counts as one request) or fails does not stop
+    the others; the first refusal, else the first failure, is the request's error,
+    naming the launch. All of them go to the session's GPU thread in one hand-off,
+    where a burst of LAUNCH_KERNEL frames pays one a launch."""
     batch = _Batch(session, request)
-    failed = batch.refused
-    if request.no_reply:
-        _post_batch(session, request, batch)
-    else:
-        function, grid, block, shared_mem, stream = batch.call
-        launch = session.backend.launch
-        for index, blob in batch.launches:
-            try:
-                await session.gpu(launch, function, grid, block, shared_mem, stream, blob)
-            except HipError as exc:
-                if failed is None or index < failed[0]:
-                    failed = (index, _naming(exc, batch.name(request, index)))
-    if failed is not None:
-        raise failed[1]
+    failure: HipError | None = None
+    if batch.launches:
+        try:
+            await run_ordered(session, request, *batch.run(session, request))
+        except HipError as exc:  # waited for: the first launch that failed, named
+            failure = exc
+    error = batch.refused or failure
+    if error is not None:
+        raise error
     return {}
 
 
@@ -274,28 +276,11 @@ def launch_kernels_now(session: Session, request: Request) -> Any:
     if not request.no_reply:
         return LATER
     batch = _Batch(session, request)
-    _post_batch(session, request, batch)
+    if batch.launches:
+        post_ordered(session, request, *batch.run(session, request))
     if batch.refused is not None:
-        raise batch.refused[1]
+        raise batch.refused
     return {}
-
-
-def _post_batch(session: Session, request: Request, batch: _Batch) -> None:
-    """Queue a batch's launches as one fire-and-forget call on the session's GPU thread:
-    one hand-off for all of them, where a burst of LAUNCH_KERNEL frames pays one a
-    launch, and none on the worker's loop, which other sessions share."""
-    if not batch.launches:
-        return
-    function, grid, block, shared_mem, stream = batch.call
-    session.gpu_post(
-        request.name,
-        request.request_id,
-        _launch_each,
-        session.backend.launch,
-        (function, grid, block, shared_mem, stream),
-        batch.launches,
-        partial(batch.name, request),
-    )
 
 
 def _launch_each(
