@@ -334,52 +334,36 @@ async def test_a_flooding_tenant_does_not_starve_another(
         assert loaded <= max(2 * unloaded, unloaded + 0.002), (unloaded, loaded)
 
 
-async def test_each_launch_of_a_batch_counts_against_the_request_rate(
-    tenant_worker: tuple[Worker, EmulatorBackend],
+@pytest.mark.parametrize("kind", ["launches", "pieces"])
+async def test_each_call_of_a_batch_counts_against_the_request_rate(
+    tenant_worker: tuple[Worker, EmulatorBackend], kind: str
 ) -> None:
-    """A LAUNCH_KERNELS of 200 launches from bob (200 requests/s, a burst of 50): the
-    launches the bucket covers run, in order; the rest are refused with the quota
-    error, which names them, at the next synchronisation."""
+    """A batch of 200 launches (LAUNCH_KERNELS) or copies (MEMCPY_HTOD_MANY) from bob
+    (200 requests/s, a burst of 50): the calls the bucket covers run, in order; the
+    rest are refused with the quota error, which names them, at the next
+    synchronisation."""
     worker, _ = tenant_worker
     async with hipr.aconnect(worker.bound_urls[0], token=BOB) as bob:
         out = await bob.malloc(4 * 200)
-        fill = await bob.builtin("fill_f32")
-        await anyio.sleep(0.3)  # a full bucket: 50 requests
-        blobs = [
-            pack_args([np.uint64(int(out) + 4 * i), np.float32(1.0), np.uint64(1)]).data
-            for i in range(200)
-        ]
-        wire = {"function": fill._check(), "grid": [1], "block": [1], "ptrs": [0], "args": blobs}
-        await bob._post(Opcode.LAUNCH_KERNELS, wire)
-        await anyio.sleep(0.3)  # the synchronize's own request must not be the one refused
-        with pytest.raises(hipr.QuotaError) as refused:
-            await bob.synchronize()
-        await anyio.sleep(0.3)
-        ran = np.frombuffer(await bob.memcpy_dtoh(out), np.float32)
-    admitted = int(ran.sum())
-    assert 0 < admitted <= 51
-    assert (ran[:admitted] == 1.0).all() and (ran[admitted:] == 0.0).all()
-    assert f"launches {admitted + 1} to 200 of LAUNCH_KERNELS were refused" in str(refused.value)
-
-
-async def test_each_piece_of_a_copy_batch_counts_against_the_request_rate(
-    tenant_worker: tuple[Worker, EmulatorBackend],
-) -> None:
-    """MEMCPY_HTOD_MANY of 200 pieces from bob: as for launches, the pieces the bucket
-    covers land, in order, and the rest are refused, named, at the next synchronisation."""
-    worker, _ = tenant_worker
-    async with hipr.aconnect(worker.bound_urls[0], token=BOB) as bob:
-        out = await bob.malloc(4 * 200)
-        await anyio.sleep(0.3)  # a full bucket: 50 requests
         dsts = [int(out) + 4 * i for i in range(200)]
-        ones = np.ones(200, np.float32).tobytes()
-        await bob._post(Opcode.MEMCPY_HTOD_MANY, {"dst": dsts, "size": [4] * 200}, ones)
+        if kind == "launches":
+            fill = await bob.builtin("fill_f32")
+            blobs = [pack_args([np.uint64(d), np.float32(1.0), np.uint64(1)]).data for d in dsts]
+            opcode = Opcode.LAUNCH_KERNELS
+            args: dict[str, object] = {"function": fill._check(), "grid": [1], "block": [1]}
+            args.update(ptrs=[0], args=blobs)
+            data = b""
+        else:
+            opcode = Opcode.MEMCPY_HTOD_MANY
+            args, data = {"dst": dsts, "size": [4] * 200}, np.ones(200, np.float32).tobytes()
+        await anyio.sleep(0.3)  # a full bucket: 50 requests
+        await bob._post(opcode, args, data)
         await anyio.sleep(0.3)  # the synchronize's own request must not be the one refused
         with pytest.raises(hipr.QuotaError) as refused:
             await bob.synchronize()
         await anyio.sleep(0.3)
-        landed = np.frombuffer(await bob.memcpy_dtoh(out), np.float32)
-    admitted = int(landed.sum())
+        done = np.frombuffer(await bob.memcpy_dtoh(out), np.float32)
+    admitted = int(done.sum())
     assert 0 < admitted <= 51
-    assert (landed[:admitted] == 1.0).all() and (landed[admitted:] == 0.0).all()
-    assert f"pieces {admitted + 1} to 200 of MEMCPY_HTOD_MANY were refused" in str(refused.value)
+    assert (done[:admitted] == 1.0).all() and (done[admitted:] == 0.0).all()
+    assert f"{kind} {admitted + 1} to 200 of {opcode.name} were refused" in str(refused.value)
