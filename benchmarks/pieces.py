@@ -7,6 +7,8 @@ one process, so that a host's figures can be read against each other:
 
 - the wire: decoding a launch frame (``FrameDecoder.next_frame``), ``cbor2`` alone, the
   worker's argument checks (``Args``) and the client's frame encoding;
+- the client: packing a launch's arguments (a device pointer and two numpy scalars,
+  ``pack_args``) and building its wire arguments (``launch_args``, which packs too);
 - the backend: ``launch`` on the calling thread, N launches then a synchronize;
 - the GIL: the same launches from a second thread, while this one waits, and while
   it runs Python (decoding CBOR in a loop) at several ``sys.setswitchinterval`` values.
@@ -77,7 +79,20 @@ def wire_pieces(count: int) -> dict[str, float]:
     decoder = FrameDecoder()
     decoder.feed(frames)
     payload = cbor2.dumps(LAUNCH_WIRE)
+    from hipr.client.objects import DevicePtr, launch_args
+
+    class _Function:  # what launch_args reads of a client Function
+        def _check(self) -> int:
+            return 1
+
+    values = [DevicePtr(1 << 40, 64), np.float32(1.0), np.uint64(1)]
+    function = _Function()
     return {
+        "client: pack a launch's arguments": per_call(lambda: pack_args(values), count),
+        "client: a launch's wire arguments": per_call(
+            lambda: launch_args(function, 1, 1, values, 0),  # type: ignore[arg-type]
+            count,
+        ),
         "decode a launch frame": per_call(decoder.next_frame, count),
         "cbor2.loads of its arguments": per_call(lambda: cbor2.loads(payload), count),
         "the worker's argument checks": per_call(_check_launch_args, count),

@@ -267,15 +267,19 @@ def sync_rows(
             batch = plan.launch_batch
             log(f"sync: {batch:,} launches then one synchronize, x{plan.batch_repeats}")
             per: list[float] = []
+            posting: list[float] = []
             for rep in range(plan.batch_repeats + 1):  # the first batch warms up
                 gpu.synchronize()
                 start = time.perf_counter()
                 for _ in range(batch):
                     launch()
+                posted = time.perf_counter()
                 gpu.synchronize()
                 if rep:
                     per.append((time.perf_counter() - start) / batch)
+                    posting.append((posted - start) / batch)
             median = _median_us(per)
+            posted_us = _median_us(posting)
             launch_bytes = launch_frame()
             rows.append(
                 Row(
@@ -289,6 +293,8 @@ def sync_rows(
                     met=median <= 10,
                     local=local_name,
                     local_value=local_us(local.per_launch if local else None),
+                    note=f"the client posted a launch in {posted_us:.1f} µs",
+                    extra={"posted_us": posted_us},
                 )
             )
 
