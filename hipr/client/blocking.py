@@ -19,7 +19,6 @@ calls. It takes no part in a call.
 
 from __future__ import annotations
 
-import select
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +42,7 @@ from hipr.client.link import (
     handshake_reply,
     log,
 )
+from hipr.client.stream_reads import StreamReader, reader_for
 from hipr.errors import (
     AuthError,
     HipConnectionError,
@@ -92,8 +92,7 @@ class BlockingConnection(LinkState):
         super().__init__(url, max_payload, options, on_event)
         self._connector = connector
         self._stream: BlockingStream | None = None
-        self._poller = select.poll()
-        self._tls = False
+        self._reader: StreamReader | None = None
         self._decoder = FrameDecoder(max_payload)
         self._buffer = bytearray(_RECEIVE)
         self._send_lock = threading.RLock()
@@ -146,10 +145,6 @@ class BlockingConnection(LinkState):
                 continue
             reply = handshake_reply(frame, opcode, self.url)
             if reply is not None:
-                # Reads wait in poll(), never here; the timeout bounds a send into a
-                # route that stopped moving (open but silent): after heartbeat_timeout
-                # the link is taken for dead and resumed, as a silent read would be.
-                stream.settimeout(self.options.heartbeat_timeout)
                 return reply, decoder
 
     def open(self, hello: dict[str, Any]) -> dict[str, Any]:
@@ -172,11 +167,10 @@ class BlockingConnection(LinkState):
     def _install(self, stream: BlockingStream, decoder: FrameDecoder) -> None:
         self._stream = stream
         self._decoder = decoder
-        # The socket stays in blocking mode for good: a timeout set for one thread's
-        # read would also cut another thread's sendall short. Reads wait in poll().
-        self._poller = select.poll()
-        self._poller.register(stream.fileno(), select.POLLIN)
-        self._tls = hasattr(stream, "pending")
+        # heartbeat_timeout bounds a send into a route that stopped moving (open but
+        # silent), and a read inside a frame: the link is then taken for dead and
+        # resumed, as a silent read would be. A reply's wait has its own limit.
+        self._reader = reader_for(stream, self._send_lock, self.options.heartbeat_timeout)
         self._last_received = self._last_sent = time.monotonic()
         # Whatever was batched for the old link is in the resend buffer already.
         self._outbox, self._outbox_bytes = [], 0
@@ -316,31 +310,23 @@ class BlockingConnection(LinkState):
     def _read_once(self, timeout: float | None) -> bool:
         """Read what the link has (at most ``timeout`` seconds) and route it; False on
         timeout. Raises _LinkDown when the link failed."""
-        stream = self._stream
-        if stream is None:
+        reader = self._reader
+        if self._stream is None or reader is None:
             raise _LinkDown
         frame = self._decoder.next_frame()
         if frame is None:
             try:
-                # TLS may hold decrypted bytes that poll() cannot see.
-                if not _pending_bytes(stream) and not self._poller.poll(
-                    None if timeout is None else timeout * 1000
-                ):
-                    return False
-                if self._tls:
-                    # One SSL object must not read and write in two threads at once.
-                    with self._send_lock:
-                        n = stream.recv_into(self._buffer)
-                else:
-                    n = stream.recv_into(self._buffer)
+                n = reader.read(self._buffer, timeout)
             except _LINK_ERRORS:
                 raise _LinkDown from None
+            if n is None:
+                return False
             if not n:
                 raise _LinkDown
             self._last_received = time.monotonic()
             self._decoder.feed(memoryview(self._buffer)[:n])
             frame = self._decoder.next_frame()
-            if frame is None and self._receive_direct(stream):
+            if frame is None and self._receive_direct(reader):
                 frame = self._decoder.next_frame()
         while frame is not None:
             if frame.request_id:
@@ -350,7 +336,7 @@ class BlockingConnection(LinkState):
             frame = self._decoder.next_frame()
         return True
 
-    def _receive_direct(self, stream: BlockingStream) -> bool:
+    def _receive_direct(self, reader: StreamReader) -> bool:
         """Receive a large reply's bulk bytes straight into the caller's buffer (a
         device-to-host copy into ``out``): no decoder buffer, no join, no second copy.
         False when the frame under way is not such a reply."""
@@ -373,7 +359,7 @@ class BlockingConnection(LinkState):
             # The small CBOR part first, never reading past this frame's payload.
             nonlocal head, remaining
             while len(head) < count and remaining:
-                piece = self._recv_some(stream, min(_RECEIVE, remaining))
+                piece = self._recv_some(reader, min(_RECEIVE, remaining))
                 head += piece
                 remaining -= len(piece)
             return head
@@ -396,28 +382,24 @@ class BlockingConnection(LinkState):
         window[:already] = head[start:]
         got = already
         while got < bulk:
-            got += self._recv_into(stream, window[got:])
+            got += self._recv_into(reader, window[got:])
         sink.advance(bulk)
         self._last_received = time.monotonic()
         self._deliver(Frame(header, args))
         return True
 
-    def _recv_into(self, stream: BlockingStream, view: memoryview) -> int:
+    def _recv_into(self, reader: StreamReader, view: memoryview) -> int:
         try:
-            if self._tls:
-                with self._send_lock:
-                    n = stream.recv_into(view)
-            else:
-                n = stream.recv_into(view)
+            n = reader.read_more(view)
         except _LINK_ERRORS:
             raise _LinkDown from None
         if not n:
             raise _LinkDown
         return n
 
-    def _recv_some(self, stream: BlockingStream, limit: int) -> bytes:
+    def _recv_some(self, reader: StreamReader, limit: int) -> bytes:
         view = memoryview(self._buffer)[: max(1, limit)]
-        n = self._recv_into(stream, view)
+        n = self._recv_into(reader, view)
         return bytes(view[:n])
 
     def _send_raw(self, data: bytes) -> None:
@@ -684,11 +666,6 @@ def _send_all(stream: BlockingStream, data: bytes | bytearray | memoryview) -> N
     view = memoryview(data).cast("B")[sent:]
     while view:
         view = view[stream.send(view) :]
-
-
-def _pending_bytes(stream: BlockingStream) -> int:
-    pending = getattr(stream, "pending", None)
-    return int(pending()) if pending is not None else 0
 
 
 def _remaining(deadline: float | None, cap: float) -> float:
