@@ -15,6 +15,18 @@ each request it prints the medians and 90th percentiles of:
 - the reply's send (a syscall that wakes the client),
 - the reply's send ends -> the client has its reply (the client's wake-up and decoding).
 
+Then the same for a 1-thread ``fill_f32`` launch followed by ``synchronize()`` (the
+``hipr bench`` row), where the worker's part is split at the two requests:
+data_received -> the launch starts, the launch -> the synchronize starts (decoding it and
+issuing the kernel), and the synchronize -> its reply's send starts (waiting for the
+kernel to finish).
+
+The raw socket's DEVICE_SYNCHRONIZE runs twice: waiting in ``recv``, and in ``poll()``
+before each ``recv`` (what a socket with a Python timeout does): the cost of the way a
+client waits. Each run also prints the CPU time the worker and the client used per
+request (``/proc``'s utime + stime for the worker, ``time.process_time`` for the client:
+syscalls and the wake-ups they cause included), where ``/proc`` exists.
+
 A stage can read negative when the woken client preempts the worker on its core. Only
 for the asyncio worker (push mode): the instrumented points are the loop stream's
 ``data_received``, ``send`` and ``write_nowait``. The instrumentation costs ~1 µs a
@@ -26,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import signal
 import socket
 import statistics
@@ -45,6 +58,15 @@ STAGES = (
     "reply sent -> client has it",
     "total",
 )
+LAUNCH_STAGES = (
+    "client call -> worker data_received",
+    "data_received -> launch starts",
+    "launch -> synchronize starts",
+    "synchronize -> reply send starts",
+    "reply send",
+    "reply sent -> client has it",
+    "total",
+)
 
 
 def _serve(dump: str, worker_argv: list[str]) -> int:
@@ -54,6 +76,8 @@ def _serve(dump: str, worker_argv: list[str]) -> int:
     from hipr.worker import connection
 
     marks: dict[str, list[int]] = {"recv": [], "exec": [], "send0": [], "send1": []}
+    #: Every request's start, as (time, opcode) pairs flattened: also fire-and-forget ones.
+    starts: list[int] = []
     sends: list[tuple[int, int]] = []
     now = time.perf_counter_ns
 
@@ -66,7 +90,9 @@ def _serve(dump: str, worker_argv: list[str]) -> int:
     execute = connection.WorkerConnection._execute
 
     async def timed_execute(self: Any, frame: Any) -> bool:
-        marks["exec"].append(now())
+        started = now()
+        marks["exec"].append(started)
+        starts.extend((started, frame.opcode))
         return await execute(self, frame)
 
     answer_now = connection.WorkerConnection._answer_now
@@ -76,8 +102,10 @@ def _serve(dump: str, worker_argv: list[str]) -> int:
         # the executor is marked there instead.
         started = now()
         answered = answer_now(self, frame)
-        if answered and not frame.header.flags & Flags.NO_REPLY:
-            marks["exec"].append(started)
+        if answered:
+            starts.extend((started, frame.opcode))
+            if not frame.header.flags & Flags.NO_REPLY:
+                marks["exec"].append(started)
         return answered
 
     send = loop_stream.LoopSocketStream.send
@@ -103,6 +131,7 @@ def _serve(dump: str, worker_argv: list[str]) -> int:
         finished = list(sends)
         marks["send0"] = [a for a, _ in finished]
         marks["send1"] = [b for _, b in finished]
+        marks["starts"] = list(starts)
         Path(dump).write_text(json.dumps(marks))
 
     signal.signal(signal.SIGUSR1, write)
@@ -123,6 +152,39 @@ def _stages(client: Sequence[tuple[int, int]], marks: dict[str, list[int]]) -> d
         STAGES[3]: [b - a for a, b in zip(send0, send1, strict=True)],
         STAGES[4]: [c[1] - s for s, c in zip(send1, client, strict=True)],
         STAGES[5]: [c[1] - c[0] for c in client],
+    }
+
+
+def _launch_stages(
+    client: Sequence[tuple[int, int]], marks: dict[str, list[int]], launch: int, sync: int
+) -> dict[str, list[int]]:
+    """Per-stage durations (ns) of the last ``len(client)`` launch + synchronize pairs:
+    each synchronize start is paired with the launch start before it, and with the last
+    data_received at or before that launch (both frames usually arrive in one read)."""
+    flat = marks["starts"]
+    pairs = list(zip(flat[::2], flat[1::2], strict=True))
+    launches, syncs = [], []
+    last_launch = None
+    for at, opcode in pairs:
+        if opcode == launch:
+            last_launch = at
+        elif opcode == sync and last_launch is not None:
+            launches.append(last_launch)
+            syncs.append(at)
+            last_launch = None
+    n = len(client)
+    launches, syncs = launches[-n:], syncs[-n:]
+    recvs = marks["recv"]
+    arrived = [max(r for r in recvs if r <= at) for at in launches]
+    send0, send1 = marks["send0"][-n:], marks["send1"][-n:]
+    return {
+        LAUNCH_STAGES[0]: [r - c[0] for r, c in zip(arrived, client, strict=True)],
+        LAUNCH_STAGES[1]: [ls - r for r, ls in zip(arrived, launches, strict=True)],
+        LAUNCH_STAGES[2]: [s - ls for ls, s in zip(launches, syncs, strict=True)],
+        LAUNCH_STAGES[3]: [s0 - s for s, s0 in zip(syncs, send0, strict=True)],
+        LAUNCH_STAGES[4]: [b - a for a, b in zip(send0, send1, strict=True)],
+        LAUNCH_STAGES[5]: [c[1] - s for s, c in zip(send1, client, strict=True)],
+        LAUNCH_STAGES[6]: [c[1] - c[0] for c in client],
     }
 
 
@@ -185,10 +247,17 @@ class _Worker:
 
 
 def _raw(
-    sock_path: str, opcode: int, count: int, marks: Callable[[], dict[str, list[int]]]
+    sock_path: str,
+    opcode: int,
+    count: int,
+    marks: Callable[[], dict[str, list[int]]],
+    cpu: _CpuMeter,
+    *,
+    poll_first: bool = False,
 ) -> tuple[list[tuple[int, int]], dict[str, list[int]]]:
     """``count`` requests through a plain blocking socket: (sent, reply read) each, and
-    the worker's marks, taken before the goodbye adds its own."""
+    the worker's marks, taken before the goodbye adds its own. ``poll_first``: wait in
+    ``poll()`` before each ``recv``."""
     from hipr.protocol.codec import FrameDecoder, encode_frame
     from hipr.protocol.header import Flags
     from hipr.protocol.opcodes import Opcode
@@ -199,9 +268,13 @@ def _raw(
         sock.sendall(encode_frame(Opcode.HELLO, 1, Flags.NONE, {"client": "stages"}))
         decoder = FrameDecoder()
         buffer = bytearray(65536)
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN)
 
         def reply() -> None:
             while True:
+                if poll_first:
+                    poller.poll(10_000)
                 got = sock.recv_into(buffer)
                 if not got:
                     raise ConnectionError("the worker closed the connection")
@@ -212,16 +285,55 @@ def _raw(
 
         reply()
         times = []
+        cpu.start()
         for i in range(count):
             message = encode_frame(opcode, i + 2, Flags.NONE)
             sent = now()
             sock.sendall(message)
             reply()
             times.append((sent, now()))
+        cpu.stop(count)
         taken = marks()
         sock.sendall(encode_frame(Opcode.GOODBYE, count + 2, Flags.NONE))
         reply()
     return times, taken
+
+
+class _CpuMeter:
+    """CPU time per request of the worker process and of this one, over a run."""
+
+    def __init__(self, worker_pid: int) -> None:
+        self._stat = Path(f"/proc/{worker_pid}/stat")
+        self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._began = (0, 0.0)
+        self.per_request: dict[str, float] = {}
+
+    def _worker_ns(self) -> int:
+        # utime and stime, in clock ticks (fields 14 and 15; the name before may hold spaces).
+        fields = self._stat.read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // self._tick
+
+    def start(self) -> None:
+        """Note both processes' CPU time now."""
+        self.per_request = {}
+        if self._stat.exists():
+            self._began = (self._worker_ns(), time.process_time())
+
+    def stop(self, count: int) -> None:
+        """CPU time per request since :meth:`start`, over ``count`` requests."""
+        if not self._stat.exists() or not count:
+            return
+        worker, client = self._began
+        self.per_request = {
+            "worker CPU per request": (self._worker_ns() - worker) / count,
+            "client CPU per request": (time.process_time() - client) * 1e9 / count,
+        }
+
+    def report(self, stages: dict[str, list[int]], out: Callable[[str], None]) -> None:
+        """Print the figures under a stage table and keep them in it (one value each)."""
+        for name, value in self.per_request.items():
+            stages[name] = [int(value)]
+            out(f"  {name:38s}        {value / 1000:8.1f} µs")
 
 
 def measure(
@@ -231,28 +343,65 @@ def measure(
     out: Callable[[str], None] = print,
 ) -> dict[str, dict[str, list[int]]]:
     """Run the stage measurements; print them through ``out``; return them (ns)."""
+    import numpy as np
+
     import hipr
     from hipr.protocol.opcodes import Opcode
 
     warm = count // 10
     results: dict[str, dict[str, list[int]]] = {}
     worker = _Worker(backend, loop)
+    cpu = _CpuMeter(worker.process.pid)
+
+    def report(title: str, stages: dict[str, list[int]]) -> None:
+        results[title] = stages
+        _print(title, stages, out)
+        cpu.report(stages, out)
+
     try:
-        for name in ("DEVICE_SYNCHRONIZE", "GET_DEVICE"):
-            times, marks = _raw(worker.socket, Opcode[name], count, worker.marks)
-            title = f"{backend}, {loop} worker, raw blocking socket: {name}"
-            results[title] = _stages(times[warm:], marks)
-            _print(title, results[title], out)
+        for name, poll_first in (
+            ("DEVICE_SYNCHRONIZE", False),
+            ("DEVICE_SYNCHRONIZE", True),
+            ("GET_DEVICE", False),
+        ):
+            times, marks = _raw(
+                worker.socket, Opcode[name], count, worker.marks, cpu, poll_first=poll_first
+            )
+            how = "poll() then recv" if poll_first else "recv"
+            report(
+                f"{backend}, {loop} worker, raw blocking socket ({how}): {name}",
+                _stages(times[warm:], marks),
+            )
         now = time.perf_counter_ns
         with hipr.connect(f"unix://{worker.socket}") as gpu:
             times = []
+            cpu.start()
             for _ in range(count):
                 sent = now()
                 gpu.synchronize()
                 times.append((sent, now()))
-            title = f"{backend}, {loop} worker, hipr.connect(): synchronize()"
-            results[title] = _stages(times[warm:], worker.marks())
-            _print(title, results[title], out)
+            cpu.stop(count)
+            report(
+                f"{backend}, {loop} worker, hipr.connect(): synchronize()",
+                _stages(times[warm:], worker.marks()),
+            )
+            word = gpu.malloc(4)
+            fill = gpu.builtin("fill_f32")
+            args = [word, np.float32(1.0), np.uint64(1)]
+            times = []
+            cpu.start()
+            for _ in range(count):
+                sent = now()
+                fill.launch(1, 1, args)
+                gpu.synchronize()
+                times.append((sent, now()))
+            cpu.stop(count)
+            report(
+                f"{backend}, {loop} worker, hipr.connect(): 1-thread launch + synchronize()",
+                _launch_stages(
+                    times[warm:], worker.marks(), Opcode.LAUNCH_KERNEL, Opcode.DEVICE_SYNCHRONIZE
+                ),
+            )
     finally:
         worker.stop()
     return results

@@ -428,12 +428,19 @@ def test_stage_trace_reports_every_stage() -> None:
 
     lines: list[str] = []
     results = stages.measure("emulator", count=40, loop="asyncio", out=lines.append)
-    assert len(results) == 3
+    assert len(results) == 5
+    cpu = ["worker CPU per request", "client CPU per request"]
+    *plain, launch_sync = results.values()
+    for per_stage in plain:
+        assert list(per_stage) == [*stages.STAGES, *cpu]
+    assert list(launch_sync) == [*stages.LAUNCH_STAGES, *cpu]
     for per_stage in results.values():
-        assert list(per_stage) == list(stages.STAGES)
-        assert all(len(values) == 36 for values in per_stage.values())
+        assert all(len(per_stage[name]) == 36 for name in per_stage if name not in cpu)
         assert all(value > 0 for value in per_stage["total"])
-    assert sum("median" in line for line in lines) == 3 * len(stages.STAGES)
+        assert all(per_stage[name][0] >= 0 for name in cpu)  # whole clock ticks: may be 0
+    assert sum("median" in line for line in lines) == 4 * len(stages.STAGES) + len(
+        stages.LAUNCH_STAGES
+    )
 
 
 def test_copy_memory_reports_every_figure() -> None:
