@@ -9,6 +9,8 @@ Plain Python ints and floats are refused because their C width is ambiguous.
 from __future__ import annotations
 
 import ctypes
+import operator
+import struct
 import sys
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
@@ -61,6 +63,10 @@ class PackedArgs(NamedTuple):
     def to_wire(self) -> dict[str, Any]:
         """The CBOR map a launch request carries."""
         return {"args": self.data, "ptrs": self.pointer_offsets()}
+
+
+#: ``PackedArgs(...)`` without the named tuple's Python-level ``__new__``.
+_new_packed = tuple.__new__
 
 
 #: numpy scalar types whose ``tobytes()`` is already the little-endian C value, with
@@ -126,8 +132,89 @@ def _encode_one(index: int, arg: object) -> tuple[bytes, int, str]:
     )
 
 
+#: struct codes of the numpy integer types (standard sizes, little-endian with ``<``):
+#: their values pack as Python ints, exactly. Floats and bools pack as their own bytes
+#: (``tobytes``), so that every bit pattern, a signalling NaN's included, arrives as is.
+_INTEGER_CODES: dict[type, str] = {
+    np.int8: "b", np.uint8: "B", np.int16: "h", np.uint16: "H",
+    np.int32: "i", np.uint32: "I", np.int64: "q", np.uint64: "Q",
+}  # fmt: skip
+
+
+class _Layout:
+    """How arguments of one sequence of types pack: one ``struct`` format with the C
+    padding in it, and what turns each argument into its field. Worked out once per
+    sequence of types (a program launches few kinds of kernels, many times), so that a
+    launch packs in one ``Struct.pack`` instead of a walk with alignment arithmetic."""
+
+    __slots__ = ("convert", "slots", "struct")
+
+    def __init__(self, types: tuple[type, ...]) -> None:
+        fields = ["<"]
+        convert: list[Any] = []
+        slots: list[ArgSlot] = []
+        end = 0
+        for cls in types:
+            if cls in _POINTER_TYPES:
+                code, size, alignment, kind = "Q", POINTER_SIZE, POINTER_SIZE, "ptr"
+                how: Any = operator.index
+            else:
+                alignment = _NUMPY_FAST[cls]
+                size = np.dtype(cls).itemsize
+                kind = "value"
+                code = _INTEGER_CODES.get(cls, f"{size}s")
+                how = int if cls in _INTEGER_CODES else cls.tobytes  # type: ignore[attr-defined]
+            offset = -(-end // alignment) * alignment
+            if offset > end:
+                fields.append(f"{offset - end}x")
+            fields.append(code)
+            convert.append(how)
+            slots.append(ArgSlot(offset, size, kind))
+            end = offset + size
+        self.struct = struct.Struct("".join(fields))
+        self.convert = tuple(convert)
+        self.slots = tuple(slots)
+
+    def pack(self, args: Sequence[object]) -> PackedArgs:
+        """``args`` (of this layout's types) packed."""
+        # The types came from ``args``, so the two have the same length.
+        fields = [how(arg) for how, arg in zip(self.convert, args)]  # noqa: B905
+        return _new_packed(PackedArgs, (self.struct.pack(*fields), self.slots))
+
+
+#: Layouts by the tuple of argument types; None for a sequence the general walk packs.
+_LAYOUTS: dict[tuple[type, ...], _Layout | None] = {}
+#: Distinct sequences of types remembered (a program that makes more starts over).
+_MAX_LAYOUTS = 1024
+
+
+def _layout(types: tuple[type, ...]) -> _Layout | None:
+    if len(_LAYOUTS) >= _MAX_LAYOUTS:
+        _LAYOUTS.clear()
+    fast = all(cls in _POINTER_TYPES or cls in _NUMPY_FAST for cls in types)
+    layout = _Layout(types) if fast and types and len(types) <= MAX_ARGS else None
+    if layout is not None and layout.struct.size > MAX_ARGS_BYTES:
+        layout = None  # the general walk refuses it, with its message
+    _LAYOUTS[types] = layout
+    return layout
+
+
 def pack_args(args: Sequence[object]) -> PackedArgs:
     """Pack ``args`` at the offsets a C compiler gives a struct of the same members."""
+    types = tuple(map(type, args))
+    layout = _LAYOUTS.get(types, False)
+    if layout is False:
+        layout = _layout(types)
+    if layout is not None:
+        try:
+            return layout.pack(args)  # type: ignore[union-attr]
+        except (struct.error, OverflowError, TypeError):
+            pass  # a pointer out of range, say: the walk below says what is wrong
+    return _pack_each(args)
+
+
+def _pack_each(args: Sequence[object]) -> PackedArgs:
+    """:func:`pack_args` argument by argument: any argument type, and the checks."""
     if len(args) > MAX_ARGS:
         raise invalid_value(f"{len(args)} kernel arguments: at most {MAX_ARGS} are allowed")
     buffer = bytearray()

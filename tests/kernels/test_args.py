@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from hipr.client import DevicePtr
 from hipr.errors import HipError
 from hipr.errors import HipErrorCode as E
-from hipr.kernels.args import MAX_ARGS, MAX_ARGS_BYTES, pack_args
+from hipr.kernels.args import MAX_ARGS, MAX_ARGS_BYTES, _pack_each, pack_args
 
 
 class Pair(ctypes.Structure):
@@ -202,3 +202,32 @@ def test_device_pointer_is_eight_bytes_whatever_its_size() -> None:
     packed = pack_args([np.int8(1), p + 16])
     assert packed.slots[1].offset == 8 and packed.slots[1].kind == "ptr"
     assert int.from_bytes(packed.data[8:16], "little") == 0xDEAD_BEEF_010
+
+
+#: The kinds a launch packs through a cached layout (one struct per sequence of types).
+LAID_OUT = sorted(k for k in KINDS if k == "ptr" or isinstance(KINDS[k][0], np.generic))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(LAID_OUT), max_size=24))
+def test_cached_layouts_pack_as_the_walk_does(kinds: list[str]) -> None:
+    """The layout a sequence of types gets on first use, and on every use after it,
+    packs exactly what the argument-by-argument walk packs."""
+    values = [KINDS[k][0] for k in kinds]
+    walked = _pack_each(values)
+    assert pack_args(values) == walked
+    assert pack_args(values) == walked  # the cached layout, this time
+
+
+@pytest.mark.parametrize(
+    ("kind", "bits"),
+    [(np.float16, 0x7D01), (np.float32, 0x7F800001), (np.float64, 0x7FF0_0000_0000_0001)],
+)
+def test_signalling_nans_keep_their_bits(kind: Any, bits: int) -> None:
+    """A float argument arrives bit for bit, even a signalling NaN (which a conversion
+    through a C double would quiet)."""
+    size = np.dtype(kind).itemsize
+    value = np.frombuffer(bits.to_bytes(size, "little"), dtype=kind)[0]
+    for _ in range(2):
+        packed = pack_args([np.int8(1), value])
+        assert packed.data[size:] == bits.to_bytes(size, "little")
