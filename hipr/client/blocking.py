@@ -42,7 +42,7 @@ from hipr.client.link import (
     handshake_reply,
     log,
 )
-from hipr.client.stream_reads import StreamReader, reader_for
+from hipr.client.stream_io import StreamIO, io_for
 from hipr.errors import (
     AuthError,
     HipConnectionError,
@@ -92,7 +92,7 @@ class BlockingConnection(LinkState):
         super().__init__(url, max_payload, options, on_event)
         self._connector = connector
         self._stream: BlockingStream | None = None
-        self._reader: StreamReader | None = None
+        self._io: StreamIO | None = None
         self._decoder = FrameDecoder(max_payload)
         self._buffer = bytearray(_RECEIVE)
         self._send_lock = threading.RLock()
@@ -170,7 +170,7 @@ class BlockingConnection(LinkState):
         # heartbeat_timeout bounds a send into a route that stopped moving (open but
         # silent), and a read inside a frame: the link is then taken for dead and
         # resumed, as a silent read would be. A reply's wait has its own limit.
-        self._reader = reader_for(stream, self._send_lock, self.options.heartbeat_timeout)
+        self._io = io_for(stream, self._send_lock, self.options.heartbeat_timeout)
         self._last_received = self._last_sent = time.monotonic()
         # Whatever was batched for the old link is in the resend buffer already.
         self._outbox, self._outbox_bytes = [], 0
@@ -237,10 +237,10 @@ class BlockingConnection(LinkState):
         if not self._outbox:
             return
         batch, self._outbox, self._outbox_bytes = self._outbox, [], 0
-        stream = self._stream
-        if stream is None:
+        io = self._io
+        if self._stream is None or io is None:
             return  # the resend after reconnecting carries these requests
-        _send_all(stream, b"".join(batch) if len(batch) > 1 else batch[0])
+        io.send_all(b"".join(batch) if len(batch) > 1 else batch[0])
         self._last_sent = time.monotonic()
 
     def _write_batch_locked(self) -> None:
@@ -266,12 +266,12 @@ class BlockingConnection(LinkState):
                 sent.progress(total, total)
             return
         self._flush_locked()
-        stream = self._stream
-        if stream is None:
+        io = self._io
+        if self._stream is None or io is None:
             return
         for parts, done in self._frames(sent):
             for part in parts:
-                _send_all(stream, part)
+                io.send_all(part)
             self._last_sent = time.monotonic()
             if sent.progress is not None:
                 sent.progress(done, total)
@@ -310,7 +310,7 @@ class BlockingConnection(LinkState):
     def _read_once(self, timeout: float | None) -> bool:
         """Read what the link has (at most ``timeout`` seconds) and route it; False on
         timeout. Raises _LinkDown when the link failed."""
-        reader = self._reader
+        reader = self._io
         if self._stream is None or reader is None:
             raise _LinkDown
         frame = self._decoder.next_frame()
@@ -336,7 +336,7 @@ class BlockingConnection(LinkState):
             frame = self._decoder.next_frame()
         return True
 
-    def _receive_direct(self, reader: StreamReader) -> bool:
+    def _receive_direct(self, reader: StreamIO) -> bool:
         """Receive a large reply's bulk bytes straight into the caller's buffer (a
         device-to-host copy into ``out``): no decoder buffer, no join, no second copy.
         False when the frame under way is not such a reply."""
@@ -388,7 +388,7 @@ class BlockingConnection(LinkState):
         self._deliver(Frame(header, args))
         return True
 
-    def _recv_into(self, reader: StreamReader, view: memoryview) -> int:
+    def _recv_into(self, reader: StreamIO, view: memoryview) -> int:
         try:
             n = reader.read_more(view)
         except _LINK_ERRORS:
@@ -397,7 +397,7 @@ class BlockingConnection(LinkState):
             raise _LinkDown
         return n
 
-    def _recv_some(self, reader: StreamReader, limit: int) -> bytes:
+    def _recv_some(self, reader: StreamIO, limit: int) -> bytes:
         view = memoryview(self._buffer)[: max(1, limit)]
         n = self._recv_into(reader, view)
         return bytes(view[:n])
@@ -405,12 +405,12 @@ class BlockingConnection(LinkState):
     def _send_raw(self, data: bytes) -> None:
         """A frame outside the request sequence (heartbeats); dropped if the link is down."""
         with self._send_lock:
-            stream = self._stream
-            if stream is None:
+            io = self._io
+            if self._stream is None or io is None:
                 return
             try:
                 self._flush_locked()
-                _send_all(stream, data)
+                io.send_all(data)
                 self._last_sent = time.monotonic()
             except _LINK_ERRORS:
                 pass
@@ -578,6 +578,11 @@ class BlockingConnection(LinkState):
         return self._result(pending)
 
     async def notify(self, opcode: Opcode, args: Any = None, data: Buffer = b"") -> None:
+        """Send a fire-and-forget request (:meth:`post`; an ``async def`` for the API's
+        coroutines, as :meth:`request` is)."""
+        self.post(opcode, args, data)
+
+    def post(self, opcode: Opcode, args: Any = None, data: Buffer = b"") -> None:
         """Send a fire-and-forget request: no reply; an error comes with a later call.
         The bytes are copied, so the caller may reuse its buffer at once. Launches of one
         configuration, and small copies on one stream, go in batches (LinkOptions)."""
@@ -639,33 +644,22 @@ class BlockingConnection(LinkState):
             stream, self._stream = self._stream, None
             if stream is not None:
                 try:
-                    self._flush_locked_to(stream)
+                    self._flush_last()
                 except _LINK_ERRORS:
                     pass
                 stream.close()
         self._lose(HipConnectionError(message="the connection is closed"))
 
-    def _flush_locked_to(self, stream: BlockingStream) -> None:
+    def _flush_last(self) -> None:
+        """Send what is batched over the link being closed (``_stream`` already None)."""
         self._write_batch_locked()
-        if self._outbox:
-            _send_all(stream, b"".join(self._outbox))
+        if self._outbox and self._io is not None:
+            self._io.send_all(b"".join(self._outbox))
             self._outbox, self._outbox_bytes = [], 0
 
     async def aclose(self) -> None:
         """Close (the async API's name for :meth:`close`)."""
         self.close()
-
-
-def _send_all(stream: BlockingStream, data: bytes | bytearray | memoryview) -> None:
-    """``sendall`` whose timeout bounds each wait for room, not the whole transfer: a
-    slow link may take as long as it needs, a link that stops moving fails after the
-    socket's timeout (sendall's timeout would cut a large chunk short on a slow link)."""
-    sent = stream.send(data)
-    if sent == len(data):
-        return
-    view = memoryview(data).cast("B")[sent:]
-    while view:
-        view = view[stream.send(view) :]
 
 
 def _remaining(deadline: float | None, cap: float) -> float:

@@ -1,18 +1,20 @@
-"""How the sync client waits for bytes on its stream.
+"""How the sync client moves bytes on its stream: reads that wait, and sends.
 
-A plain socket (tcp, unix, ssh's forwarded socket) is read with one blocking
-``recv`` whose time limit is the kernel's (``SO_RCVTIMEO``), and polled with one
-``recv(MSG_DONTWAIT)``. A Python-level socket timeout would put a ``poll()`` in front of
-every ``recv`` and ``send`` (CPython waits for readiness before each call on a socket
-with a timeout); on a virtual machine each such syscall, and a wake-up from ``poll``
-rather than from ``recv``, was a measurable part of a round trip
-(``python -m benchmarks.stages`` prints both ways of waiting). Sends keep their bound
-through ``SO_SNDTIMEO``, so a send into a link that stopped moving still fails after
-``heartbeat_timeout``.
+A plain socket (tcp, unix, ssh's forwarded socket) is read with one blocking ``recv``
+whose time limit is the kernel's (``SO_RCVTIMEO``), polled with one
+``recv(MSG_DONTWAIT)``, and written with ``send(MSG_DONTWAIT)``, waiting in ``poll()``
+only when the socket's buffer is full. A Python-level socket timeout would put a
+``poll()`` in front of every ``recv`` and ``send`` (CPython waits for readiness before
+each call on a socket with a timeout); on a virtual machine each such syscall, and a
+wake-up from ``poll`` rather than from ``recv``, was a measurable part of a round trip
+(``python -m benchmarks.stages`` prints both ways of waiting). A send into a link that
+stopped moving still fails after ``heartbeat_timeout`` without room, as before (the
+kernel's ``SO_SNDTIMEO`` would not do: a link that trickles returns a few bytes per
+timeout and never fails).
 
 TLS streams (and any stream that is not a plain socket) keep the general way: ``poll()``
 for readiness, then ``recv_into``, under the send lock for TLS, whose connection object
-must not be used from two threads at once.
+must not be used from two threads at once; sends with the stream's own timeout.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ from hipr.transports.base import BlockingStream
 _TIMEVAL = struct.Struct("@ll")
 
 
-class StreamReader(Protocol):
-    """Reads from one stream on behalf of the connection's reading thread."""
+class StreamIO(Protocol):
+    """Reads from one stream on behalf of the connection's reading thread, and sends on
+    it under the connection's send lock."""
 
     def read(self, buffer: bytearray | memoryview, timeout: float | None) -> int | None:
         """Bytes received into ``buffer`` (0 at end of stream), waiting at most
@@ -46,34 +49,40 @@ class StreamReader(Protocol):
         OSError when the link failed or stopped moving."""
         ...
 
+    def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        """Send all of ``data``. Raises OSError when the link failed, or found no room
+        for the link's own timeout (a slow link may take as long as it needs)."""
+        ...
 
-def reader_for(
-    stream: BlockingStream, send_lock: threading.RLock, link_timeout: float
-) -> StreamReader:
-    """The reader for ``stream``; sets the stream's timeouts as that reader needs them
-    (``link_timeout`` bounds a send, and a read in the middle of a frame)."""
+
+def io_for(stream: BlockingStream, send_lock: threading.RLock, link_timeout: float) -> StreamIO:
+    """The I/O for ``stream``; sets the stream's timeouts as it needs them
+    (``link_timeout`` bounds a send's wait for room, and a read inside a frame)."""
     if (
         isinstance(stream, socket.socket)
         and not hasattr(stream, "pending")  # ssl.SSLSocket
         and sys.platform != "win32"
     ):
-        return SocketReader(stream, link_timeout)
-    return PolledReader(stream, send_lock, link_timeout)
+        return SocketIO(stream, link_timeout)
+    return PolledIO(stream, send_lock, link_timeout)
 
 
-class SocketReader:
+class SocketIO:
     """A plain socket in blocking mode, with kernel time limits (see the module doc)."""
 
-    __slots__ = ("_limit", "_link_timeout", "_recv_into", "_socket")
+    __slots__ = ("_limit", "_link_timeout", "_recv_into", "_room", "_send", "_socket")
 
     def __init__(self, sock: socket.socket, link_timeout: float) -> None:
         self._socket = sock
         self._link_timeout = link_timeout
         sock.settimeout(None)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(link_timeout))
         #: The SO_RCVTIMEO last set, so that a wait with the same limit costs no syscall.
         self._limit: float | None = -1.0
         self._recv_into = sock.recv_into
+        self._send = sock.send
+        #: Waits for room to send (used under the send lock only: one poll at a time).
+        self._room = select.poll()
+        self._room.register(sock.fileno(), select.POLLOUT)
 
     def _wait_at_most(self, timeout: float | None) -> None:
         if timeout != self._limit:
@@ -100,10 +109,30 @@ class SocketReader:
                 f"no bytes of a frame under way for {self._link_timeout} s"
             ) from None
 
+    def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        """See :meth:`StreamIO.send_all`."""
+        view = memoryview(data)
+        total = view.nbytes
+        try:
+            sent = self._send(view, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            sent = 0
+        if sent == total:
+            return
+        view = view.cast("B")
+        while sent < total:
+            if not self._room.poll(self._link_timeout * 1000):
+                raise TimeoutError(f"no room to send for {self._link_timeout} s")
+            try:
+                sent += self._send(view[sent:], socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                pass
 
-class PolledReader:
+
+class PolledIO:
     """Any blocking stream: ``poll()`` for readiness, then ``recv_into`` (TLS under the
-    send lock; bytes TLS already decrypted are seen without polling)."""
+    send lock; bytes TLS already decrypted are seen without polling); sends with the
+    stream's own timeout."""
 
     __slots__ = ("_lock", "_poller", "_stream", "_tls")
 
@@ -113,7 +142,8 @@ class PolledReader:
         self._stream = stream
         self._lock = send_lock
         self._tls = hasattr(stream, "pending")
-        # The Python-level timeout bounds a send, and a read's wait inside the stream.
+        # The Python-level timeout bounds each wait for room to send, and a read's wait
+        # inside the stream.
         stream.settimeout(link_timeout)
         self._poller = select.poll()
         self._poller.register(stream.fileno(), select.POLLIN)
@@ -132,6 +162,18 @@ class PolledReader:
             with self._lock:
                 return self._stream.recv_into(view)
         return self._stream.recv_into(view)
+
+    def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        """See :meth:`StreamIO.send_all`. ``send`` rather than ``sendall``: the timeout
+        then bounds each wait for room, not the whole transfer (``sendall``'s would cut a
+        large chunk short on a slow link)."""
+        stream = self._stream
+        sent = stream.send(data)
+        if sent == len(data):
+            return
+        view = memoryview(data).cast("B")[sent:]
+        while view:
+            view = view[stream.send(view) :]
 
     def _decrypted(self) -> int:
         pending = getattr(self._stream, "pending", None)
