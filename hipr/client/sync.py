@@ -64,6 +64,22 @@ def _unwrap(value: Any) -> Any:
     return value
 
 
+def _with_twin(call: Callable[..., Any], twin: Callable[..., None]) -> Callable[..., Any]:
+    """``call``, run as its blocking twin: a synchronous method of the API object with
+    the same arguments and effect (a fire-and-forget post), called directly, with no
+    coroutine to run. A ``timeout=`` (which the twin does not take) goes the general way.
+    Arguments are not unwrapped: the twins take handles only where ``handle_id`` reads
+    them, which a proxy answers as its handle does."""
+
+    @functools.wraps(call)
+    def fast(*args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+        if timeout is None:
+            return twin(*args, **kwargs)
+        return call(*args, timeout=timeout, **kwargs)
+
+    return fast
+
+
 class SyncProxy:
     """Wraps an async API object; its coroutine methods become blocking calls.
 
@@ -91,8 +107,12 @@ class SyncProxy:
             result = runner(attr, args, kwargs)
             return SyncProxy(result, runner) if isinstance(result, _Handle) else result
 
-        self.__dict__[name] = call
-        return call
+        method: Callable[..., Any] = call
+        twin_name = getattr(self._target, "_BLOCKING_TWINS", {}).get(name)
+        if twin_name is not None and runner is run_inline:
+            method = _with_twin(call, getattr(self._target, twin_name))
+        self.__dict__[name] = method
+        return method
 
     def __repr__(self) -> str:
         return repr(self._target)

@@ -215,6 +215,34 @@ def test_deferred_errors_surface_at_the_next_synchronize(
         assert np.all(np.frombuffer(gpu.memcpy_dtoh(p), dtype=np.float32) == 2)
 
 
+def test_posts_skip_the_coroutines_and_keep_streams_and_timeouts(
+    blocking_endpoint: BlockingEndpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Launches and asynchronous copies go through their blocking twins (no coroutine,
+    no notify()), with a stream given as the proxy the client returned, by keyword or
+    by position; a ``timeout=`` takes the general path; every post lands in order."""
+    from hipr.client.blocking import BlockingConnection
+
+    with blocking_endpoint.connect() as gpu:
+        fill = gpu.builtin("fill_f32")
+        p = gpu.malloc(64)
+        s = gpu.stream_create()
+        general = BlockingConnection.notify
+
+        async def refused(*_: object, **__: object) -> None:
+            raise AssertionError("a post without timeout= went through notify()")
+
+        monkeypatch.setattr(BlockingConnection, "notify", refused)
+        fill.launch(1, 16, [p, np.float32(3), np.uint64(16)], stream=s)
+        gpu.memcpy_htod_async(p, np.float32([5]).tobytes(), s)
+        monkeypatch.setattr(BlockingConnection, "notify", general)
+        fill.launch(1, 8, [p + 8, np.float32(4), np.uint64(2)], 0, s, timeout=5)
+        gpu.memcpy_htod_async(p + 4, np.float32([6]).tobytes(), stream=s, timeout=5)
+        s.synchronize()
+        got = np.frombuffer(gpu.memcpy_dtoh(p), dtype=np.float32)
+        assert got[:4].tolist() == [5, 6, 4, 4] and got[4:16].tolist() == [3] * 12
+
+
 # --- 2. several threads sharing one Gpu
 
 
