@@ -1,6 +1,6 @@
 """Where one small request's time goes, stage by stage, on the client and the worker.
 
-    python -m benchmarks.stages [--backend emulator|cuda] [--count N] [--loop uvloop]
+    python -m benchmarks.stages [--backend emulator|cuda] [--count N] [--loop uvloop] [--profile N]
 
 Starts a worker whose connection code is instrumented (timestamps from
 ``time.perf_counter_ns``, which reads CLOCK_MONOTONIC and so compares across the two
@@ -27,6 +27,12 @@ client waits. Each run also prints the CPU time the worker and the client used p
 request (``/proc``'s utime + stime for the worker, ``time.process_time`` for the client:
 syscalls and the wake-ups they cause included), where ``/proc`` exists.
 
+With ``--profile N``, the launch + synchronize workload then runs once more under
+``cProfile`` in both processes (the worker's event-loop thread, where launches and
+synchronizes run inline, and the client's thread), and the N functions with the most
+own time are printed for each: where the time goes, slowed by the profiler's own cost
+but in proportion. The timed figures above are taken without it.
+
 A stage can read negative when the woken client preempts the worker on its core. Only
 for the asyncio worker (push mode): the instrumented points are the loop stream's
 ``data_received``, ``send`` and ``write_nowait``. The instrumentation costs ~1 µs a
@@ -36,8 +42,11 @@ point; compare runs of this tool with each other, not with ``hipr bench``.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import os
+import pstats
 import select
 import signal
 import socket
@@ -135,6 +144,20 @@ def _serve(dump: str, worker_argv: list[str]) -> int:
         Path(dump).write_text(json.dumps(marks))
 
     signal.signal(signal.SIGUSR1, write)
+    profile = cProfile.Profile()
+    profiling = False
+
+    def toggle_profile(*_: object) -> None:
+        # The handler runs on the main thread, the event loop's: the one profiled.
+        nonlocal profiling
+        if profiling:
+            profile.disable()
+            profile.dump_stats(f"{dump}.prof")
+        else:
+            profile.enable()
+        profiling = not profiling
+
+    signal.signal(signal.SIGUSR2, toggle_profile)
     from hipr.cli import main
 
     return main(worker_argv)
@@ -241,6 +264,21 @@ class _Worker:
         data: dict[str, list[int]] = json.loads(Path(self.dump).read_text())
         return data
 
+    def profile(self, run: Callable[[], None]) -> pstats.Stats:
+        """``run()`` with the worker's event-loop thread under cProfile; its statistics."""
+        path = Path(f"{self.dump}.prof")
+        path.unlink(missing_ok=True)
+        os.kill(self.process.pid, signal.SIGUSR2)
+        time.sleep(0.1)  # the loop runs the handler at its next turn
+        run()
+        time.sleep(0.1)
+        os.kill(self.process.pid, signal.SIGUSR2)
+        deadline = time.monotonic() + 10
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.1)  # let the dump finish
+        return pstats.Stats(str(path))
+
     def stop(self) -> None:
         self.process.terminate()
         self.process.wait(timeout=30)
@@ -336,13 +374,28 @@ class _CpuMeter:
             out(f"  {name:38s}        {value / 1000:8.1f} µs")
 
 
+def _print_profile(title: str, stats: pstats.Stats, top: int, out: Callable[[str], None]) -> None:
+    text = io.StringIO()
+    stats.stream = text  # type: ignore[attr-defined]
+    stats.sort_stats("tottime").print_stats(top)
+    out(title)
+    # From the column header on: the lines before name the file and the totals.
+    lines = text.getvalue().splitlines()
+    start = next((i for i, line in enumerate(lines) if "ncalls" in line), 0)
+    for line in lines[start:]:
+        if line.strip():
+            out("  " + line.replace(str(Path.cwd()) + "/", ""))
+
+
 def measure(
     backend: str = "emulator",
     count: int = 3000,
     loop: str = "uvloop",
     out: Callable[[str], None] = print,
+    profile_top: int = 0,
 ) -> dict[str, dict[str, list[int]]]:
-    """Run the stage measurements; print them through ``out``; return them (ns)."""
+    """Run the stage measurements; print them through ``out``; return them (ns). With
+    ``profile_top``, also profile launch + synchronize (see the module doc)."""
     import numpy as np
 
     import hipr
@@ -402,6 +455,29 @@ def measure(
                     times[warm:], worker.marks(), Opcode.LAUNCH_KERNEL, Opcode.DEVICE_SYNCHRONIZE
                 ),
             )
+            if profile_top:
+                client = cProfile.Profile()
+
+                def launch_sync() -> None:
+                    client.enable()
+                    for _ in range(count):
+                        fill.launch(1, 1, args)
+                        gpu.synchronize()
+                    client.disable()
+
+                stats = worker.profile(launch_sync)
+                _print_profile(
+                    f"worker's loop thread, {count} launch + synchronize, cProfile",
+                    stats,
+                    profile_top,
+                    out,
+                )
+                _print_profile(
+                    f"client, {count} launch + synchronize, cProfile",
+                    pstats.Stats(client),
+                    profile_top,
+                    out,
+                )
     finally:
         worker.stop()
     return results
@@ -416,8 +492,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", default="emulator")
     parser.add_argument("--count", type=int, default=3000)
     parser.add_argument("--loop", default="uvloop", choices=("uvloop", "asyncio"))
+    parser.add_argument("--profile", type=int, default=0, metavar="N")
     options = parser.parse_args(args)
-    measure(options.backend, options.count, options.loop)
+    measure(options.backend, options.count, options.loop, profile_top=options.profile)
     return 0
 
 
