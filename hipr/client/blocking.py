@@ -605,6 +605,7 @@ class BlockingConnection(LinkState):
                 raise self._broken
             if self._add_to_batch(item):
                 return
+            filled = self._batch_filled(item)
             generation = self._generation
             # The batch before goes out (to the outbox; a large copy batch to the wire),
             # then this one opens, whatever happened: its id is taken now, so a link
@@ -616,7 +617,7 @@ class BlockingConnection(LinkState):
                 failed = True
             self._open_batch(opcode, args, item)
             try:
-                if not failed and self._outbox_bytes >= self.options.coalesce_bytes:
+                if not failed and (filled or self._outbox_bytes >= self.options.coalesce_bytes):
                     self._flush_locked(close_batch=False)
             except _LINK_ERRORS:
                 failed = True

@@ -398,11 +398,13 @@ class ClientConnection(LinkState):
         await self._hold_send_lock()
         try:
             if not self._add_to_batch(item):
+                filled = self._batch_filled(item)
                 with anyio.CancelScope(shield=True):
                     # The batch before goes to the outbox, then this one opens; the
-                    # flusher sends it after coalesce_delay, or the next request.
+                    # flusher sends it after coalesce_delay, or the next request; a
+                    # full one goes now (pipelined with the posts that follow).
                     await self._write_batch_locked()
-                    if self._outbox_bytes >= self.options.coalesce_bytes:
+                    if filled or self._outbox_bytes >= self.options.coalesce_bytes:
                         await self._flush_locked()
                     self._open_batch(opcode, args, item)
                     self._outbox_ready.set()

@@ -229,8 +229,8 @@ async def malloc_htod(session: Session, request: Request) -> Any:
     return {"ptr": ptr}
 
 
-#: Pieces one MEMCPY_HTOD_MANY may carry, and bytes in all (the sync client sends at
-#: most 1,024 pieces of at most 4 KiB, 64 KiB in all).
+#: Pieces one MEMCPY_HTOD_MANY may carry, and bytes in all (the clients send at most
+#: 64 pieces of at most 4 KiB, 64 KiB in all: BATCH_ITEMS, BATCH_BYTES).
 MAX_PIECES = 4096
 MAX_PIECES_BYTES = 1 << 20
 

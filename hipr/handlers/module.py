@@ -191,7 +191,7 @@ def launch_kernel_now(session: Session, request: Request) -> Any:
     return {}
 
 
-#: Launches one LAUNCH_KERNELS request may carry (the sync client sends at most 1,024).
+#: Launches one LAUNCH_KERNELS request may carry (the clients send at most 64: BATCH_ITEMS).
 MAX_BATCH_LAUNCHES = 4096
 
 
