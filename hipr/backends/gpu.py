@@ -668,12 +668,12 @@ class GpuBackend:
         self, pieces: Sequence[tuple[int, memoryview]], stream: Handle | None = None
     ) -> None:
         """Small host-to-device copies, in order, as :meth:`memcpy_htod` of each. On a
-        stream each is staged as that stages it; on the default stream all are issued
-        and one synchronise covers them, where one copy after another would wait for each
+        stream each is carved from the stream's pinned block, the device, stream and
+        capture state looked up once for all; on the default stream all are issued and
+        one synchronise covers them, where one copy after another would wait for each
         (the pieces' bytes must stay valid only until this returns)."""
         if stream is not None or getattr(self._tls, "ptds_capture", None) is not None:
-            for dst, src in pieces:
-                self.memcpy_htod(dst, src, stream)
+            self._carve_many(pieces, stream)
             return
         self._current()
         raw = self._stream(None)
@@ -693,6 +693,35 @@ class GpuBackend:
             raise
         self._call(self._calls.stream_synchronize, raw)
         del kept
+
+    def _carve_many(self, pieces: Sequence[tuple[int, memoryview]], stream: Handle | None) -> None:
+        """:meth:`memcpy_htod_many`'s pieces on a stream that is not being captured, each
+        through the stream's carve block as :meth:`memcpy_htod` would carve it, with one
+        look-up of the device, the stream and its capture state for the whole batch (one
+        capture query, a driver call, instead of one per copy). Anything else (a capture, a
+        piece too large to carve) goes through :meth:`memcpy_htod` one by one."""
+        self._current()
+        raw = self._stream(stream)
+        self._staging.reclaim()
+        if not isinstance(stream, GpuStream) or self._capture_refs(stream, raw) is not None:
+            for dst, src in pieces:
+                self.memcpy_htod(dst, src, stream)
+            return
+        copy = self._calls.memcpy_htod_async
+        fence = partial(self.fence_after, raw)
+        carve = self._staging.carve
+        for dst, src in pieces:
+            nbytes = src.nbytes
+            if not nbytes:
+                continue
+            if nbytes > PinnedStaging.MAX_CARVED:
+                self.memcpy_htod(dst, src, stream)
+                continue
+            pinned = carve(stream, nbytes, fence)
+            # A piece is a few bytes: a copy of them is the cheapest way to an address.
+            ctypes.memmove(pinned, src.tobytes(), nbytes)
+            # A failed copy leaves its piece unused: the block still retires in order.
+            self._call(copy, dst, pinned, nbytes, raw)
 
     def memcpy_dtoh(self, dst: memoryview, src: int, stream: Handle | None = None) -> None:
         """Device to host; returns once the bytes are in ``dst``."""

@@ -1466,10 +1466,25 @@ def test_sim_many_small_copies(sim: Any) -> None:
     )
     stream = backend.stream_create()
     records = _count(gpu, "EventRecord")
+    queries = _count(gpu, "StreamIsCapturing")
     backend.memcpy_htod_many([(ptr, memoryview(b"\x07\x00\x00\x00"))] * 3, stream)
     assert _count(gpu, "EventRecord") == records  # carved: no fence per copy
+    assert _count(gpu, "StreamIsCapturing") == queries + 1  # one look for the batch
     backend.stream_synchronize(stream)
     assert gpu.read(ptr, 4) == b"\x07\x00\x00\x00"
+    # A piece too large to carve, between carved ones: staged its own way, in order.
+    big = bytes(range(256)) * ((PinnedStaging.MAX_CARVED + 256) // 256)
+    bigptr = backend.malloc(len(big))
+    src[:] = np.arange(count, dtype=np.uint32).tobytes()
+    backend.memcpy_htod_many(
+        [(ptr, memoryview(src)[:4]), (bigptr, memoryview(big)), (ptr + 4, memoryview(src)[4:8])],
+        stream,
+    )
+    src[:] = bytes(len(src))  # reusable at once
+    backend.stream_synchronize(stream)
+    assert gpu.read(bigptr, len(big)) == big
+    assert np.frombuffer(gpu.read(ptr, 8), np.uint32).tolist() == [0, 1]
+    backend.free(bigptr)
     quick = backend.inline_when["memcpy_htod_many"]
     assert quick(pieces, stream)
     assert not quick(pieces, None)  # the default stream's copies wait for their end
@@ -1614,6 +1629,30 @@ def test_sim_graph_capture_keeps_staged_source(sim: Any) -> None:
     backend.free(a)
     backend.free(b)
     backend.stream_destroy(s)
+    assert backend.stats().is_zero()
+
+
+def test_sim_captured_batch_of_small_copies_keeps_its_sources(sim: Any) -> None:
+    """memcpy_htod_many into a stream being captured: each piece is staged as a captured
+    memcpy_htod stages it (its block lives with the graph), never carved."""
+    backend, gpu = sim
+    s = backend.stream_create()
+    x = backend.malloc(8)
+    src = bytearray(b"\1\2\3\4\5\6\7\x08")
+    backend.stream_begin_capture(s)
+    backend.memcpy_htod_many([(x, memoryview(src)[:4]), (x + 4, memoryview(src)[4:])], s)
+    graph = backend.stream_end_capture(s)
+    src[:] = bytes(8)
+    gexec = backend.graph_instantiate(graph)
+    backend.graph_destroy(graph)
+    assert gpu.read(x, 8) == bytes(8)  # recorded, not run
+    backend.graph_launch(gexec, s)
+    backend.stream_synchronize(s)
+    assert gpu.read(x, 8) == b"\1\2\3\4\5\6\7\x08"
+    backend.graph_exec_destroy(gexec)
+    backend.free(x)
+    backend.stream_destroy(s)
+    backend.synchronize()
     assert backend.stats().is_zero()
 
 
