@@ -163,19 +163,26 @@ def _serve(dump: str, worker_argv: list[str]) -> int:
     return main(worker_argv)
 
 
+def _spans(
+    names: Sequence[str], client: Sequence[tuple[int, int]], points: Sequence[Sequence[int]]
+) -> dict[str, list[int]]:
+    """Per-stage durations (ns): for each request, from its client start through
+    ``points`` (one timestamp list per point, in order) to its client end, the time
+    between each point and the next, then the total; ``names`` names them in order."""
+    series = [[c[0] for c in client], *points, [c[1] for c in client]]
+    stages = {
+        name: [b - a for a, b in zip(earlier, later, strict=True)]
+        for name, earlier, later in zip(names, series, series[1:], strict=False)
+    }
+    stages[names[-1]] = [c[1] - c[0] for c in client]
+    return stages
+
+
 def _stages(client: Sequence[tuple[int, int]], marks: dict[str, list[int]]) -> dict[str, list[int]]:
     """Per-stage durations (ns) of the last ``len(client)`` requests, matched in order."""
     n = len(client)
-    recv, start = marks["recv"][-n:], marks["exec"][-n:]
-    send0, send1 = marks["send0"][-n:], marks["send1"][-n:]
-    return {
-        STAGES[0]: [r - c[0] for r, c in zip(recv, client, strict=True)],
-        STAGES[1]: [e - r for r, e in zip(recv, start, strict=True)],
-        STAGES[2]: [s - e for e, s in zip(start, send0, strict=True)],
-        STAGES[3]: [b - a for a, b in zip(send0, send1, strict=True)],
-        STAGES[4]: [c[1] - s for s, c in zip(send1, client, strict=True)],
-        STAGES[5]: [c[1] - c[0] for c in client],
-    }
+    points = [marks[key][-n:] for key in ("recv", "exec", "send0", "send1")]
+    return _spans(STAGES, client, points)
 
 
 def _launch_stages(
@@ -199,16 +206,8 @@ def _launch_stages(
     launches, syncs = launches[-n:], syncs[-n:]
     recvs = marks["recv"]
     arrived = [max(r for r in recvs if r <= at) for at in launches]
-    send0, send1 = marks["send0"][-n:], marks["send1"][-n:]
-    return {
-        LAUNCH_STAGES[0]: [r - c[0] for r, c in zip(arrived, client, strict=True)],
-        LAUNCH_STAGES[1]: [ls - r for r, ls in zip(arrived, launches, strict=True)],
-        LAUNCH_STAGES[2]: [s - ls for ls, s in zip(launches, syncs, strict=True)],
-        LAUNCH_STAGES[3]: [s0 - s for s, s0 in zip(syncs, send0, strict=True)],
-        LAUNCH_STAGES[4]: [b - a for a, b in zip(send0, send1, strict=True)],
-        LAUNCH_STAGES[5]: [c[1] - s for s, c in zip(send1, client, strict=True)],
-        LAUNCH_STAGES[6]: [c[1] - c[0] for c in client],
-    }
+    points = [arrived, launches, syncs, marks["send0"][-n:], marks["send1"][-n:]]
+    return _spans(LAUNCH_STAGES, client, points)
 
 
 def _print(title: str, stages: dict[str, list[int]], out: Callable[[str], None]) -> None:

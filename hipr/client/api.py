@@ -151,23 +151,26 @@ class AsyncGpu:
     ) -> None:
         """Queue a host-to-device copy on ``stream``. The bytes are sent before this
         returns, so ``src`` may be reused at once."""
-        await self._post(Opcode.MEMCPY_HTOD, *_htod_request(dst, src, stream, size))
+        await self._post(*self._memcpy_htod_async_request(dst, src, stream, size))
 
-    #: Methods the sync client runs through a blocking twin (see ``SyncProxy``).
-    _BLOCKING_TWINS = {"memcpy_htod_async": "_memcpy_htod_async_blocking"}
+    #: Posts the sync client sends straight from their requests (see ``SyncProxy``).
+    _POSTS = {"memcpy_htod_async": "_memcpy_htod_async_request"}
 
-    def _memcpy_htod_async_blocking(
+    def _memcpy_htod_async_request(
         self,
         dst: DevicePtr | int,
         src: Buffer,
         stream: Stream | None = None,
         size: int | None = None,
-    ) -> None:
-        """:meth:`memcpy_htod_async` on a blocking connection, without its coroutines
-        (a stream of small copies is posting-bound)."""
-        self._conn.post(  # type: ignore[attr-defined]
-            Opcode.MEMCPY_HTOD, *_htod_request(dst, src, stream, size)
-        )
+    ) -> tuple[Opcode, dict[str, Any], memoryview]:
+        """:meth:`memcpy_htod_async`'s request: opcode, wire arguments, bytes."""
+        data, size = _host_source(dst, src, size)
+        wire = {"dst": int(dst), "size": size, "stream": handle_id(stream)}
+        return Opcode.MEMCPY_HTOD, wire, data
+
+    def _link(self) -> RequestLink:
+        """The connection this object's requests go over."""
+        return self._conn
 
     async def memcpy_dtoh(
         self,
@@ -357,14 +360,6 @@ def _host_source(dst: DevicePtr | int, src: Buffer, size: int | None) -> tuple[m
         raise invalid_value(f"size {size} is larger than the {data.nbytes}-byte host buffer")
     _check_fits(dst, size)
     return data[:size], size
-
-
-def _htod_request(
-    dst: DevicePtr | int, src: Buffer, stream: Stream | None, size: int | None
-) -> tuple[dict[str, Any], memoryview]:
-    """An asynchronous host-to-device copy's wire arguments and bytes."""
-    data, size = _host_source(dst, src, size)
-    return {"dst": int(dst), "size": size, "stream": handle_id(stream)}, data
 
 
 def hello_args(token: str | None, version: str) -> dict[str, Any]:

@@ -26,6 +26,7 @@ class AsyncGpu(Protocol):
     def lost(self) -> bool: ...
     async def _call(self, opcode: Opcode, args: Any = None, data: Any = b"") -> Any: ...
     async def _post(self, opcode: Opcode, args: Any = None, data: Any = b"") -> None: ...
+    def _link(self) -> Any: ...
     async def event_elapsed_ms(self, start: Event, end: Event) -> float: ...
 
 
@@ -219,38 +220,27 @@ class Function(_Handle):
         ``args`` are typed: DevicePtr, numpy scalars, ctypes structures; never plain
         Python ints or floats, whose C width would be a guess.
         """
-        await self._gpu._post(
-            Opcode.LAUNCH_KERNEL, self._launch_wire(grid, block, args, shared_mem, stream)
-        )
+        await self._gpu._post(*self._launch_request(grid, block, args, shared_mem, stream))
 
-    #: Methods the sync client runs through a blocking twin (see ``SyncProxy``).
-    _BLOCKING_TWINS = {"launch": "_launch_blocking"}
+    #: Posts the sync client sends straight from their requests (see ``SyncProxy``).
+    _POSTS = {"launch": "_launch_request"}
 
-    def _launch_blocking(
+    def _launch_request(
         self,
         grid: Dim,
         block: Dim,
         args: Sequence[object] = (),
         shared_mem: int = 0,
         stream: Stream | None = None,
-    ) -> None:
-        """:meth:`launch` on a blocking connection, without its coroutines: a launch is
-        the call a program makes most, and each coroutine layer is a measurable part of
-        its cost to the caller (``benchmarks.pieces``)."""
-        wire = self._launch_wire(grid, block, args, shared_mem, stream)
-        self._gpu._conn.post(Opcode.LAUNCH_KERNEL, wire)  # type: ignore[attr-defined]
-
-    def _launch_wire(
-        self,
-        grid: Dim,
-        block: Dim,
-        args: Sequence[object],
-        shared_mem: int,
-        stream: Stream | None,
-    ) -> dict[str, Any]:
+    ) -> tuple[Opcode, dict[str, Any], bytes]:
+        """:meth:`launch`'s request: opcode, wire arguments, bytes."""
         wire = launch_args(self, grid, block, args, shared_mem)
         wire["stream"] = handle_id(stream)
-        return wire
+        return Opcode.LAUNCH_KERNEL, wire, b""
+
+    def _link(self) -> Any:
+        """The connection this handle's requests go over."""
+        return self._gpu._link()
 
     def __repr__(self) -> str:
         return f"<Function {self.name!r}>"

@@ -64,17 +64,24 @@ def _unwrap(value: Any) -> Any:
     return value
 
 
-def _with_twin(call: Callable[..., Any], twin: Callable[..., None]) -> Callable[..., Any]:
-    """``call``, run as its blocking twin: a synchronous method of the API object with
-    the same arguments and effect (a fire-and-forget post), called directly, with no
-    coroutine to run. A ``timeout=`` (which the twin does not take) goes the general way.
-    Arguments are not unwrapped: the twins take handles only where ``handle_id`` reads
-    them, which a proxy answers as its handle does."""
+def _posting(
+    call: Callable[..., Any],
+    request: Callable[..., tuple[Any, Any, Any]],
+    post: Callable[[Any, Any, Any], None],
+) -> Callable[..., Any]:
+    """``call``, a fire-and-forget API method, as a direct post on the blocking
+    connection: ``request`` (the method's own request builder, which the async method
+    awaits a post of too) gives the opcode, arguments and bytes, and
+    ``BlockingConnection.post`` sends them, with no coroutine to run: a launch is the
+    call a program makes most, and each coroutine layer is a measurable part of its
+    cost to the caller (``benchmarks.pieces``). A ``timeout=`` goes the general way.
+    Arguments are not unwrapped: a request builder reads handles only through
+    ``handle_id``, which a proxy answers as its handle does."""
 
     @functools.wraps(call)
     def fast(*args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
         if timeout is None:
-            return twin(*args, **kwargs)
+            return post(*request(*args, **kwargs))
         return call(*args, timeout=timeout, **kwargs)
 
     return fast
@@ -108,9 +115,10 @@ class SyncProxy:
             return SyncProxy(result, runner) if isinstance(result, _Handle) else result
 
         method: Callable[..., Any] = call
-        twin_name = getattr(self._target, "_BLOCKING_TWINS", {}).get(name)
-        if twin_name is not None and runner is run_inline:
-            method = _with_twin(call, getattr(self._target, twin_name))
+        request_of = getattr(self._target, "_POSTS", {}).get(name)
+        if request_of is not None and runner is run_inline:
+            link = self._target._link()
+            method = _posting(call, getattr(self._target, request_of), link.post)
         self.__dict__[name] = method
         return method
 

@@ -15,6 +15,18 @@ from hipr.client.stream_io import PolledIO, SocketIO, _timeval, io_for
 pytestmark = pytest.mark.timeout(30)
 
 
+def _io(kind: type, sock: socket.socket, link_timeout: float) -> SocketIO | PolledIO:
+    if kind is SocketIO:
+        return SocketIO(sock, link_timeout)
+    return PolledIO(sock, threading.RLock(), link_timeout)
+
+
+@pytest.fixture(params=[SocketIO, PolledIO], ids=["kernel-waits", "polled"])
+def kind(request: pytest.FixtureRequest) -> type:
+    """Each way of waiting, for the tests that hold for both."""
+    return request.param  # type: ignore[no-any-return]
+
+
 @pytest.fixture
 def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
     left, right = socket.socketpair()
@@ -42,12 +54,11 @@ def test_plain_sockets_get_kernel_waits_and_others_poll(
     assert isinstance(io_for(Wrapped(left), lock, 1.0), PolledIO)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("kind", [SocketIO, PolledIO])
 def test_reads_wait_at_most_their_timeout_and_see_what_arrives(
     pair: tuple[socket.socket, socket.socket], kind: type
 ) -> None:
     left, right = pair
-    io = SocketIO(left, 5.0) if kind is SocketIO else PolledIO(left, threading.RLock(), 5.0)
+    io = _io(kind, left, 5.0)
     buffer = bytearray(64)
     assert io.read(buffer, 0) is None  # nothing yet, asked without waiting
     started = time.monotonic()
@@ -61,12 +72,11 @@ def test_reads_wait_at_most_their_timeout_and_see_what_arrives(
     assert io.read(buffer, 1.0) == 0  # end of stream
 
 
-@pytest.mark.parametrize("kind", [SocketIO, PolledIO])
 def test_a_frame_that_stops_arriving_fails_after_the_link_timeout_not_a_call_deadline(
     pair: tuple[socket.socket, socket.socket], kind: type
 ) -> None:
     left, right = pair
-    io = SocketIO(left, 0.3) if kind is SocketIO else PolledIO(left, threading.RLock(), 0.3)
+    io = _io(kind, left, 0.3)
     buffer = bytearray(64)
     assert io.read(buffer, 0.01) is None  # a short wait leaves its limit behind ...
     threading.Timer(0.1, lambda: right.sendall(b"rest")).start()
@@ -77,24 +87,22 @@ def test_a_frame_that_stops_arriving_fails_after_the_link_timeout_not_a_call_dea
     assert 0.25 <= time.monotonic() - started < 5.0
 
 
-@pytest.mark.parametrize("kind", [SocketIO, PolledIO])
 def test_a_send_that_finds_no_room_fails_after_the_link_timeout(
     pair: tuple[socket.socket, socket.socket], kind: type
 ) -> None:
     left, _ = pair  # the peer never reads
-    io = SocketIO(left, 0.3) if kind is SocketIO else PolledIO(left, threading.RLock(), 0.3)
+    io = _io(kind, left, 0.3)
     started = time.monotonic()
     with pytest.raises(OSError):
         io.send_all(b"x" * (64 << 20))
     assert 0.25 <= time.monotonic() - started < 10.0
 
 
-@pytest.mark.parametrize("kind", [SocketIO, PolledIO])
 def test_a_slow_reader_gets_every_byte_in_order(
     pair: tuple[socket.socket, socket.socket], kind: type
 ) -> None:
     left, right = pair
-    io = SocketIO(left, 2.0) if kind is SocketIO else PolledIO(left, threading.RLock(), 2.0)
+    io = _io(kind, left, 2.0)
     data = bytes(range(256)) * (16 << 10)  # 4 MiB: many times the socket's buffer
     received = bytearray()
 
