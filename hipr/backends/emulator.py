@@ -446,6 +446,10 @@ class EmulatorBackend:
     #: the worker's loop (numpy over a few thousand floats: microseconds); a larger one
     #: stays on the session's GPU thread.
     INLINE_KERNEL_ELEMENTS: int = 16384
+    #: A batch of host-to-device copies of at most this many bytes in all runs inline on
+    #: the worker's loop (a slice assignment each: microseconds), as a GPU backend runs
+    #: a batch of small copies on a stream; a larger one stays on the GPU thread.
+    INLINE_COPY_BYTES: int = 64 << 10
 
     def _quick_launch(
         self,
@@ -472,6 +476,12 @@ class EmulatorBackend:
         except (TypeError, IndexError):
             return False  # malformed geometry: launch() refuses it, with its error
 
+    def _quick_htod_many(
+        self, pieces: Sequence[tuple[int, memoryview]], stream: Handle | None = None
+    ) -> bool:
+        """True when :meth:`memcpy_htod_many` of these pieces takes microseconds."""
+        return sum(memoryview(src).nbytes for _, src in pieces) <= self.INLINE_COPY_BYTES
+
     def work_done(self, streams: Sequence[Handle]) -> bool:
         """Every call here finishes before it returns: once the session's GPU thread is
         idle, its work is done; a pending kernel fault is raised, as synchronize does."""
@@ -494,7 +504,10 @@ class EmulatorBackend:
         #: The backend's kind, as the worker reports it; the device name is separate.
         self.name = "emulator"
         #: Calls that are quick for some arguments (see ``Backend.inline_when``).
-        self.inline_when: dict[str, Callable[..., bool]] = {"launch": self._quick_launch}
+        self.inline_when: dict[str, Callable[..., bool]] = {
+            "launch": self._quick_launch,
+            "memcpy_htod_many": self._quick_htod_many,
+        }
         self._device_name = name
         self._arch = arch
         self._device_count = device_count
@@ -779,6 +792,14 @@ class EmulatorBackend:
             s.capture.append(_UploadOp(dst, view.tobytes()))
             return
         alloc.buf[offset : offset + view.nbytes] = np.frombuffer(view, dtype=np.uint8)
+
+    def memcpy_htod_many(
+        self, pieces: Sequence[tuple[int, memoryview]], stream: Handle | None = None
+    ) -> None:
+        """Small host-to-device copies, in order, as :meth:`memcpy_htod` of each (one
+        backend call for a batch: the worker can run a small one inline)."""
+        for dst, src in pieces:
+            self.memcpy_htod(dst, src, stream)
 
     def memcpy_dtoh(self, dst: memoryview, src: int, stream: Handle | None = None) -> None:
         """Copy ``dst.nbytes`` device bytes into the writable host buffer ``dst``. It waits

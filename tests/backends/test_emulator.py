@@ -636,6 +636,26 @@ def test_only_small_launches_are_offered_to_the_event_loop(gpu: EmulatorBackend)
     assert not quick(fill, (1, 1), one, 0, None, pack("Qf4xQ", ptr, 1.0, 1))
 
 
+def test_batched_small_copies_land_in_order_and_only_small_batches_run_inline(
+    gpu: EmulatorBackend,
+) -> None:
+    ptr = gpu.malloc(16)
+    src = bytearray(b"abcdefgh")
+    # Two pieces to one place: the later one wins, as two copies in a row would.
+    gpu.memcpy_htod_many(
+        [(ptr, memoryview(src)[:4]), (ptr + 4, memoryview(src)[4:]), (ptr, memoryview(b"WXYZ"))]
+    )
+    out = bytearray(8)
+    gpu.memcpy_dtoh(memoryview(out), ptr)
+    assert bytes(out) == b"WXYZefgh"
+    with raises(E.hipErrorInvalidValue):  # a piece outside the allocation
+        gpu.memcpy_htod_many([(ptr + 12, memoryview(bytes(8)))])
+    quick = gpu.inline_when["memcpy_htod_many"]
+    limit = EmulatorBackend.INLINE_COPY_BYTES
+    assert quick([(ptr, memoryview(bytes(limit // 2)))] * 2)
+    assert not quick([(ptr, memoryview(bytes(limit // 2)))] * 3)
+
+
 def test_illegal_address_surfaces_at_the_next_synchronize_then_clears(
     gpu: EmulatorBackend,
 ) -> None:
