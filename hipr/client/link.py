@@ -175,9 +175,8 @@ def auto_spin_wait(cpus: int | None = None) -> float:
 
 #: Launches or copies one batch frame carries at most (the worker takes up to 4,096). A
 #: full batch is sent at once: small enough that the worker starts early and issues a
-#: frame while the client posts the next (1,000 launches then a synchronize took 12-15
-#: µs a launch on the 2-core machine with frames of 1,024, sent whole at the
-#: synchronize; 8.5-12 µs with frames of 64 sent as they fill).
+#: frame while the client posts the next, where frames of 1,024 sent whole at the
+#: synchronize made the worker wait for the client (benchmarks/README.md has the A/B).
 BATCH_ITEMS = 64
 #: Bytes one batch frame carries at most: launch argument buffers, or copied bytes.
 BATCH_BYTES = 64 << 10

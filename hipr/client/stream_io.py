@@ -90,7 +90,7 @@ class SocketIO:
             self._limit = timeout
 
     def read(self, buffer: bytearray | memoryview, timeout: float | None) -> int | None:
-        """See :meth:`StreamReader.read`."""
+        """See :meth:`StreamIO.read`."""
         try:
             if timeout is not None and timeout <= 0:
                 return self._recv_into(buffer, 0, socket.MSG_DONTWAIT)
@@ -100,7 +100,7 @@ class SocketIO:
             return None
 
     def read_more(self, view: memoryview) -> int:
-        """See :meth:`StreamReader.read_more`."""
+        """See :meth:`StreamIO.read_more`."""
         self._wait_at_most(self._link_timeout)
         try:
             return self._recv_into(view)
@@ -149,7 +149,7 @@ class PolledIO:
         self._poller.register(stream.fileno(), select.POLLIN)
 
     def read(self, buffer: bytearray | memoryview, timeout: float | None) -> int | None:
-        """See :meth:`StreamReader.read`."""
+        """See :meth:`StreamIO.read`."""
         if not self._decrypted() and not self._poller.poll(
             None if timeout is None else timeout * 1000
         ):
@@ -157,7 +157,7 @@ class PolledIO:
         return self.read_more(memoryview(buffer))
 
     def read_more(self, view: memoryview) -> int:
-        """See :meth:`StreamReader.read_more`."""
+        """See :meth:`StreamIO.read_more`."""
         if self._tls:
             with self._lock:
                 return self._stream.recv_into(view)
