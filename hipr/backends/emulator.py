@@ -480,7 +480,7 @@ class EmulatorBackend:
         self, pieces: Sequence[tuple[int, memoryview]], stream: Handle | None = None
     ) -> bool:
         """True when :meth:`memcpy_htod_many` of these pieces takes microseconds."""
-        return sum(memoryview(src).nbytes for _, src in pieces) <= self.INLINE_COPY_BYTES
+        return sum(src.nbytes for _, src in pieces) <= self.INLINE_COPY_BYTES
 
     def work_done(self, streams: Sequence[Handle]) -> bool:
         """Every call here finishes before it returns: once the session's GPU thread is

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from hipr.errors import HipError
 from hipr.handlers.args import Args
 
 if TYPE_CHECKING:
     from hipr.worker.session import Session
+
+
+T = TypeVar("T")
 
 
 class RequestLink(Protocol):
@@ -100,6 +104,55 @@ async def run_ordered(
         post_ordered(session, request, fn, *args)
     else:
         await session.gpu(fn, *args)
+
+
+def admit_each(
+    session: Session,
+    request: Request,
+    items: Sequence[T],
+    check: Callable[[int, T], None],
+    plural: str,
+) -> tuple[list[tuple[int, T]], HipError | None]:
+    """The items of a batch request (protocol 1.1) that may run, as (index, item), and
+    the first refusal by position. Each item counts as the request it stands for against
+    max_request_rate (the request itself already took one), so those past what the
+    bucket allows are refused; ``check(index, item)`` refuses an item by raising a
+    HipError. A refused item stops none of the others; ``plural`` names the items in
+    the rate's refusal ("launches 51 to 200 of LAUNCH_KERNELS were refused")."""
+    count = len(items)
+    allowed = 1 + session.gate.admit_requests(count - 1) if count > 1 else count
+    admitted: list[tuple[int, T]] = []
+    refused: HipError | None = None
+    for index, item in enumerate(items[:allowed]):
+        try:
+            check(index, item)
+        except HipError as exc:
+            refused = refused or exc
+            continue
+        admitted.append((index, item))
+    if refused is None and allowed < count:
+        refused = session.gate.over_rate(
+            f" ({plural} {allowed + 1} to {count} of {request.name} were refused)"
+        )
+    return admitted, refused
+
+
+async def run_batch(
+    session: Session, request: Request, call: Sequence[Any] | None, refused: HipError | None
+) -> None:
+    """The admitted part of a batch request, ``call`` (a backend call and its arguments;
+    None when nothing was admitted), run as :func:`run_ordered` runs it; then the
+    batch's error, if any: its first refusal, else the failure of the call (waited
+    for, it comes back here rather than with a later synchronisation)."""
+    failure: HipError | None = None
+    if call is not None:
+        try:
+            await run_ordered(session, request, *call)
+        except HipError as exc:
+            failure = exc
+    error = refused or failure
+    if error is not None:
+        raise error
 
 
 def post_ordered(session: Session, request: Request, fn: Callable[..., Any], *args: Any) -> None:

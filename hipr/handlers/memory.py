@@ -9,13 +9,14 @@ the transfer of the next.
 from __future__ import annotations
 
 from collections import deque
+from itertools import accumulate
 from typing import Any
 
 import anyio
 import numpy as np
 
 from hipr.errors import HipError, invalid_value
-from hipr.handlers.context import Reply, Request, post_ordered, run_ordered
+from hipr.handlers.context import Reply, Request, admit_each, post_ordered, run_batch, run_ordered
 from hipr.handlers.registry import LATER, answers_now, handler
 from hipr.protocol.opcodes import Opcode, OpcodeRange
 from hipr.worker.gpu_thread import PendingCall
@@ -256,27 +257,16 @@ def _pieces(
             f"received {bulk.nbytes}"
         )
     count = len(dsts)
-    # Each piece counts as the request it stands for against max_request_rate (the
-    # request itself already took one): those past what the bucket allows are refused.
-    allowed = 1 + session.gate.admit_requests(count - 1) if count > 1 else count
-    # The first refusal by position: a range refused before the pieces the rate refused.
-    refused: HipError | None = None
-    pieces: list[tuple[int, memoryview]] = []
-    offset = 0
-    for index, (dst, size) in enumerate(zip(dsts[:allowed], sizes[:allowed], strict=True)):
-        piece = bulk[offset : offset + size]
-        offset += size
-        try:
-            session.check_range(dst, size, f"destination of piece {index + 1} of {count}")
-        except HipError as exc:
-            refused = refused or exc
-            continue
-        if size:
-            pieces.append((dst, piece))
-    if refused is None and allowed < count:
-        refused = session.gate.over_rate(
-            f" (pieces {allowed + 1} to {count} of {request.name} were refused)"
-        )
+    starts = list(accumulate(sizes, initial=0))
+    ranges = list(zip(dsts, sizes, strict=True))
+
+    def check(index: int, piece: tuple[int, int]) -> None:
+        session.check_range(*piece, f"destination of piece {index + 1} of {count}")
+
+    admitted, refused = admit_each(session, request, ranges, check, "pieces")
+    pieces = [
+        (dst, bulk[starts[index] : starts[index] + size]) for index, (dst, size) in admitted if size
+    ]
     return stream, pieces, refused
 
 
@@ -284,11 +274,16 @@ def _post_pieces(session: Session, request: Request) -> None:
     stream, pieces, refused = _pieces(session, request)
     if pieces:
         post_ordered(session, request, *_copy_call(session, pieces, stream))
+    _count_copied(session, pieces)
+    if refused is not None:
+        raise refused
+
+
+def _count_copied(session: Session, pieces: list[tuple[int, memoryview]]) -> None:
+    if pieces:
         session.observer.bytes_copied(
             session.tenant, "htod", sum(piece.nbytes for _, piece in pieces)
         )
-    if refused is not None:
-        raise refused
 
 
 def _copy_call(
@@ -316,18 +311,11 @@ async def memcpy_htod_many(session: Session, request: Request) -> Any:
     piece counts as one request) stops none of the others; the first refusal, else a
     failure of the copies, is the request's error, a refusal naming its piece."""
     stream, pieces, refused = _pieces(session, request)
-    failure: HipError | None = None
-    if pieces:
-        try:
-            await run_ordered(session, request, *_copy_call(session, pieces, stream))
-        except HipError as exc:  # waited for: the copies failed on the device
-            failure = exc
-        session.observer.bytes_copied(
-            session.tenant, "htod", sum(piece.nbytes for _, piece in pieces)
-        )
-    error = refused or failure
-    if error is not None:
-        raise error
+    call = _copy_call(session, pieces, stream) if pieces else None
+    try:
+        await run_batch(session, request, call, refused)
+    finally:
+        _count_copied(session, pieces)
     return {}
 
 

@@ -7,7 +7,15 @@ from typing import Any
 
 from hipr.errors import HipError, invalid_value
 from hipr.handlers.args import Args
-from hipr.handlers.context import Reply, Request, or_restore, post_ordered, run_ordered
+from hipr.handlers.context import (
+    Reply,
+    Request,
+    admit_each,
+    or_restore,
+    post_ordered,
+    run_batch,
+    run_ordered,
+)
 from hipr.handlers.registry import LATER, answers_now, handler
 from hipr.protocol.opcodes import Opcode, OpcodeRange
 from hipr.worker.resources import FunctionEntry, ModuleEntry
@@ -210,29 +218,18 @@ class _Batch:
         )
         self.call = (function, grid, block, shared_mem, stream)
         self.count = count = len(blobs)
-        # Each launch counts as the request it stands for against max_request_rate (the
-        # request itself already took one): those past what the bucket allows are refused.
-        allowed = 1 + session.gate.admit_requests(count - 1) if count > 1 else count
-        #: The first refusal by position: a stray pointer before the launches the rate
-        #: refused.
-        self.refused: HipError | None = None
-        self.launches: list[tuple[int, bytes]] = []
-        for index, blob in enumerate(blobs[:allowed]):
-            try:
-                check_pointers(
-                    session, blob, ptrs, f"{request.name}: launch {index + 1} of {count}"
-                )
-            except HipError as exc:
-                self.refused = self.refused or exc
-                continue
-            self.launches.append((index, blob))
-        if self.refused is None and allowed < count:
-            self.refused = session.gate.over_rate(
-                f" (launches {allowed + 1} to {count} of {request.name} were refused)"
-            )
 
-    def run(self, session: Session, request: Request) -> tuple[Any, ...]:
-        """The one backend call that runs every launch that may run (``_launch_each``)."""
+        def check(index: int, blob: bytes) -> None:
+            check_pointers(session, blob, ptrs, f"{request.name}: launch {index + 1} of {count}")
+
+        #: The launches that may run, and the first refusal by position.
+        self.launches, self.refused = admit_each(session, request, blobs, check, "launches")
+
+    def run(self, session: Session, request: Request) -> tuple[Any, ...] | None:
+        """The one backend call that runs every launch that may run (``_launch_each``);
+        None when none may."""
+        if not self.launches:
+            return None
         return (
             _launch_each,
             session.backend.launch,
@@ -258,15 +255,7 @@ async def launch_kernels(session: Session, request: Request) -> Any:
     naming the launch. All of them go to the session's GPU thread in one hand-off,
     where a burst of LAUNCH_KERNEL frames pays one a launch."""
     batch = _Batch(session, request)
-    failure: HipError | None = None
-    if batch.launches:
-        try:
-            await run_ordered(session, request, *batch.run(session, request))
-        except HipError as exc:  # waited for: the first launch that failed, named
-            failure = exc
-    error = batch.refused or failure
-    if error is not None:
-        raise error
+    await run_batch(session, request, batch.run(session, request), batch.refused)
     return {}
 
 
@@ -276,8 +265,9 @@ def launch_kernels_now(session: Session, request: Request) -> Any:
     if not request.no_reply:
         return LATER
     batch = _Batch(session, request)
-    if batch.launches:
-        post_ordered(session, request, *batch.run(session, request))
+    call = batch.run(session, request)
+    if call is not None:
+        post_ordered(session, request, *call)
     if batch.refused is not None:
         raise batch.refused
     return {}
