@@ -82,6 +82,7 @@ def test_defaults() -> None:
     assert cfg.listen == ("tcp://127.0.0.1:18515",)
     assert cfg.backend == "auto"
     assert cfg.max_frame_bytes == 64 * MiB
+    assert cfg.pinned_payload_bytes == 64 * MiB
     assert cfg.max_clients is None
     assert (cfg.heartbeat_interval, cfg.heartbeat_timeout) == (5.0, 15.0)
     assert (cfg.resume_grace, cfg.shutdown_timeout) == (30.0, 10.0)
@@ -102,7 +103,7 @@ def test_config_is_frozen() -> None:
 
 def test_every_schema_field_has_a_doc() -> None:
     keys = list(iter_keys())
-    assert len(keys) == 24
+    assert len(keys) == 25
     for k in keys:
         assert k.doc, f"{k.key} has no doc"
 
@@ -173,6 +174,8 @@ def test_listen_may_be_one_string(tmp_path: Path) -> None:
 def test_integer_size_accepted(tmp_path: Path) -> None:
     cfg = load_config(write(tmp_path, "max_frame_bytes = 1048576"))
     assert cfg.max_frame_bytes == MiB
+    cfg = load_config(write(tmp_path, 'pinned_payload_bytes = "0"'))
+    assert cfg.pinned_payload_bytes == 0  # none pinned
 
 
 def test_relative_paths_resolve_against_the_file_not_the_cwd(
@@ -281,6 +284,7 @@ def test_unknown_table(tmp_path: Path) -> None:
         ('max_frame_bytes = "lots"', "max_frame_bytes", "not a size"),
         ("max_frame_bytes = 0", "max_frame_bytes", "must be positive"),
         ("max_frame_bytes = -1", "max_frame_bytes", "cannot be negative"),
+        ("pinned_payload_bytes = -1", "pinned_payload_bytes", "cannot be negative"),
         ('max_frame_bytes = "64Mb/s"', "max_frame_bytes", "not a size"),
         ('max_clients = "10"', "max_clients", "expected an integer"),
         ("max_clients = 1.5", "max_clients", "expected an integer"),

@@ -40,3 +40,19 @@ def test_release_lets_everything_go_and_views_stay_valid() -> None:
     gc.collect()
     assert len(buffers) == 0
     assert bytes(view[:4]) == b"data"
+
+
+def test_pinned_buffers_come_first_and_pageable_ones_when_none_is_free() -> None:
+    pinned_pool = [memoryview(bytearray(1 << 20))]
+    lent: list[int] = []
+
+    def pinned(size: int) -> memoryview | None:
+        lent.append(size)
+        return pinned_pool.pop()[:size] if pinned_pool else None
+
+    buffers = PayloadBuffers(pinned=pinned)
+    first = buffers.take(1 << 19)
+    assert first.nbytes == 1 << 19 and len(buffers) == 0  # the pinned one, no mapping
+    second = buffers.take(1 << 19)
+    assert second.nbytes == 1 << 19 and len(buffers) == 1  # none free: a mapping
+    assert lent == [1 << 19, 1 << 19]

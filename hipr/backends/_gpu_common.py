@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -442,6 +443,94 @@ class PinnedStaging:
             idle.extend(blocks)
         for block in idle:
             self._ops.host_free(block.ptr)
+
+
+class PinnedPayloads:
+    """Page-locked host buffers that the worker receives large payloads into, and fills
+    downloads from, so that the runtime's copy is a DMA straight from or into them.
+
+    A copy from pageable memory makes the runtime first copy the bytes through a pinned
+    buffer of its own, on the CPU, while the socket's copy runs too: a third pass over
+    the memory bus for every byte of a bulk copy. The buffers are allocated once
+    (:meth:`reserve`, off the event loop: pinning takes milliseconds), all of one size,
+    and lent out as views; a buffer is free again once no view of it is left, which its
+    reference count tells (the buffer a memoryview exports is held by the view's
+    managed buffer for as long as any view of it lives).
+    """
+
+    def __init__(self, ops: StagingOps) -> None:
+        self._ops = ops
+        self._lock = threading.Lock()
+        self._blocks: list[ctypes.Array[ctypes.c_ubyte]] = []
+        self.block_bytes = 0
+        self._free_refs = _free_refcount()
+
+    def reserve(self, count: int, block_bytes: int) -> int:
+        """Hold ``count`` buffers of ``block_bytes`` (every buffer has the first call's
+        size), allocating what is missing; the number held afterwards. Stops at the first
+        refused allocation (pinned memory is a limited resource): what was allocated is
+        kept."""
+        with self._lock:
+            if self.block_bytes and block_bytes != self.block_bytes:
+                raise ValueError(f"payload buffers are {self.block_bytes} bytes, not {block_bytes}")
+            self.block_bytes = block_bytes
+        for _ in range(count - len(self._blocks)):
+            try:
+                ptr = self._ops.host_alloc(block_bytes)
+            except HipError:
+                break
+            block = (ctypes.c_ubyte * block_bytes).from_address(ptr)
+            with self._lock:
+                self._blocks.append(block)
+        return len(self._blocks)
+
+    def take(self, size: int) -> memoryview | None:
+        """A writable view of ``size`` bytes at the start of a free buffer, or None (none
+        free, none reserved, or ``size`` larger than a buffer)."""
+        if size > self.block_bytes:
+            return None
+        free = self._free_refs
+        with self._lock:
+            for block in self._blocks:
+                if sys.getrefcount(block) == free:
+                    return memoryview(block).cast("B")[:size]
+        return None
+
+    def in_use(self) -> int:
+        """Buffers lent out now (a view of them still alive)."""
+        free = self._free_refs
+        with self._lock:
+            return sum(1 for block in self._blocks if sys.getrefcount(block) != free)
+
+    def close(self) -> int:
+        """Free every buffer nobody holds a view of; one still viewed is left allocated
+        (freeing it would leave the view pointing at unmapped memory). The number left."""
+        free = self._free_refs
+        kept: list[ctypes.Array[ctypes.c_ubyte]] = []
+        freed: list[int] = []
+        with self._lock:
+            for block in self._blocks:  # the loop shape _free_refcount measured
+                if sys.getrefcount(block) == free:
+                    freed.append(ctypes.addressof(block))
+                else:
+                    kept.append(block)
+            self._blocks = kept
+        for ptr in freed:
+            with contextlib.suppress(HipError):
+                self._ops.host_free(ptr)
+        return len(kept)
+
+
+def _free_refcount() -> int:
+    """``sys.getrefcount`` of a buffer in :class:`PinnedPayloads` that no view refers
+    to, as seen from its loops (the list, the loop variable, the call's argument):
+    measured rather than assumed, since it is an interpreter detail."""
+    backing = ctypes.create_string_buffer(16)
+    blocks = [(ctypes.c_ubyte * 16).from_address(ctypes.addressof(backing))]
+    count = 0
+    for block in blocks:
+        count = sys.getrefcount(block)
+    return count
 
 
 def release_refs(staging: PinnedStaging, refs: HostRefs) -> None:

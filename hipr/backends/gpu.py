@@ -56,6 +56,7 @@ from hipr.backends._gpu_common import (
     LaunchExtra,
     Ledger,
     PinnedBlock,
+    PinnedPayloads,
     PinnedStaging,
     ReusedLaunchExtra,
     check_dims,
@@ -393,6 +394,7 @@ class GpuBackend:
         # a later module's function may reuse the address.
         self._param_sizes: dict[int, int | None] = {}
         self._staging = PinnedStaging(self)
+        self._payloads = PinnedPayloads(self)
         # Pinned buffers of captures on streams this backend did not start capturing
         # (joined into a capture through an event): no graph to hand them to, so they
         # live until close().
@@ -522,6 +524,21 @@ class GpuBackend:
         if int(err) != _SUCCESS:
             raise self._rt.error(int(err), fn)
         return True
+
+    # --- payload buffers ----------------------------------------------------------------
+
+    def reserve_payload_buffers(self, count: int, block_bytes: int) -> int:
+        """Pin ``count`` host buffers of ``block_bytes`` for the worker to receive large
+        payloads into and to fill downloads from (:class:`PinnedPayloads`); the number
+        held (fewer when the runtime refuses more). Portable, so every device's copies
+        DMA from them directly; allocated under device 0's context, on the calling
+        thread (not the event loop's: pinning takes milliseconds)."""
+        self.bind_thread(0)
+        return self._payloads.reserve(count, block_bytes)
+
+    def payload_buffer(self, size: int) -> memoryview | None:
+        """A free pinned payload buffer's first ``size`` bytes, or None."""
+        return self._payloads.take(size)
 
     # Staging hooks (StagingOps).
     def host_alloc(self, size: int) -> int:
@@ -1209,6 +1226,7 @@ class GpuBackend:
                 self._drop_carves()
                 self.bind_thread(min(self._bound_devices))
                 self._staging.close(wait=lambda: self._call(self._calls.synchronize))
+                self._payloads.close()
                 for block in self._orphan_refs:
                     self.host_free(block.ptr)
                 self._orphan_refs.clear()

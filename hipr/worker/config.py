@@ -178,6 +178,18 @@ class WorkerConfig:
             size=True,
         ),
     )
+    pinned_payload_bytes: int = field(
+        default=64 * MiB,
+        metadata=_doc(
+            "Page-locked host memory (GPU backends) that large uploads are received into and "
+            "downloads are filled from, so the runtime DMAs straight to and from it instead "
+            "of first copying through a pinned buffer of its own; allocated at start in "
+            "chunk-sized buffers, shared by all connections (one that finds none free uses "
+            "pageable memory). 0: none.",
+            size=True,
+            zero_ok=True,
+        ),
+    )
     max_clients: int | None = field(
         default=None,
         metadata=_doc("Most connections served at once, all tenants together; unset: no limit."),
@@ -418,7 +430,7 @@ class _Builder:
                 size = parse_size(value)
             except ValueError as e:
                 raise self.error(key, f"{e}") from None
-            if size <= 0:
+            if size < 0 or (size == 0 and not meta.get("zero_ok")):
                 raise self.error(key, f"must be positive, got {value!r}")
             return size
         if inner is bool:

@@ -266,7 +266,9 @@ class WorkerConnection:
         self._payload_header: Header | None = None
         self._payload: memoryview | None = None
         self._payload_filled = 0
-        self._payload_buffers = PayloadBuffers()
+        self._payload_buffers = PayloadBuffers(
+            pinned=getattr(worker.backend, "payload_buffer", None)
+        )
         self._last_payload = 0.0
         self._log = log.bind(peer=peer)
         #: Request bytes read but not yet taken by the executor (max_inflight_bytes).

@@ -14,12 +14,18 @@ So the buffers are anonymous mappings, reused while a stream of chunks runs: one
 taken again once nothing refers to it any more (its views gone), and all are let go when
 the connection has nothing queued, so an idle connection holds none and the memory goes
 back to the system at once.
+
+On a GPU backend the buffers come first from its page-locked ones (``pinned``, a
+backend's ``payload_buffer``), shared by the whole worker: the runtime then copies
+straight from or into them, where from pageable memory it first copies through a
+pinned buffer of its own on the CPU. When none is free, a mapping as above.
 """
 
 from __future__ import annotations
 
 import mmap
 import sys
+from collections.abc import Callable
 
 __all__ = ["PayloadBuffers"]
 
@@ -46,12 +52,21 @@ class PayloadBuffers:
     list and fell back to fresh mappings: 256 MiB at 37-41 % of the blocking stream
     instead of 54-57 % (``hipr bench --local --transport tcp --only floor,sync``)."""
 
-    def __init__(self, keep: int = 12) -> None:
+    def __init__(
+        self, keep: int = 12, pinned: Callable[[int], memoryview | None] | None = None
+    ) -> None:
+        """``pinned(size)``: a page-locked buffer of ``size`` bytes, or None if none is
+        free (the backend's ``payload_buffer``)."""
         self._keep = keep
         self._buffers: list[mmap.mmap] = []
+        self._pinned = pinned
 
     def take(self, size: int) -> memoryview:
         """A writable buffer of exactly ``size`` bytes (its contents undefined)."""
+        if self._pinned is not None:
+            view = self._pinned(size)
+            if view is not None:
+                return view
         for buffer in self._buffers:
             if len(buffer) == size and sys.getrefcount(buffer) == _FREE:
                 return memoryview(buffer)

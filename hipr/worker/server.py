@@ -51,6 +51,8 @@ log = structlog.get_logger("hipr.worker")
 #: Copy chunk size announced to clients: large enough to amortise per-frame costs,
 #: small enough that a copy can be refused or cancelled between chunks.
 DEFAULT_CHUNK_BYTES = 4 << 20
+#: Room in a frame beside its chunk of bulk bytes: the header and the CBOR arguments.
+FRAME_HEADROOM = 64 << 10
 #: Seconds without a session before freed memory goes back to the OS: long enough that
 #: a client reconnecting at once does not pay for it, short enough to follow a burst.
 IDLE_TRIM_DELAY = 1.0
@@ -66,7 +68,9 @@ class Worker:
         self.tenants = load_tenants(config.tenants_file)
         self._tenant_state: dict[str, TenantState] = {}
         self.handshake_timeout = 10.0
-        self.chunk_bytes = max(4096, min(DEFAULT_CHUNK_BYTES, config.max_frame_bytes - 65536))
+        self.chunk_bytes = max(
+            4096, min(DEFAULT_CHUNK_BYTES, config.max_frame_bytes - FRAME_HEADROOM)
+        )
         self.bound_urls: list[str] = []
         self.observer: WorkerObserver = NullObserver()
         self.connections: set[WorkerConnection] = set()
@@ -83,6 +87,26 @@ class Worker:
         self._trim_pending = False
         #: Busy polling of the event loop (``spin_wait``); disabled at 0.
         self.busy_poll = BusyPoll(config.spin_wait, self._gpu_threads_busy)
+
+    async def _reserve_payload_buffers(self) -> None:
+        """Pin the ``pinned_payload_bytes`` buffers, in chunks, on a GPU backend (see
+        ``hipr.worker.payloads``); off the event loop, since pinning takes milliseconds.
+        A runtime that grants fewer (or none) costs speed, never service: the rest of the
+        payloads go to pageable memory."""
+        reserve = getattr(self.backend, "reserve_payload_buffers", None)
+        # A chunk's frame carries its arguments too; a download's chunk is the bare bytes.
+        block_bytes = self.chunk_bytes + FRAME_HEADROOM
+        count = self.config.pinned_payload_bytes // block_bytes
+        if reserve is None or count <= 0 or self.isolation is not None:
+            return  # an isolating parent relays bytes; its tenants' children copy them
+        try:
+            held = await anyio.to_thread.run_sync(reserve, count, block_bytes)
+        except HipError as exc:
+            log.warning("no pinned payload buffers", error=str(exc))
+            return
+        log.info("pinned payload buffers", buffers=held, bytes=held * block_bytes)
+        if held < count:
+            log.warning("fewer pinned payload buffers than configured", wanted=count, held=held)
 
     def _gpu_threads_busy(self) -> bool:
         """True while any session's GPU thread has work (it then needs the interpreter
@@ -360,6 +384,7 @@ class Worker:
         listeners: list[anyio.abc.Listener[Any]],
         task_status: anyio.abc.TaskStatus[list[str]],
     ) -> None:
+        await self._reserve_payload_buffers()
         for url in self.bound_urls:
             log.info("listening", url=url, backend=self.backend.name)
         try:

@@ -25,6 +25,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 import structlog
@@ -33,6 +34,7 @@ from hipr.backends import BACKEND_NAMES, BackendUnavailable, load_backend
 from hipr.backends._gpu_common import (
     CodeCache,
     LaunchExtra,
+    PinnedPayloads,
     PinnedStaging,
     ReusedLaunchExtra,
     host_address,
@@ -402,6 +404,51 @@ def test_pinned_staging_reuses_only_after_fence() -> None:
     assert big.ptr not in ops.live
     staging.close(wait=lambda: None)
     assert not ops.live
+
+
+def test_pinned_payloads_are_lent_until_their_last_view_goes() -> None:
+    ops = _Ops()
+    payloads = PinnedPayloads(ops)
+    assert payloads.take(10) is None  # none reserved
+    assert payloads.reserve(2, 4096) == 2
+    assert payloads.reserve(2, 4096) == 2  # tops up to the count, no more
+    with pytest.raises(ValueError, match="4096 bytes"):
+        payloads.reserve(3, 8192)
+    first = payloads.take(4096)
+    second = payloads.take(100)
+    assert first is not None and second is not None and second.nbytes == 100
+    assert payloads.take(1) is None and payloads.in_use() == 2  # both lent
+    assert payloads.take(4097) is None  # larger than a buffer
+    first[:4] = b"pins"
+    tail = first[2:4]  # a slice keeps its buffer lent
+    del first
+    assert payloads.take(1) is None
+    del tail
+    again = payloads.take(4096)
+    assert again is not None and bytes(again[:4]) == b"pins"  # the same memory, reused
+    del again
+    # Closing frees what nobody views; a buffer still viewed stays mapped.
+    assert payloads.close() == 1 and len(ops.live) == 1
+    second[:2] = b"ok"
+    del second
+    assert payloads.close() == 0 and not ops.live
+
+
+def test_pinned_payloads_keep_what_the_runtime_granted() -> None:
+    ops = _Ops()
+    granted = 0
+
+    def host_alloc(size: int) -> int:
+        nonlocal granted
+        if granted == 3:
+            raise HipError(HipErrorCode.hipErrorOutOfMemory, "pinned memory exhausted")
+        granted += 1
+        return _Ops.host_alloc(ops, size)
+
+    ops.host_alloc = host_alloc  # type: ignore[method-assign]
+    payloads = PinnedPayloads(ops)
+    assert payloads.reserve(5, 1024) == 3
+    assert payloads.close() == 0 and not ops.live
 
 
 # === the runtime tables ===================================================================
@@ -1813,3 +1860,48 @@ def test_sim_lane_borrowed_by_another_thread(sim: Any) -> None:
     backend.run_in_lane(lane, backend.release_thread)  # as the session's teardown does
     assert not getattr(lane, "default_streams", {})
     backend.free(x)
+
+
+@pytest.mark.anyio
+async def test_a_worker_moves_bulk_copies_through_its_pinned_payload_buffers(
+    sim: Any, anyio_backend: str, tmp_path: Path
+) -> None:
+    import hipr
+    from hipr.worker.config import WorkerConfig
+    from hipr.worker.server import FRAME_HEADROOM, running_worker
+
+    backend, _ = sim
+    lent: list[int] = []
+    take = backend.payload_buffer
+
+    def payload_buffer(size: int) -> memoryview | None:
+        view = take(size)
+        if view is not None:
+            lent.append(size)
+        return view
+
+    backend.payload_buffer = payload_buffer
+    chunk = 4 << 20
+    # Enough for an upload's read-ahead and copy pipeline (and the 64 MiB default's size).
+    config = WorkerConfig(pinned_payload_bytes=16 * (chunk + FRAME_HEADROOM), resume_grace=0.0)
+    data = np.random.default_rng(7).integers(0, 256, size=10 * chunk + 12345, dtype=np.uint8)
+    with anyio.fail_after(60):
+        async with running_worker(config, backend, [f"unix://{tmp_path}/w.sock"]) as worker:
+            assert len(backend._payloads._blocks) == 16
+            async with hipr.aconnect(worker.bound_urls[0]) as client:
+                ptr = await client.malloc(data.nbytes)
+                await client.memcpy_htod(ptr, data)
+                back = np.empty_like(data)
+                await client.memcpy_dtoh(ptr, out=back)
+                assert np.array_equal(back, data)
+                await client.free(ptr)
+    # Every chunk of the download filled a pinned buffer; every chunk-sized frame of the
+    # upload (its bytes after a few of arguments) landed in one where the loop receives
+    # payloads into buffers of their own (asyncio's push mode; trio's stream hands over
+    # bytes objects). The upload's short last frame is decoded as small frames are.
+    download = [chunk] * 10 + [data.nbytes % chunk]
+    upload = [size for size in lent if chunk < size <= chunk + FRAME_HEADROOM]
+    assert sorted(set(lent) - set(upload)) == sorted(set(download))
+    assert len(lent) - len(upload) == len(download)
+    assert len(upload) == (10 if anyio_backend == "asyncio" else 0)
+    assert backend._payloads.in_use() == 0
