@@ -443,6 +443,29 @@ def test_stage_trace_reports_every_stage() -> None:
     )
 
 
+def test_bulk_tool_compares_workers_round_by_round() -> None:
+    """``python -m benchmarks.bulk`` with two emulator workers of different configs:
+    every figure for each (shape only, never a figure's size), and a setting that
+    the worker refuses stops the tool instead of being measured as a default."""
+    from benchmarks import bulk
+
+    lines: list[str] = []
+    workers = [("one", {}), ("two", {"pinned_payload_bytes": "0"})]
+    results = bulk.measure("emulator", "unix", 1 << 20, 2, workers, out=lines.append)
+    assert list(results) == ["one", "two"]
+    for figures in results.values():
+        assert [key.split(" ", 1)[1] for key in figures] == [
+            "GB/s",
+            "loop thread CPU s/GiB",
+            "other threads CPU s/GiB",
+        ] * 2
+        assert figures["htod GB/s"] > 0 and figures["dtoh GB/s"] > 0
+        assert all(value >= 0 for value in figures.values())
+    assert len(lines) == 2 + 6
+    with pytest.raises(RuntimeError, match="did not start"):
+        bulk.measure("emulator", "tcp", 1 << 20, 1, [("bad", {"pinned_payload_bytes": "-1"})])
+
+
 def test_copy_memory_reports_every_figure() -> None:
     """``python -m benchmarks.copy_memory`` with two clients for a moment: every figure
     is there and the worker held more under load than at start (shape, not a bound)."""

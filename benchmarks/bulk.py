@@ -1,0 +1,236 @@
+"""Where a bulk copy's CPU goes: throughput and the worker's CPU per GiB moved.
+
+    python -m benchmarks.bulk [--backend cuda] [--transport unix|tcp|both] [--size 256M]
+        [--rounds 6] [--worker NAME[:KEY=VALUE,...]] ...
+
+Starts one worker subprocess per ``--worker`` (each with its own config: ``KEY=VALUE``
+pairs are top-level keys of the worker's TOML, e.g. ``pinned:pinned_payload_bytes=64MiB``
+against ``pageable:pinned_payload_bytes=0``), then, round after round, in rotating
+order so that the host's drift hits every worker alike, copies ``--size`` bytes each
+way through ``hipr.connect()`` (``memcpy_htod`` from a numpy array, ``memcpy_dtoh``
+into a numpy ``out``) and reads the worker's CPU time from ``/proc`` around each copy:
+
+- GB/s of each copy (median over rounds),
+- the worker's CPU seconds per GiB moved, from each thread's ``/proc`` schedstat (ns):
+  the event-loop thread (the socket copies and the Python that drives them) and the
+  other threads (the sessions' GPU threads: the runtime's copy calls, which on a GPU
+  backend stage pageable bytes through a pinned buffer of its own on the CPU, where
+  from page-locked memory the copy is a DMA that costs no CPU).
+
+The blocking-socket stream of ``hipr bench`` (its floor) is not repeated here: this
+tool compares workers with each other, in the same run; ``hipr bench`` gives the ratio
+to the floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hipr.worker.config import parse_size
+
+
+@dataclass
+class _Worker:
+    """A worker subprocess with its own config, on a fresh socket."""
+
+    name: str
+    settings: dict[str, str]
+    backend: str
+    transport: str
+    process: subprocess.Popen[bytes] | None = None
+    url: str = ""
+    results: dict[str, list[float]] = field(default_factory=dict)
+
+    def start(self) -> None:
+        directory = tempfile.mkdtemp(prefix=f"hipr-bulk-{self.name}-")
+        config = Path(directory, "worker.toml")
+        config.write_text(
+            "".join(f"{key} = {_toml(value)}\n" for key, value in self.settings.items())
+        )
+        if self.transport == "unix":
+            listen = f"unix://{directory}/w.sock"
+        else:
+            listen = f"tcp://127.0.0.1:{_free_port()}"
+        self.url = listen
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "hipr",
+                "worker",
+                "--backend",
+                self.backend,
+                "--config",
+                str(config),
+                "--listen",
+                listen,
+                "--log-level",
+                "warning",
+            ],
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        while not _ready(listen):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"worker {self.name} did not start")
+            time.sleep(0.05)
+
+    def cpu(self) -> tuple[float, float]:
+        """CPU seconds the worker's event-loop thread and its other threads have used
+        (threads that ended meanwhile are not counted: a session's GPU thread lives as
+        long as its session, which outlives the copies)."""
+        assert self.process is not None
+        loop = others = 0
+        for task in Path(f"/proc/{self.process.pid}/task").iterdir():
+            try:
+                ns = int((task / "schedstat").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue  # the thread ended between the listing and the read
+            if task.name == str(self.process.pid):
+                loop += ns
+            else:
+                others += ns
+        return loop / 1e9, others / 1e9
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=30)
+
+
+def _toml(value: str) -> str:
+    """A TOML value: numbers and booleans as written, anything else quoted."""
+    if value in ("true", "false") or value.replace(".", "", 1).isdigit():
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _ready(url: str) -> bool:
+    import socket
+
+    try:
+        if url.startswith("unix://"):
+            with socket.socket(socket.AF_UNIX) as probe:
+                probe.connect(url[len("unix://") :])
+        else:
+            host, port = url[len("tcp://") :].rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=1):
+                pass
+    except OSError:
+        return False
+    return True
+
+
+def _round(worker: _Worker, size: int) -> None:
+    """One copy each way through a fresh ``hipr.connect()``; results appended."""
+    import numpy as np
+
+    import hipr
+
+    data = np.full(size, 7, dtype=np.uint8)
+    out = np.empty_like(data)
+    with hipr.connect(worker.url) as gpu:
+        ptr = gpu.malloc(size)
+        gpu.memcpy_htod(ptr, data[: 1 << 20])  # the link and the worker's buffers warm
+        for direction in ("htod", "dtoh"):
+            loop, others = worker.cpu()
+            began = time.perf_counter()
+            if direction == "htod":
+                gpu.memcpy_htod(ptr, data)
+            else:
+                gpu.memcpy_dtoh(ptr, out=out)
+            took = time.perf_counter() - began
+            loop_after, others_after = worker.cpu()
+            gib = size / (1 << 30)
+            worker.results.setdefault(f"{direction} GB/s", []).append(size / took / 1e9)
+            worker.results.setdefault(f"{direction} loop thread CPU s/GiB", []).append(
+                (loop_after - loop) / gib
+            )
+            worker.results.setdefault(f"{direction} other threads CPU s/GiB", []).append(
+                (others_after - others) / gib
+            )
+        if not np.array_equal(out[:: 1 << 16], data[:: 1 << 16]):
+            raise RuntimeError(f"worker {worker.name}: the download differs from the upload")
+        gpu.free(ptr)
+
+
+def measure(
+    backend: str,
+    transport: str,
+    size: int,
+    rounds: int,
+    workers: Sequence[tuple[str, dict[str, str]]],
+    out: Callable[[str], None] = print,
+) -> dict[str, dict[str, float]]:
+    """Medians per worker (see the module doc), printed through ``out``."""
+    started = [_Worker(name, settings, backend, transport) for name, settings in workers]
+    try:
+        for worker in started:
+            worker.start()
+        for index in range(rounds):
+            # Rotating order: no worker always runs first after the others' copies.
+            shift = index % len(started)
+            for worker in itertools.chain(started[shift:], started[:shift]):
+                _round(worker, size)
+    finally:
+        for worker in started:
+            worker.stop()
+    medians = {
+        worker.name: {key: statistics.median(values) for key, values in worker.results.items()}
+        for worker in started
+    }
+    out(f"{backend}, {transport}, {size / (1 << 20):g} MiB each way, {rounds} rounds (medians)")
+    keys = list(next(iter(medians.values())))
+    out(f"  {'':30s}" + "".join(f"{name:>14s}" for name in medians))
+    for key in keys:
+        out(f"  {key:30s}" + "".join(f"{medians[name][key]:14.3f}" for name in medians))
+    return medians
+
+
+def _worker_arg(text: str) -> tuple[str, dict[str, str]]:
+    name, _, rest = text.partition(":")
+    settings: dict[str, str] = {}
+    for pair in filter(None, rest.split(",")):
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise argparse.ArgumentTypeError(f"{pair!r}: expected KEY=VALUE")
+        settings[key.strip()] = value.strip()
+    return name, settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.bulk``; see the module doc."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bulk", description=__doc__)
+    parser.add_argument("--backend", default="emulator")
+    parser.add_argument("--transport", default="both", choices=("unix", "tcp", "both"))
+    parser.add_argument("--size", default="256MiB", type=parse_size)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--worker", action="append", type=_worker_arg, default=[])
+    options = parser.parse_args(argv)
+    workers: list[tuple[str, dict[str, Any]]] = options.worker or [("default", {})]
+    transports = ("unix", "tcp") if options.transport == "both" else (options.transport,)
+    for transport in transports:
+        measure(options.backend, transport, options.size, options.rounds, workers)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
