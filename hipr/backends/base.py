@@ -22,6 +22,13 @@ also offer ``work_done(streams) -> bool``, a non-blocking "has everything this s
 issued (on ``streams`` and the default stream) finished?", which lets a device
 synchronisation on an idle device be answered at once. Backends without them (a
 fault-injecting wrapper, say) keep every call on the session's thread.
+
+Bulk data: a backend whose device memory is host memory (the emulator) may offer
+``host_window(dst, size) -> memoryview``, a writable view of those device bytes; the
+worker then receives a synchronous upload straight into it instead of into a buffer that
+is copied afterwards. A GPU backend may offer ``reserve_payload_buffers(count, size)``
+and ``payload_buffer(size)``: page-locked host buffers that uploads are received into
+and downloads filled from, so that its copies are DMAs.
 """
 
 from __future__ import annotations

@@ -793,6 +793,14 @@ class EmulatorBackend:
             return
         alloc.buf[offset : offset + view.nbytes] = np.frombuffer(view, dtype=np.uint8)
 
+    def host_window(self, dst: int, size: int) -> memoryview:
+        """The device bytes ``[dst, dst + size)`` as a writable host view: the emulator's
+        device memory is host memory, so the worker may receive an upload's bytes
+        straight into it (see ``hipr.backends.base``). The view keeps the memory alive
+        even if the allocation is freed meanwhile."""
+        alloc, offset = self._range(dst, size, "host_window")
+        return alloc.buf.data[offset : offset + size]
+
     def memcpy_htod_many(
         self, pieces: Sequence[tuple[int, memoryview]], stream: Handle | None = None
     ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -30,6 +31,11 @@ class RequestLink(Protocol):
     def chunk_buffer(self, size: int) -> memoryview:
         """A writable buffer of ``size`` bytes for one chunk of bulk data, reused by the
         connection once nothing refers to it (its contents undefined)."""
+        ...
+
+    def placing(self, request_id: int, window: memoryview) -> AbstractContextManager[bool]:
+        """While open, the request's continuation chunks may be received straight into
+        ``window`` (the request's whole destination); yields whether they can."""
         ...
 
 
@@ -69,6 +75,12 @@ class Request:
     def chunk_buffer(self, size: int) -> memoryview:
         """A buffer for one chunk of a streamed reply (see :meth:`RequestLink.chunk_buffer`)."""
         return self.link.chunk_buffer(size)
+
+    def placing(self, window: memoryview) -> AbstractContextManager[bool]:
+        """Receive the rest of this request's bulk data straight into ``window`` where
+        the link can (see :meth:`RequestLink.placing`); a chunk so received lies at its
+        offset in ``window`` already."""
+        return self.link.placing(self.request_id, window)
 
 
 @dataclass(slots=True)

@@ -9,6 +9,7 @@ the transfer of the next.
 from __future__ import annotations
 
 from collections import deque
+from contextlib import nullcontext
 from itertools import accumulate
 from typing import Any
 
@@ -71,6 +72,26 @@ def _whole_copy_in(session: Session, request: Request, dst: int, size: int) -> t
     return stream, size > 0
 
 
+async def _upload_window(session: Session, dst: int, size: int, stream: Any) -> memoryview | None:
+    """The destination of a synchronous upload as host memory, for its chunks to be
+    received straight into (a backend whose device memory is host memory: the
+    emulator's ``host_window``), or None. Asked on the session's thread after all its
+    earlier calls: the emulator runs work at submission, so once they are done nothing
+    of the session touches these bytes while the upload runs (the executor takes no
+    other request meanwhile). Not for a copy on a stream, which a capture may record
+    instead of running."""
+    window_of = getattr(session.backend, "host_window", None)
+    if window_of is None or stream is not None:
+        return None
+    window: memoryview = await session.gpu(window_of, dst, size)
+    return window
+
+
+def _address(view: memoryview) -> int:
+    """Where a buffer's bytes are in this process's memory."""
+    return int(np.frombuffer(view, np.uint8).ctypes.data)
+
+
 async def _copy_chunks_in(session: Session, request: Request, dst: int, size: int) -> None:
     if not request.more:
         # All of it came in one frame: one ordered call, queued without a wait when the
@@ -82,32 +103,38 @@ async def _copy_chunks_in(session: Session, request: Request, dst: int, size: in
             )
         return
     stream = session.stream(request.args.handle("stream", optional=True))
+    window = await _upload_window(session, dst, size, stream)
+    at = _address(window) if window is not None else -1
     in_flight: deque[PendingCall[None]] = deque()
     offset = 0
     chunk: memoryview | None = request.bulk
-    try:
-        while chunk is not None:
-            if chunk.nbytes > size - offset:
-                await request.drain()
-                raise invalid_value(f"MEMCPY_HTOD: received more than the announced {size} bytes")
-            if chunk.nbytes:
-                in_flight.append(
-                    session.gpu_submit(session.backend.memcpy_htod, dst + offset, chunk, stream)
-                )
+    with request.placing(window) if window is not None else nullcontext(False):
+        try:
+            while chunk is not None:
+                if chunk.nbytes > size - offset:
+                    await request.drain()
+                    raise invalid_value(
+                        f"MEMCPY_HTOD: received more than the announced {size} bytes"
+                    )
+                # A chunk the loop received straight into its destination is there.
+                if chunk.nbytes and _address(chunk) != at + offset:
+                    in_flight.append(
+                        session.gpu_submit(session.backend.memcpy_htod, dst + offset, chunk, stream)
+                    )
                 offset += chunk.nbytes
-            if len(in_flight) >= PIPELINE_DEPTH:
-                await in_flight.popleft().result()
-            chunk = await request.receive_data()
-    finally:
-        # Every queued copy is awaited, so a failure never leaves one running unobserved.
-        errors: list[BaseException] = []
-        while in_flight:
-            try:
-                await in_flight.popleft().result()
-            except BaseException as exc:
-                errors.append(exc)
-        if errors:
-            raise errors[0]
+                if len(in_flight) >= PIPELINE_DEPTH:
+                    await in_flight.popleft().result()
+                chunk = await request.receive_data()
+        finally:
+            # Every queued copy is awaited, so a failure never leaves one running unobserved.
+            errors: list[BaseException] = []
+            while in_flight:
+                try:
+                    await in_flight.popleft().result()
+                except BaseException as exc:
+                    errors.append(exc)
+            if errors:
+                raise errors[0]
     if offset != size:
         raise invalid_value(f"MEMCPY_HTOD: announced {size} bytes, received {offset}")
 

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Protocol
 
 import anyio
@@ -35,6 +35,7 @@ from hipr.handlers.context import Reply, Request
 from hipr.handlers.registry import LATER, REGISTRY, HandlerRegistry
 from hipr.observability.observer import WorkerObserver
 from hipr.protocol.codec import (
+    ARGS_LENGTH,
     Frame,
     FrameDecoder,
     decode_payload,
@@ -54,7 +55,7 @@ from hipr.transports import connect as transport_connect
 from hipr.transports.loop_stream import LoopSocketStream as PushStream
 from hipr.worker.config import WorkerConfig
 from hipr.worker.isolation import TenantProcesses
-from hipr.worker.payloads import PayloadBuffers
+from hipr.worker.payloads import PayloadBuffers, Placements
 from hipr.worker.replay import MAX_ONE_REPLY
 from hipr.worker.session import DeferredError, Session, as_hip_error
 from hipr.worker.spin import BusyPoll
@@ -269,6 +270,9 @@ class WorkerConnection:
         self._payload_buffers = PayloadBuffers(
             pinned=getattr(worker.backend, "payload_buffer", None)
         )
+        #: Push mode: where a streamed upload's DATA payloads land (RequestLink.placing).
+        self._placements = Placements()
+        self._payload_placed = False
         self._last_payload = 0.0
         self._log = log.bind(peer=peer)
         #: Request bytes read but not yet taken by the executor (max_inflight_bytes).
@@ -326,6 +330,20 @@ class WorkerConnection:
         numpy: 3.1 -> 3.5 GB/s), and gives them back once the connection is idle."""
         self._last_payload = time.monotonic()
         return self._payload_buffers.take(size)
+
+    @contextlib.contextmanager
+    def placing(self, request_id: int, window: memoryview) -> Iterator[bool]:
+        """While open, the DATA payloads of ``request_id`` that the loop receives into
+        buffers of their own go straight into ``window`` instead (``hipr.worker.payloads``'s
+        ``Placements``); yields whether any can (push mode, and the request is the one
+        streaming). A payload under way when it closes still lands in ``window``, and
+        the executor takes no other request before that payload is whole."""
+        placing = self._push is not None and self._placements.place(request_id, window)
+        try:
+            yield placing
+        finally:
+            if placing:
+                self._placements.stop()
 
     async def _send_bytes(self, data: bytes) -> None:
         await self._send_parts([data])
@@ -609,10 +627,18 @@ class WorkerConnection:
         if header is None or header.payload_length < RECEIVE_INTO_BYTES or self._frames.closed:
             return
         header, head = self._decoder.take_partial()
+        self._payload_header = header
+        placed = self._placements.target(header, head)
+        if placed is not None:
+            # The bulk goes straight to its destination; the empty arguments' length
+            # prefix, already in ``head``, is not kept.
+            self._payload = placed
+            self._payload_filled = len(head) - ARGS_LENGTH.size
+            self._payload_placed = True
+            return
         buffer = self._payload_buffers.take(header.payload_length)
         self._last_payload = time.monotonic()
         buffer[: len(head)] = head
-        self._payload_header = header
         self._payload = buffer
         self._payload_filled = len(head)
 
@@ -628,9 +654,17 @@ class WorkerConnection:
         assert payload is not None and self._payload_header is not None
         if self._payload_filled < payload.nbytes:
             return
-        frame = decode_payload(self._payload_header, payload)
+        header = self._payload_header
+        frame = (
+            Frame(header, None, payload)
+            if self._payload_placed
+            else decode_payload(header, payload)
+        )
         self._payload = self._payload_header = None
         self._payload_filled = 0
+        self._payload_placed = False
+        if header.flags & _MORE or header.opcode == Opcode.DATA:
+            self._placements.note(frame)
         if self._frames.closed:
             return
         self._held_frame = frame  # taken first by the pump, in order
@@ -658,6 +692,8 @@ class WorkerConnection:
                     frame = self._decoder.next_frame()
                     if frame is None:
                         break
+                    if frame.header.flags & _MORE or frame.header.opcode == Opcode.DATA:
+                        self._placements.note(frame)
                 else:
                     self._held_frame = None
                 if frame.opcode == Opcode.PING and not frame.flags & Flags.MORE:

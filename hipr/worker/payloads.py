@@ -27,7 +27,11 @@ import mmap
 import sys
 from collections.abc import Callable
 
-__all__ = ["PayloadBuffers"]
+from hipr.protocol.codec import ARGS_LENGTH, Frame
+from hipr.protocol.header import Flags, Header
+from hipr.protocol.opcodes import Opcode
+
+__all__ = ["PayloadBuffers", "Placements"]
 
 
 def _free_refcount() -> int:
@@ -82,3 +86,69 @@ class PayloadBuffers:
 
     def __len__(self) -> int:
         return len(self._buffers)
+
+
+class Placements:
+    """Where a streamed upload's DATA payloads land (push mode): straight at their
+    destination, where the request's handler offered one (:meth:`place`, a view of the
+    device bytes of a backend whose device memory is host memory), saving the copy out
+    of a payload buffer.
+
+    A payload's place is its offset in the request's bulk data, which is the bulk that
+    arrived for the request before it: every frame of a streamed request is counted as
+    it is decoded (:meth:`note`), and the frames of one request arrive in order. Only a
+    DATA frame whose arguments are empty (the 4-byte length prefix reads 0) and whose
+    bytes fit the window is placed; any other goes to a payload buffer as before, and
+    the handler copies it.
+    """
+
+    def __init__(self) -> None:
+        #: The streamed request being counted, and its bulk bytes so far.
+        self._request_id = -1
+        self._arrived = 0
+        self._window: memoryview | None = None
+
+    def note(self, frame: Frame) -> None:
+        """A decoded frame that starts (MORE) or continues (DATA) a streamed request."""
+        if frame.header.opcode == Opcode.DATA:
+            if frame.header.request_id == self._request_id:
+                self._arrived += frame.bulk.nbytes
+        elif frame.header.flags & Flags.MORE:
+            self._request_id = frame.header.request_id
+            self._arrived = frame.bulk.nbytes
+            self._window = None
+
+    def place(self, request_id: int, window: memoryview) -> bool:
+        """Put the rest of ``request_id``'s bulk straight into ``window`` (its whole
+        destination, offset 0 for the request's first byte); False, with nothing
+        changed, when that request is not the one streaming."""
+        if request_id != self._request_id:
+            return False
+        self._window = window
+        return True
+
+    def stop(self) -> None:
+        """No more placing (the handler is done, or gave up)."""
+        self._window = None
+
+    def target(self, header: Header, head: bytes) -> memoryview | None:
+        """The place of a DATA frame's bulk, whose payload starts with ``head``
+        (``head``'s bulk bytes are copied there), or None: not the placed request, an
+        unexpected shape, or more bytes than the window holds."""
+        window = self._window
+        prefix = ARGS_LENGTH.size
+        if (
+            window is None
+            or header.opcode != Opcode.DATA
+            or header.request_id != self._request_id
+            or len(head) < prefix
+            or ARGS_LENGTH.unpack_from(head)[0] != 0
+        ):
+            return None
+        start = self._arrived
+        size = header.payload_length - prefix
+        if start + size > window.nbytes:
+            return None
+        view = window[start : start + size]
+        view[: len(head) - prefix] = head[prefix:]
+        return view
