@@ -1,6 +1,7 @@
 """Where one small request's time goes, stage by stage, on the client and the worker.
 
     python -m benchmarks.stages [--backend emulator|cuda] [--count N] [--loop uvloop] [--profile N]
+        [--cpu N]
 
 Starts a worker whose connection code is instrumented (timestamps from
 ``time.perf_counter_ns``, which reads CLOCK_MONOTONIC and so compares across the two
@@ -20,6 +21,11 @@ Then the same for a 1-thread ``fill_f32`` launch followed by ``synchronize()`` (
 data_received -> the launch starts, the launch -> the synchronize starts (decoding it and
 issuing the kernel), and the synchronize -> its reply's send starts (waiting for the
 kernel to finish).
+
+With ``--cpu N`` the worker and this client both run on CPU ``N`` only: a woken
+process then runs on the CPU of the one that woke it, so the figures show the work
+alone, without the cost of waking a process on another CPU (tens of µs on a virtual
+machine whose idle CPUs halt). Compare with a run without it to see that cost.
 
 The raw socket's DEVICE_SYNCHRONIZE runs twice: waiting in ``recv``, and in ``poll()``
 before each ``recv`` (what a socket with a Python timeout does): the cost of the way a
@@ -492,8 +498,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=3000)
     parser.add_argument("--loop", default="uvloop", choices=("uvloop", "asyncio"))
     parser.add_argument("--profile", type=int, default=0, metavar="N")
+    parser.add_argument("--cpu", type=int, default=None, metavar="N")
     options = parser.parse_args(args)
-    measure(options.backend, options.count, options.loop, profile_top=options.profile)
+    allowed = os.sched_getaffinity(0)
+    if options.cpu is not None:
+        # Inherited by the worker subprocess: both ends on one CPU.
+        os.sched_setaffinity(0, {options.cpu})
+    try:
+        measure(options.backend, options.count, options.loop, profile_top=options.profile)
+    finally:
+        os.sched_setaffinity(0, allowed)
     return 0
 
 

@@ -443,6 +443,16 @@ def test_stage_trace_reports_every_stage() -> None:
     )
 
 
+def test_stage_trace_on_one_cpu_gives_the_cpus_back(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--cpu N`` runs both ends on CPU N, and this process has all its CPUs again after."""
+    from benchmarks import stages
+
+    allowed = os.sched_getaffinity(0)
+    assert stages.main(["--count", "40", "--loop", "asyncio", "--cpu", str(min(allowed))]) == 0
+    assert os.sched_getaffinity(0) == allowed
+    assert "hipr.connect(): 1-thread launch + synchronize()" in capsys.readouterr().out
+
+
 def test_bulk_tool_compares_workers_round_by_round() -> None:
     """``python -m benchmarks.bulk`` with two emulator workers of different configs:
     every figure for each (shape only, never a figure's size), and a setting that
