@@ -5,10 +5,11 @@
 
 Starts one worker subprocess per ``--worker`` (each with its own config: ``KEY=VALUE``
 pairs are top-level keys of the worker's TOML, e.g. ``pinned:pinned_payload_bytes=64MiB``
-against ``pageable:pinned_payload_bytes=0``), then, round after round, in rotating
-order so that the host's drift hits every worker alike, copies ``--size`` bytes each
-way through ``hipr.connect()`` (``memcpy_htod`` from a numpy array, ``memcpy_dtoh``
-into a numpy ``out``) and reads the worker's CPU time from ``/proc`` around each copy:
+against ``pageable:pinned_payload_bytes=0``) and one ``hipr.connect()`` to each, warmed
+by an untimed copy each way; then, round after round, in rotating order so that the
+host's drift hits every worker alike, copies ``--size`` bytes each way (``memcpy_htod``
+from a numpy array, ``memcpy_dtoh`` into a numpy ``out``) and reads the worker's CPU
+time from ``/proc`` around each copy:
 
 - GB/s of each copy (median over rounds),
 - the worker's CPU seconds per GiB moved, from each thread's ``/proc`` schedstat (ns):
@@ -139,24 +140,39 @@ def _ready(url: str) -> bool:
     return True
 
 
-def _round(worker: _Worker, size: int) -> None:
-    """One copy each way through a fresh ``hipr.connect()``; results appended."""
-    import numpy as np
+class _Copier:
+    """A ``hipr.connect()`` to one worker with a device buffer and host arrays of the
+    copy's size, warmed by one untimed copy each way: the link, the worker's payload
+    buffers and the client's pages are then as they are in steady use (a connection's
+    first copy also pays for faulting in its pageable buffers)."""
 
-    import hipr
+    def __init__(self, worker: _Worker, size: int) -> None:
+        import numpy as np
 
-    data = np.full(size, 7, dtype=np.uint8)
-    out = np.empty_like(data)
-    with hipr.connect(worker.url) as gpu:
-        ptr = gpu.malloc(size)
-        gpu.memcpy_htod(ptr, data[: 1 << 20])  # the link and the worker's buffers warm
+        import hipr
+
+        self.worker = worker
+        self.size = size
+        self.data = np.full(size, 7, dtype=np.uint8)
+        self.out = np.empty_like(self.data)
+        self.gpu = hipr.connect(worker.url)
+        self.ptr = self.gpu.malloc(size)
+        self.gpu.memcpy_htod(self.ptr, self.data)
+        self.gpu.memcpy_dtoh(self.ptr, out=self.out)
+
+    def round(self) -> None:
+        """One timed copy each way; results appended to the worker's."""
+        import numpy as np
+
+        worker, size, gpu = self.worker, self.size, self.gpu
+        self.out[:] = 0
         for direction in ("htod", "dtoh"):
             loop, others = worker.cpu()
             began = time.perf_counter()
             if direction == "htod":
-                gpu.memcpy_htod(ptr, data)
+                gpu.memcpy_htod(self.ptr, self.data)
             else:
-                gpu.memcpy_dtoh(ptr, out=out)
+                gpu.memcpy_dtoh(self.ptr, out=self.out)
             took = time.perf_counter() - began
             loop_after, others_after = worker.cpu()
             gib = size / (1 << 30)
@@ -167,9 +183,12 @@ def _round(worker: _Worker, size: int) -> None:
             worker.results.setdefault(f"{direction} other threads CPU s/GiB", []).append(
                 (others_after - others) / gib
             )
-        if not np.array_equal(out[:: 1 << 16], data[:: 1 << 16]):
+        if not np.array_equal(self.out[:: 1 << 16], self.data[:: 1 << 16]):
             raise RuntimeError(f"worker {worker.name}: the download differs from the upload")
-        gpu.free(ptr)
+
+    def close(self) -> None:
+        self.gpu.free(self.ptr)
+        self.gpu.close()
 
 
 def measure(
@@ -182,15 +201,19 @@ def measure(
 ) -> dict[str, dict[str, float]]:
     """Medians per worker (see the module doc), printed through ``out``."""
     started = [_Worker(name, settings, backend, transport) for name, settings in workers]
+    copiers: list[_Copier] = []
     try:
         for worker in started:
             worker.start()
+            copiers.append(_Copier(worker, size))
         for index in range(rounds):
             # Rotating order: no worker always runs first after the others' copies.
-            shift = index % len(started)
-            for worker in itertools.chain(started[shift:], started[:shift]):
-                _round(worker, size)
+            shift = index % len(copiers)
+            for copier in itertools.chain(copiers[shift:], copiers[:shift]):
+                copier.round()
     finally:
+        for copier in copiers:
+            copier.close()
         for worker in started:
             worker.stop()
     medians = {
