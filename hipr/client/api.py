@@ -107,7 +107,14 @@ class AsyncGpu:
 
     async def synchronize(self) -> None:
         """Wait for all work of the current device; reports asynchronous errors."""
-        await self._call(Opcode.DEVICE_SYNCHRONIZE)
+        await self._call(*self._synchronize_request())
+
+    #: Waits the sync client sends straight from their requests (see ``SyncProxy``).
+    _WAITS = {"synchronize": "_synchronize_request"}
+
+    def _synchronize_request(self) -> tuple[Opcode, None, bytes]:
+        """:meth:`synchronize`'s request: opcode, wire arguments, bytes."""
+        return Opcode.DEVICE_SYNCHRONIZE, None, b""
 
     # --- memory --------------------------------------------------------------------
     async def malloc(self, size: int) -> DevicePtr:

@@ -577,6 +577,11 @@ class BlockingConnection(LinkState):
             raise
         return self._result(pending)
 
+    def wait_for_reply(self, opcode: Opcode, args: Any = None, data: Buffer = b"") -> None:
+        """:meth:`call` for a request whose reply carries nothing the caller needs (a
+        synchronize): blocks until it arrives; an error reply raises."""
+        self.call(opcode, args, data)
+
     async def notify(self, opcode: Opcode, args: Any = None, data: Buffer = b"") -> None:
         """Send a fire-and-forget request (:meth:`post`; an ``async def`` for the API's
         coroutines, as :meth:`request` is)."""

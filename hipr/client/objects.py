@@ -103,6 +103,10 @@ class _Handle:
             )
         return self.id
 
+    def _link(self) -> Any:
+        """The connection this handle's requests go over."""
+        return self._gpu._link()
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.id}>"
 
@@ -120,7 +124,14 @@ class Stream(_Handle):
 
     async def synchronize(self) -> None:
         """Wait for the stream's work."""
-        await self._gpu._call(Opcode.STREAM_SYNCHRONIZE, {"stream": self._check()})
+        await self._gpu._call(*self._synchronize_request())
+
+    #: Waits the sync client sends straight from their requests (see ``SyncProxy``).
+    _WAITS = {"synchronize": "_synchronize_request"}
+
+    def _synchronize_request(self) -> tuple[Opcode, dict[str, Any], bytes]:
+        """:meth:`synchronize`'s request: opcode, wire arguments, bytes."""
+        return Opcode.STREAM_SYNCHRONIZE, {"stream": self._check()}, b""
 
     async def query(self) -> bool:
         """True when the stream has no pending work."""
@@ -161,7 +172,14 @@ class Event(_Handle):
 
     async def synchronize(self) -> None:
         """Wait for the event."""
-        await self._gpu._call(Opcode.EVENT_SYNCHRONIZE, {"event": self._check()})
+        await self._gpu._call(*self._synchronize_request())
+
+    #: Waits the sync client sends straight from their requests (see ``SyncProxy``).
+    _WAITS = {"synchronize": "_synchronize_request"}
+
+    def _synchronize_request(self) -> tuple[Opcode, dict[str, Any], bytes]:
+        """:meth:`synchronize`'s request: opcode, wire arguments, bytes."""
+        return Opcode.EVENT_SYNCHRONIZE, {"event": self._check()}, b""
 
     async def query(self) -> bool:
         """True when the event has completed."""
@@ -237,10 +255,6 @@ class Function(_Handle):
         wire = launch_args(self, grid, block, args, shared_mem)
         wire["stream"] = handle_id(stream)
         return Opcode.LAUNCH_KERNEL, wire, b""
-
-    def _link(self) -> Any:
-        """The connection this handle's requests go over."""
-        return self._gpu._link()
 
     def __repr__(self) -> str:
         return f"<Function {self.name!r}>"

@@ -64,27 +64,34 @@ def _unwrap(value: Any) -> Any:
     return value
 
 
-def _posting(
+def _direct(
     call: Callable[..., Any],
     request: Callable[..., tuple[Any, Any, Any]],
-    post: Callable[[Any, Any, Any], None],
+    send: Callable[[Any, Any, Any], None],
 ) -> Callable[..., Any]:
-    """``call``, a fire-and-forget API method, as a direct post on the blocking
-    connection: ``request`` (the method's own request builder, which the async method
-    awaits a post of too) gives the opcode, arguments and bytes, and
-    ``BlockingConnection.post`` sends them, with no coroutine to run: a launch is the
-    call a program makes most, and each coroutine layer is a measurable part of its
-    cost to the caller (``benchmarks.pieces``). A ``timeout=`` goes the general way.
-    Arguments are not unwrapped: a request builder reads handles only through
-    ``handle_id``, which a proxy answers as its handle does."""
+    """``call``, an API method whose body only sends one request and returns nothing,
+    as a direct send on the blocking connection: ``request`` (the method's own request
+    builder, which the async method sends too) gives the opcode, arguments and bytes,
+    and ``send`` sends them (``BlockingConnection.post`` for a fire-and-forget call,
+    ``wait_for_reply`` for a synchronize), with no coroutine to run. Launches and
+    synchronizes are the calls a program makes most, and each coroutine layer is a
+    measurable part of their cost to the caller (``benchmarks.pieces``). A ``timeout=``
+    goes the general way. Arguments are not unwrapped: a request builder reads handles
+    only through ``handle_id``, which a proxy answers as its handle does."""
 
     @functools.wraps(call)
     def fast(*args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
         if timeout is None:
-            return post(*request(*args, **kwargs))
+            send(*request(*args, **kwargs))
+            return None
         return call(*args, timeout=timeout, **kwargs)
 
     return fast
+
+
+#: The API's tables of methods that send straight from a request builder, and the
+#: blocking connection's method that sends each kind.
+_DIRECT = (("_POSTS", "post"), ("_WAITS", "wait_for_reply"))
 
 
 class SyncProxy:
@@ -115,10 +122,12 @@ class SyncProxy:
             return SyncProxy(result, runner) if isinstance(result, _Handle) else result
 
         method: Callable[..., Any] = call
-        request_of = getattr(self._target, "_POSTS", {}).get(name)
-        if request_of is not None and runner is run_inline:
-            link = self._target._link()
-            method = _posting(call, getattr(self._target, request_of), link.post)
+        if runner is run_inline:
+            for table, sender in _DIRECT:
+                request_of = getattr(self._target, table, {}).get(name)
+                if request_of is not None:
+                    send = getattr(self._target._link(), sender)
+                    method = _direct(call, getattr(self._target, request_of), send)
         self.__dict__[name] = method
         return method
 

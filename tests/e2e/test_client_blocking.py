@@ -243,6 +243,45 @@ def test_posts_skip_the_coroutines_and_keep_streams_and_timeouts(
         assert got[:4].tolist() == [5, 6, 4, 4] and got[4:16].tolist() == [3] * 12
 
 
+def test_synchronizes_skip_the_coroutines_and_keep_errors_and_timeouts(
+    blocking_endpoint: BlockingEndpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device's, a stream's and an event's ``synchronize()`` send their request
+    straight on the blocking connection (no coroutine, no request()); the errors they
+    report are the same; a ``timeout=`` takes the general path."""
+    from hipr.client.blocking import BlockingConnection
+
+    with blocking_endpoint.connect() as gpu:
+        fill = gpu.builtin("fill_f32")
+        p = gpu.malloc(64)
+        s = gpu.stream_create()
+        e = gpu.event_create()
+        general = BlockingConnection.request
+
+        async def refused(*_: object, **__: object) -> None:
+            raise AssertionError("a synchronize without timeout= went through request()")
+
+        monkeypatch.setattr(BlockingConnection, "request", refused)
+        fill.launch(1, 16, [p, np.float32(3), np.uint64(16)], stream=s)
+        e.record(s)
+        e.synchronize()
+        s.synchronize()
+        gpu.synchronize()
+        # The kernel overruns its buffer: its fault comes with the next synchronize.
+        fill.launch(1, 64, [p, np.float32(1), np.uint64(1 << 20)], stream=s)
+        with pytest.raises(hipr.HipError) as err:
+            s.synchronize()
+        assert err.value.code == E.hipErrorIllegalAddress
+        monkeypatch.setattr(BlockingConnection, "request", general)
+        gpu.synchronize(timeout=5)
+        s.synchronize(timeout=5)
+        e.synchronize(timeout=5)
+        e.destroy()
+        with pytest.raises(hipr.HipError) as err:
+            e.synchronize()  # the worker no longer knows the event
+        assert err.value.code == E.hipErrorInvalidHandle
+
+
 # --- 2. several threads sharing one Gpu
 
 
