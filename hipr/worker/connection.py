@@ -114,6 +114,7 @@ RECEIVE_INTO_BYTES = 256 << 10
 PAYLOAD_IDLE = 1.0
 _NO_REPLY = int(Flags.NO_REPLY)
 _MORE = int(Flags.MORE)
+_DATA = int(Opcode.DATA)
 _ERROR_REPLY = Flags.REPLY | Flags.ERROR
 #: Requests whose reply never reports a pending fire-and-forget error.
 _NOT_SYNCHRONISING = {Opcode.PING, Opcode.GOODBYE, Opcode.BARRIER}
@@ -663,7 +664,7 @@ class WorkerConnection:
         self._payload = self._payload_header = None
         self._payload_filled = 0
         self._payload_placed = False
-        if header.flags & _MORE or header.opcode == Opcode.DATA:
+        if header.opcode == _DATA or int(header.flags) & _MORE:
             self._placements.note(frame)
         if self._frames.closed:
             return
@@ -692,7 +693,9 @@ class WorkerConnection:
                     frame = self._decoder.next_frame()
                     if frame is None:
                         break
-                    if frame.header.flags & _MORE or frame.header.opcode == Opcode.DATA:
+                    header = frame.header
+                    # Plain ints: an IntFlag test costs more than the rest of this line.
+                    if header.opcode == _DATA or int(header.flags) & _MORE:
                         self._placements.note(frame)
                 else:
                     self._held_frame = None

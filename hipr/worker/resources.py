@@ -132,6 +132,10 @@ class HandleTable(Generic[T]):
         """A snapshot of (id, object) pairs, newest last."""
         return list(self._objects.items())
 
+    def objects(self) -> list[T]:
+        """A snapshot of the objects, newest last."""
+        return list(self._objects.values())
+
 
 @dataclass(slots=True)
 class ModuleEntry:

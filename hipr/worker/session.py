@@ -195,7 +195,7 @@ class Session:
             or (self._uses_lanes and self._lane is None)
         ):
             return False
-        streams = [handle for _, handle in self.streams.items()]
+        streams = self.streams.objects()
         return self._poll(lambda: bool(self._run_here(probe, streams)))
 
     @property
