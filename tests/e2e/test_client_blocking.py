@@ -215,27 +215,34 @@ def test_deferred_errors_surface_at_the_next_synchronize(
         assert np.all(np.frombuffer(gpu.memcpy_dtoh(p), dtype=np.float32) == 2)
 
 
+def _refuse(monkeypatch: pytest.MonkeyPatch, method: str, what: str) -> Callable[[], None]:
+    """Make the blocking connection's coroutine ``method`` fail the test (a call that
+    should have gone the direct way did not); returns what puts it back."""
+    from hipr.client.blocking import BlockingConnection
+
+    general = getattr(BlockingConnection, method)
+
+    async def refused(*_: object, **__: object) -> None:
+        raise AssertionError(f"{what} without timeout= went through {method}()")
+
+    monkeypatch.setattr(BlockingConnection, method, refused)
+    return lambda: monkeypatch.setattr(BlockingConnection, method, general)
+
+
 def test_posts_skip_the_coroutines_and_keep_streams_and_timeouts(
     blocking_endpoint: BlockingEndpoint, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Launches and asynchronous copies go through their blocking twins (no coroutine,
     no notify()), with a stream given as the proxy the client returned, by keyword or
     by position; a ``timeout=`` takes the general path; every post lands in order."""
-    from hipr.client.blocking import BlockingConnection
-
     with blocking_endpoint.connect() as gpu:
         fill = gpu.builtin("fill_f32")
         p = gpu.malloc(64)
         s = gpu.stream_create()
-        general = BlockingConnection.notify
-
-        async def refused(*_: object, **__: object) -> None:
-            raise AssertionError("a post without timeout= went through notify()")
-
-        monkeypatch.setattr(BlockingConnection, "notify", refused)
+        restore = _refuse(monkeypatch, "notify", "a post")
         fill.launch(1, 16, [p, np.float32(3), np.uint64(16)], stream=s)
         gpu.memcpy_htod_async(p, np.float32([5]).tobytes(), s)
-        monkeypatch.setattr(BlockingConnection, "notify", general)
+        restore()
         fill.launch(1, 8, [p + 8, np.float32(4), np.uint64(2)], 0, s, timeout=5)
         gpu.memcpy_htod_async(p + 4, np.float32([6]).tobytes(), stream=s, timeout=5)
         s.synchronize()
@@ -249,19 +256,12 @@ def test_synchronizes_skip_the_coroutines_and_keep_errors_and_timeouts(
     """A device's, a stream's and an event's ``synchronize()`` send their request
     straight on the blocking connection (no coroutine, no request()); the errors they
     report are the same; a ``timeout=`` takes the general path."""
-    from hipr.client.blocking import BlockingConnection
-
     with blocking_endpoint.connect() as gpu:
         fill = gpu.builtin("fill_f32")
         p = gpu.malloc(64)
         s = gpu.stream_create()
         e = gpu.event_create()
-        general = BlockingConnection.request
-
-        async def refused(*_: object, **__: object) -> None:
-            raise AssertionError("a synchronize without timeout= went through request()")
-
-        monkeypatch.setattr(BlockingConnection, "request", refused)
+        restore = _refuse(monkeypatch, "request", "a synchronize")
         fill.launch(1, 16, [p, np.float32(3), np.uint64(16)], stream=s)
         e.record(s)
         e.synchronize()
@@ -272,7 +272,7 @@ def test_synchronizes_skip_the_coroutines_and_keep_errors_and_timeouts(
         with pytest.raises(hipr.HipError) as err:
             s.synchronize()
         assert err.value.code == E.hipErrorIllegalAddress
-        monkeypatch.setattr(BlockingConnection, "request", general)
+        restore()
         gpu.synchronize(timeout=5)
         s.synchronize(timeout=5)
         e.synchronize(timeout=5)
