@@ -95,6 +95,25 @@ async def test_an_upload_lands_whole_at_its_destination_only(
         assert placed == []  # trio's stream hands over bytes objects: copied as before
 
 
+async def test_concurrent_uploads_on_one_connection_each_land_whole(worker: Worker) -> None:
+    """Several tasks uploading at once over one async client: however their frames
+    share the link, each upload's bytes land at its own destination only."""
+    patterns = [_pattern(UPLOAD - 1000 * i, 10 + i) for i in range(3)]
+    async with hipr.aconnect(worker.bound_urls[0]) as gpu:
+        ptrs = [await gpu.malloc(p.nbytes) for p in patterns]
+
+        async def upload(ptr: Any, data: np.ndarray) -> None:
+            await gpu.memcpy_htod(ptr, data)
+
+        async with anyio.create_task_group() as tg:
+            for ptr, data in zip(ptrs, patterns, strict=True):
+                tg.start_soon(upload, ptr, data)
+        for ptr, data in zip(ptrs, patterns, strict=True):
+            back = np.frombuffer(await gpu.memcpy_dtoh(ptr, data.nbytes), np.uint8)
+            assert np.array_equal(back, data)
+            await gpu.free(ptr)
+
+
 async def test_an_upload_after_queued_kernels_lands_after_them(worker: Worker) -> None:
     count = UPLOAD // 4
     data = _pattern(4 * count, 3)
