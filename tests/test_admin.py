@@ -156,3 +156,4 @@ def test_sync_client_admin_status(threaded_worker: Worker) -> None:
     [session] = status["sessions"]
     assert session["memory"] == 4096 and session["tenant"] == "anonymous"
     assert status["tenants"][0]["name"] == "anonymous"
+    assert status["pinned_payload_buffers"] is None  # the emulator pins nothing

@@ -131,6 +131,7 @@ def test_render_status_of_a_full_reply() -> None:
         "uptime_s": 3 * 86400 + 7200,
         "max_clients": 8,
         "listen": ["tls://0.0.0.0:18516"],
+        "pinned_payload_buffers": {"held": 15, "in_use": 2, "bytes": 15 * (4 << 20)},
         "sessions": [
             {
                 "id": "abcdef0123456789",
@@ -180,6 +181,7 @@ def test_render_status_of_a_full_reply() -> None:
         "abcdef0123456789*",
         "tls 10.0.0.5:40000",
         "footer text",
+        "2 / 15 in use (60.0 MiB page-locked)",
     ):
         assert expected in text, expected
 

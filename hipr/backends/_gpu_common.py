@@ -502,6 +502,11 @@ class PinnedPayloads:
         with self._lock:
             return sum(1 for block in self._blocks if sys.getrefcount(block) != free)
 
+    def figures(self) -> dict[str, int]:
+        """``{held, in_use, bytes}``: buffers pinned, lent out now, and pinned bytes."""
+        held = len(self._blocks)
+        return {"held": held, "in_use": self.in_use(), "bytes": held * self.block_bytes}
+
     def close(self) -> int:
         """Free every buffer nobody holds a view of; one still viewed is left allocated
         (freeing it would leave the view pointing at unmapped memory). The number left."""

@@ -540,6 +540,10 @@ class GpuBackend:
         """A free pinned payload buffer's first ``size`` bytes, or None."""
         return self._payloads.take(size)
 
+    def payload_buffer_figures(self) -> dict[str, int]:
+        """``{held, in_use, bytes}`` of the pinned payload buffers (status, metrics)."""
+        return self._payloads.figures()
+
     # Staging hooks (StagingOps).
     def host_alloc(self, size: int) -> int:
         """Portable pinned host memory, for the staging pool."""

@@ -248,7 +248,15 @@ class _StubWorker:
     def __init__(self) -> None:
         from hipr.worker.tenants import Quotas, Tenant, TenantRegistry
 
-        self.backend = type("B", (), {"name": "emulator"})()
+        # A GPU backend's pinned payload buffers too, so that their gauge is listed.
+        self.backend = type(
+            "B",
+            (),
+            {
+                "name": "cuda",
+                "payload_buffer_figures": lambda self: {"held": 1, "in_use": 0, "bytes": 1},
+            },
+        )()
         self.sessions: dict[str, Any] = {}
         quotas = Quotas(max_sessions=4, max_device_memory=1 << 30)
         self.tenants = TenantRegistry({"example": Tenant("example", quotas)}, anonymous=False)

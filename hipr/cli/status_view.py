@@ -83,6 +83,13 @@ def render_status(status: dict[str, Any], url: str, footer: str = "") -> Rendera
     listen = status.get("listen") or []
     if listen:
         summary.add_row("listening", ", ".join(map(str, listen)))
+    pinned = status.get("pinned_payload_buffers")
+    if isinstance(pinned, dict):
+        summary.add_row(
+            "pinned buffers",
+            f"{pinned.get('in_use', '?')} / {pinned.get('held', '?')} in use "
+            f"({human_size(int(pinned.get('bytes', 0)))} page-locked)",
+        )
     parts: list[RenderableType] = [summary]
 
     devices = list(status.get("devices") or [])

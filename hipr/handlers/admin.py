@@ -134,7 +134,15 @@ def worker_status(
         + [row for child in children for row in child.sessions],
         "tenants": tenants,
         "children": [child_row(child) for child in children],
+        "pinned_payload_buffers": pinned_payload_figures(worker.backend),
     }
+
+
+def pinned_payload_figures(backend: object) -> dict[str, int] | None:
+    """``{held, in_use, bytes}`` of a GPU backend's page-locked payload buffers
+    (``pinned_payload_bytes``), or None for a backend without them (the emulator)."""
+    figures = getattr(backend, "payload_buffer_figures", None)
+    return None if figures is None else dict(figures())
 
 
 async def _whole_status_from_parent(worker: Worker, caller: Session) -> dict[str, Any] | None:
@@ -160,7 +168,7 @@ async def _whole_status_from_parent(worker: Worker, caller: Session) -> dict[str
 @handler(Opcode.ADMIN_STATUS)
 async def admin_status(session: Session, request: Request) -> Any:
     """``{admin_token}`` -> ``{worker_version, protocol, backend, started_at, uptime_s,
-    listen, max_clients, sessions, tenants, children, devices}``.
+    listen, max_clients, sessions, tenants, children, pinned_payload_buffers, devices}``.
 
     ``sessions``: one map per live session, ``{id, tenant, peer, device, memory,
     allocations, handles: {streams, events, modules, functions, graphs, graph_execs},
@@ -169,7 +177,9 @@ async def admin_status(session: Session, request: Request) -> Any:
     ``children``: ``{tenant, pid, rss, sessions, memory, error}`` per tenant child
     worker (``error`` when it did not answer: its last figures are shown).
     ``tenants``: ``{name, sessions, memory, max_sessions, max_device_memory}``, quotas
-    null when unlimited, child workers' sessions included. ``devices``:
+    null when unlimited, child workers' sessions included. ``pinned_payload_buffers``:
+    ``{held, in_use, bytes}`` of the page-locked buffers uploads and downloads go
+    through (``pinned_payload_bytes``), null on a backend without them. ``devices``:
     ``{index, name, pci_bus_id, memory_used, memory_total, utilization, temperature_c,
     power_w, source}``, null where the runtime does not tell (``source``: nvml, amdsmi,
     emulator or runtime). Needs the admin token: AuthError without it, or when the

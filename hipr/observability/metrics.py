@@ -315,6 +315,18 @@ class WorkerCollector(Collector):
             value=self.started_at,
         )
         yield from self._tenant_metrics()
+        figures = getattr(worker.backend, "payload_buffer_figures", None)
+        if figures is not None:
+            pinned = GaugeMetricFamily(
+                "hipr_pinned_payload_buffers",
+                "Page-locked buffers uploads and downloads go through (pinned_payload_bytes): "
+                "held, and lent out now.",
+                labels=["state"],
+            )
+            held = figures()
+            pinned.add_metric(["held"], held["held"])
+            pinned.add_metric(["in_use"], held["in_use"])
+            yield pinned
         if self.telemetry:
             yield from device_metrics(device_telemetry(worker.backend))
 

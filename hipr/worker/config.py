@@ -185,7 +185,7 @@ class WorkerConfig:
             "downloads are filled from, so the runtime DMAs straight to and from it instead "
             "of first copying through a pinned buffer of its own; allocated at start in "
             "chunk-sized buffers, shared by all connections (one that finds none free uses "
-            "pageable memory); with `isolation = \"process\"` each tenant's worker pins its "
+            'pageable memory); with `isolation = "process"` each tenant\'s worker pins its '
             "own. 0: none.",
             size=True,
             zero_ok=True,

@@ -1867,6 +1867,8 @@ async def test_a_worker_moves_bulk_copies_through_its_pinned_payload_buffers(
     sim: Any, anyio_backend: str, tmp_path: Path
 ) -> None:
     import hipr
+    from hipr.handlers.admin import worker_status
+    from hipr.observability.metrics import WorkerCollector
     from hipr.worker.config import WorkerConfig
     from hipr.worker.server import FRAME_HEADROOM, running_worker
 
@@ -1888,6 +1890,16 @@ async def test_a_worker_moves_bulk_copies_through_its_pinned_payload_buffers(
     with anyio.fail_after(60):
         async with running_worker(config, backend, [f"unix://{tmp_path}/w.sock"]) as worker:
             assert len(backend._payloads._blocks) == 16
+            # Operators see them: the status call's figures and a gauge.
+            status = worker_status(worker, None)["pinned_payload_buffers"]
+            assert status == {"held": 16, "in_use": 0, "bytes": 16 * (chunk + FRAME_HEADROOM)}
+            gauges = {
+                sample.labels["state"]: sample.value
+                for family in WorkerCollector(worker, telemetry=False).collect()
+                if family.name == "hipr_pinned_payload_buffers"
+                for sample in family.samples
+            }
+            assert gauges == {"held": 16, "in_use": 0}
             async with hipr.aconnect(worker.bound_urls[0]) as client:
                 ptr = await client.malloc(data.nbytes)
                 await client.memcpy_htod(ptr, data)
