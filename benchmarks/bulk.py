@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import shutil
 import statistics
 import subprocess
 import sys
@@ -51,9 +52,11 @@ class _Worker:
     process: subprocess.Popen[bytes] | None = None
     url: str = ""
     results: dict[str, list[float]] = field(default_factory=dict)
+    #: The worker's config and socket; removed when it stops.
+    directory: str = ""
 
     def start(self) -> None:
-        directory = tempfile.mkdtemp(prefix=f"hipr-bulk-{self.name}-")
+        directory = self.directory = tempfile.mkdtemp(prefix=f"hipr-bulk-{self.name}-")
         config = Path(directory, "worker.toml")
         config.write_text(
             "".join(f"{key} = {_toml(value)}\n" for key, value in self.settings.items())
@@ -107,6 +110,8 @@ class _Worker:
         if self.process is not None:
             self.process.terminate()
             self.process.wait(timeout=30)
+        if self.directory:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def _toml(value: str) -> str:
