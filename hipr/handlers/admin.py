@@ -26,6 +26,7 @@ from hipr.observability.metrics import (
     ChildFigures,
     add_child_usage,
     child_figures,
+    pinned_payload_figures,
     tenant_usage,
 )
 from hipr.observability.metrics import Worker as MetricsWorker
@@ -136,13 +137,6 @@ def worker_status(
         "children": [child_row(child) for child in children],
         "pinned_payload_buffers": pinned_payload_figures(worker.backend),
     }
-
-
-def pinned_payload_figures(backend: object) -> dict[str, int] | None:
-    """``{held, in_use, bytes}`` of a GPU backend's page-locked payload buffers
-    (``pinned_payload_bytes``), or None for a backend without them (the emulator)."""
-    figures = getattr(backend, "payload_buffer_figures", None)
-    return None if figures is None else dict(figures())
 
 
 async def _whole_status_from_parent(worker: Worker, caller: Session) -> dict[str, Any] | None:

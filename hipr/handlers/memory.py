@@ -104,7 +104,7 @@ async def _copy_chunks_in(session: Session, request: Request, dst: int, size: in
         return
     stream = session.stream(request.args.handle("stream", optional=True))
     window = await _upload_window(session, dst, size, stream)
-    at = _address(window) if window is not None else -1
+    at = _address(window) if window is not None else 0
     in_flight: deque[PendingCall[None]] = deque()
     offset = 0
     chunk: memoryview | None = request.bulk
@@ -117,7 +117,7 @@ async def _copy_chunks_in(session: Session, request: Request, dst: int, size: in
                         f"MEMCPY_HTOD: received more than the announced {size} bytes"
                     )
                 # A chunk the loop received straight into its destination is there.
-                if chunk.nbytes and _address(chunk) != at + offset:
+                if chunk.nbytes and (window is None or _address(chunk) != at + offset):
                     in_flight.append(
                         session.gpu_submit(session.backend.memcpy_htod, dst + offset, chunk, stream)
                     )

@@ -287,6 +287,14 @@ def add_child_usage(usage: dict[str, TenantUsage], children: Iterable[ChildFigur
             )
 
 
+def pinned_payload_figures(backend: object) -> dict[str, int] | None:
+    """``{held, in_use, bytes}`` of a GPU backend's page-locked payload buffers
+    (``pinned_payload_bytes``), or None for a backend without them (the emulator): for
+    the status call and the gauge alike."""
+    figures = getattr(backend, "payload_buffer_figures", None)
+    return None if figures is None else dict(figures())
+
+
 class WorkerCollector(Collector):
     """Gauges read from the worker at scrape time (sessions, memory, quotas, devices)."""
 
@@ -315,7 +323,7 @@ class WorkerCollector(Collector):
             value=self.started_at,
         )
         yield from self._tenant_metrics()
-        figures = getattr(worker.backend, "payload_buffer_figures", None)
+        figures = pinned_payload_figures(worker.backend)
         if figures is not None:
             pinned = GaugeMetricFamily(
                 "hipr_pinned_payload_buffers",
@@ -323,9 +331,8 @@ class WorkerCollector(Collector):
                 "held, and lent out now.",
                 labels=["state"],
             )
-            held = figures()
-            pinned.add_metric(["held"], held["held"])
-            pinned.add_metric(["in_use"], held["in_use"])
+            pinned.add_metric(["held"], figures["held"])
+            pinned.add_metric(["in_use"], figures["in_use"])
             yield pinned
         if self.telemetry:
             yield from device_metrics(device_telemetry(worker.backend))
