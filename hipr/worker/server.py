@@ -101,7 +101,9 @@ class Worker:
             return  # an isolating parent relays bytes; its tenants' children copy them
         try:
             held = await anyio.to_thread.run_sync(reserve, count, block_bytes)
-        except HipError as exc:
+        except (HipError, ValueError) as exc:
+            # ValueError: the backend already pins buffers of another size (a second
+            # worker on it with another max_frame_bytes); payloads then go pageable.
             log.warning("no pinned payload buffers", error=str(exc))
             return
         log.info("pinned payload buffers", buffers=held, bytes=held * block_bytes)

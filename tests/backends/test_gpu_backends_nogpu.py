@@ -1917,3 +1917,31 @@ async def test_a_worker_moves_bulk_copies_through_its_pinned_payload_buffers(
     assert len(lent) - len(upload) == len(download)
     assert len(upload) == (10 if anyio_backend == "asyncio" else 0)
     assert backend._payloads.in_use() == 0
+
+
+@pytest.mark.anyio
+async def test_a_worker_serves_when_its_backend_pins_buffers_of_another_size(
+    sim: Any, anyio_backend: str, tmp_path: Path
+) -> None:
+    """A backend already holding payload buffers of another size (a second worker on it
+    with another max_frame_bytes): the worker says so in its log and copies through
+    pageable memory instead of failing to start."""
+    import hipr
+    from hipr.worker.config import WorkerConfig
+    from hipr.worker.server import running_worker
+
+    backend, _ = sim
+    assert backend.reserve_payload_buffers(1, 4096) == 1
+    data = np.arange(3 << 20, dtype=np.uint32).view(np.uint8)
+    with anyio.fail_after(60), structlog.testing.capture_logs() as logs:
+        async with running_worker(
+            WorkerConfig(resume_grace=0.0), backend, [f"unix://{tmp_path}/w.sock"]
+        ) as worker:
+            async with hipr.aconnect(worker.bound_urls[0]) as client:
+                ptr = await client.malloc(data.nbytes)
+                await client.memcpy_htod(ptr, data)
+                back = np.frombuffer(await client.memcpy_dtoh(ptr, data.nbytes), np.uint8)
+                await client.free(ptr)
+    assert np.array_equal(back, data)
+    assert any(entry["event"] == "no pinned payload buffers" for entry in logs)
+    assert backend.payload_buffer_figures() == {"held": 1, "in_use": 0, "bytes": 4096}
