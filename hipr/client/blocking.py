@@ -43,6 +43,7 @@ from hipr.client.link import (
     log,
 )
 from hipr.client.stream_io import StreamIO, io_for
+from hipr.client.wait_forecast import WaitForecast, WaitPlan
 from hipr.errors import (
     AuthError,
     HipConnectionError,
@@ -110,6 +111,8 @@ class BlockingConnection(LinkState):
         self._keeper_wake = threading.Event()
         #: Seconds a waiter polls without sleeping before it blocks (LinkOptions).
         self._spin = self.options.spin_seconds()
+        #: When a synchronize's wait outlasts the spin: nap, then poll (wait_forecast).
+        self._forecast = WaitForecast(self._spin if self.options.forecast_waits else 0.0)
 
     # --- waking waiters ----------------------------------------------------------------
     def _wake(self, pending: Pending) -> None:
@@ -442,11 +445,13 @@ class BlockingConnection(LinkState):
             spin_until = time.monotonic() + self._spin if self._spin else 0.0
             if deadline is not None:
                 spin_until = min(spin_until, deadline)
+            plan = self._forecast.plan(pending.opcode, waiting_since) if spin_until else None
             try:
                 while not pending.finished:
                     if spin_until:
                         if not self._read_once(0) and time.monotonic() >= spin_until:
-                            spin_until = 0.0
+                            spin_until = self._nap(plan, deadline) if plan else 0.0
+                            plan = None
                     elif not self._read_once(_remaining(deadline, options.heartbeat_interval)):
                         now = time.monotonic()
                         if deadline is not None and now >= deadline:
@@ -475,6 +480,22 @@ class BlockingConnection(LinkState):
                 self._release_reader()
                 raise
             self._release_reader()
+
+    def _nap(self, plan: WaitPlan, deadline: float | None) -> float:
+        """After the spin window, for a wait whose end is forecast: sleep until shortly
+        before that end (woken at once by bytes to read), then poll again until shortly
+        after it. The new end of polling; 0.0 when there is nothing left to poll for."""
+        reader = self._io
+        if reader is None:
+            return 0.0
+        nap_until = plan.nap_until if deadline is None else min(plan.nap_until, deadline)
+        now = time.monotonic()
+        if nap_until > now:
+            try:
+                reader.wait_readable(nap_until - now)
+            except _LINK_ERRORS:
+                raise _LinkDown from None
+        return plan.poll_until if deadline is None else min(plan.poll_until, deadline)
 
     def _release_reader(self) -> None:
         with self._state:
@@ -564,7 +585,9 @@ class BlockingConnection(LinkState):
         request_id = 0
         try:
             request_id = self._submit(opcode, Flags.NONE, args, view, pending, progress)
+            started = time.monotonic()
             self._wait(pending, deadline)
+            self._forecast.record(opcode, time.monotonic() - started)
         except TimeoutError:
             self._abandon(request_id)
             shown = timeout if timeout is not None else "the call's timeout"

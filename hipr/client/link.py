@@ -140,6 +140,12 @@ class LinkOptions:
     #: for a remote call. ``0`` always blocks at once; a value as long as a kernel
     #: (``0.01``) spins through it, one core busy meanwhile. The async client never spins.
     spin_wait: float | None = None
+    #: While spinning is on (``spin_wait``): a device's, stream's or event's synchronize
+    #: that outlasts the spin sleeps through most of its expected wait (learned from the
+    #: last ones) and polls again from shortly before its end until shortly after, at
+    #: most a millisecond each side, so that the reply finds the caller running
+    #: (:mod:`hipr.client.wait_forecast`). ``False``: block after the spin, as before.
+    forecast_waits: bool = True
     #: Fire-and-forget launches of one kernel configuration (function, geometry, shared
     #: memory, stream, pointer offsets), and fire-and-forget host-to-device copies of
     #: at most :data:`BATCH_COPY_BYTES` on one stream, that follow each other go to the

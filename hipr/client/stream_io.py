@@ -54,6 +54,12 @@ class StreamIO(Protocol):
         for the link's own timeout (a slow link may take as long as it needs)."""
         ...
 
+    def wait_readable(self, timeout: float) -> bool:
+        """Wait until bytes can be read, at most ``timeout`` seconds and never much
+        longer (a nap before an expected reply): True when they can, False on
+        timeout. Reads nothing."""
+        ...
+
 
 def io_for(stream: BlockingStream, send_lock: threading.RLock, link_timeout: float) -> StreamIO:
     """The I/O for ``stream``; sets the stream's timeouts as it needs them
@@ -70,7 +76,15 @@ def io_for(stream: BlockingStream, send_lock: threading.RLock, link_timeout: flo
 class SocketIO:
     """A plain socket in blocking mode, with kernel time limits (see the module doc)."""
 
-    __slots__ = ("_limit", "_link_timeout", "_recv_into", "_room", "_send", "_socket")
+    __slots__ = (
+        "_arrival",
+        "_limit",
+        "_link_timeout",
+        "_recv_into",
+        "_room",
+        "_send",
+        "_socket",
+    )
 
     def __init__(self, sock: socket.socket, link_timeout: float) -> None:
         self._socket = sock
@@ -83,6 +97,9 @@ class SocketIO:
         #: Waits for room to send (used under the send lock only: one poll at a time).
         self._room = select.poll()
         self._room.register(sock.fileno(), select.POLLOUT)
+        #: Waits for bytes to read where select() cannot (a descriptor past FD_SETSIZE).
+        self._arrival = select.poll()
+        self._arrival.register(sock.fileno(), select.POLLIN)
 
     def _wait_at_most(self, timeout: float | None) -> None:
         if timeout != self._limit:
@@ -127,6 +144,10 @@ class SocketIO:
                 sent += self._send(view[sent:], socket.MSG_DONTWAIT)
             except BlockingIOError:
                 pass
+
+    def wait_readable(self, timeout: float) -> bool:
+        """See :meth:`StreamIO.wait_readable`."""
+        return _readable(self._socket.fileno(), self._arrival, timeout)
 
 
 class PolledIO:
@@ -175,9 +196,27 @@ class PolledIO:
         while view:
             view = view[stream.send(view) :]
 
+    def wait_readable(self, timeout: float) -> bool:
+        """See :meth:`StreamIO.wait_readable` (bytes TLS already decrypted count)."""
+        return bool(self._decrypted()) or _readable(self._stream.fileno(), self._poller, timeout)
+
     def _decrypted(self) -> int:
         pending = getattr(self._stream, "pending", None)
         return int(pending()) if pending is not None else 0
+
+
+#: select() takes descriptors below this only (glibc's FD_SETSIZE).
+_SELECT_LIMIT = 1024
+
+
+def _readable(fd: int, poller: select.poll, timeout: float) -> bool:
+    """Wait at most ``timeout`` s for ``fd`` to be readable. select() where it can, for
+    its microsecond timeout; else ``poller`` (registered for POLLIN), whose timeout is in
+    whole milliseconds, rounded down so that a nap never overruns."""
+    timeout = max(0.0, timeout)
+    if fd < _SELECT_LIMIT:
+        return bool(select.select([fd], [], [], timeout)[0])
+    return bool(poller.poll(int(timeout * 1000)))
 
 
 def _timeval(seconds: float | None) -> bytes:

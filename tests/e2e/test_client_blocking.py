@@ -20,6 +20,7 @@ import pytest
 
 import hipr
 from hipr.backends.emulator import EmulatorBackend
+from hipr.client.blocking import BlockingConnection
 from hipr.client.cpus import usable_cpus
 from hipr.client.link import AUTO_SPIN_SECONDS, LinkOptions, auto_spin_wait
 from hipr.errors import HipErrorCode as E
@@ -56,9 +57,20 @@ class GatedEmulator(EmulatorBackend):
         self.gate = threading.Event()
         self.gate.set()
 
+        #: While True, a synchronize also waits for the gate (a kernel running till then).
+        self.gate_synchronize = False
+
     def memset(self, *args: Any, **kwargs: Any) -> None:
         self.gate.wait(30)  # bounded: a failing test must not keep the worker stuck
         super().memset(*args, **kwargs)
+
+    def work_done(self, streams: Any) -> bool:
+        return not (self.gate_synchronize and not self.gate.is_set()) and super().work_done(streams)
+
+    def synchronize(self) -> None:
+        if self.gate_synchronize:
+            self.gate.wait(30)
+        super().synchronize()
 
 
 @pytest.fixture
@@ -218,8 +230,6 @@ def test_deferred_errors_surface_at_the_next_synchronize(
 def _refuse(monkeypatch: pytest.MonkeyPatch, method: str, what: str) -> Callable[[], None]:
     """Make the blocking connection's coroutine ``method`` fail the test (a call that
     should have gone the direct way did not); returns what puts it back."""
-    from hipr.client.blocking import BlockingConnection
-
     general = getattr(BlockingConnection, method)
 
     async def refused(*_: object, **__: object) -> None:
@@ -391,6 +401,70 @@ def test_a_spinning_waiter_keeps_timeouts_and_shares_the_gpu_with_threads(
         with ThreadPoolExecutor(4) as pool:
             done = [f.result(timeout=60) for f in [pool.submit(work, t) for t in range(4)]]
         assert done == [bytes([t]) for t in range(4)]
+
+
+def _gated_synchronize(gpu: Any, backend: GatedEmulator, seconds: float) -> tuple[float, float]:
+    """A synchronize whose work runs ``seconds``: (wall time, this thread's CPU time)."""
+    backend.gate.clear()
+    threading.Timer(seconds, backend.gate.set).start()
+    cpu_before, started = time.thread_time(), time.monotonic()
+    gpu.synchronize()
+    return time.monotonic() - started, time.thread_time() - cpu_before
+
+
+def test_a_synchronize_like_the_last_ones_naps_then_polls_around_its_forecast_end(
+    blocking_endpoint: BlockingEndpoint, backend: GatedEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a long synchronize, the next one sleeps through most of its expected wait
+    and polls only around the expected end (LinkOptions.forecast_waits), so its CPU time
+    stays far below the wait; a reply that comes before the forecast wakes the nap at
+    once; and ``timeout=`` still ends a wait that naps."""
+    naps: list[float] = []
+    real_nap = BlockingConnection._nap
+
+    def counted(self: BlockingConnection, plan: Any, deadline: float | None) -> float:
+        naps.append(plan.nap_until - time.monotonic())
+        return real_nap(self, plan, deadline)
+
+    monkeypatch.setattr(BlockingConnection, "_nap", counted)
+    monkeypatch.setattr("hipr.client.wait_forecast.FORECAST_MAX", 5.0)
+    link = dataclasses.replace(FAST, heartbeat_interval=2.0, heartbeat_timeout=10.0)
+    with blocking_endpoint.connect(link=dataclasses.replace(link, spin_wait=0.005)) as gpu:
+        backend.gate_synchronize = True
+        waited, _ = _gated_synchronize(gpu, backend, 0.3)  # learns a wait of ~0.3 s
+        assert waited >= 0.25 and not naps
+        waited, cpu = _gated_synchronize(gpu, backend, 0.3)
+        assert len(naps) == 1 and naps[0] > 0.15  # slept through most of it
+        assert waited >= 0.25
+        assert cpu < 0.15, f"{cpu:.3f} s of CPU for a {waited:.2f} s forecast wait"
+        waited, _ = _gated_synchronize(gpu, backend, 0.05)  # earlier than forecast
+        assert len(naps) == 2 and waited < 0.25, f"a nap overran an early reply: {waited:.2f} s"
+        backend.gate.clear()
+        try:
+            started = time.monotonic()
+            with pytest.raises(hipr.HipTimeoutError):
+                gpu.synchronize(timeout=0.1)
+            assert time.monotonic() - started < 1.0
+        finally:
+            backend.gate.set()
+        backend.gate_synchronize = False
+        gpu.synchronize()
+
+
+def test_without_forecasts_a_long_synchronize_blocks_after_the_spin(
+    blocking_endpoint: BlockingEndpoint, backend: GatedEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``forecast_waits=False`` (or no spinning) keeps the old wait: spin, then block."""
+    monkeypatch.setattr("hipr.client.wait_forecast.FORECAST_MAX", 5.0)
+    naps: list[object] = []
+    monkeypatch.setattr(BlockingConnection, "_nap", lambda *args: naps.append(args) or 0.0)
+    link = dataclasses.replace(FAST, spin_wait=0.005, forecast_waits=False)
+    with blocking_endpoint.connect(link=link) as gpu:
+        backend.gate_synchronize = True
+        for _ in range(2):
+            waited, _ = _gated_synchronize(gpu, backend, 0.1)
+            assert waited >= 0.05
+        assert not naps
 
 
 def test_spin_wait_is_automatic_by_cpu_count() -> None:

@@ -127,3 +127,30 @@ def test_time_limits_never_round_down_to_no_limit() -> None:
     assert forever == b"\0" * len(forever)
     assert _timeval(1e-9) != forever and _timeval(0.0) != forever
     assert _timeval(2.5) == _timeval(2.5000001)
+
+
+@pytest.mark.parametrize("select_limit", [1024, 0], ids=["select", "poll"])
+def test_a_nap_ends_at_its_time_or_when_bytes_arrive_and_reads_nothing(
+    pair: tuple[socket.socket, socket.socket],
+    kind: type,
+    select_limit: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``wait_readable`` (a nap before an expected reply): False after its time with
+    nothing to read, True at once when bytes are there, and the bytes stay to be read.
+    Past select()'s descriptor limit it waits in poll(), whose whole milliseconds are
+    rounded down so that a nap never overruns."""
+    monkeypatch.setattr("hipr.client.stream_io._SELECT_LIMIT", select_limit)
+    left, right = pair
+    io = _io(kind, left, 5.0)
+    started = time.monotonic()
+    assert io.wait_readable(0.03) is False
+    assert 0.015 <= time.monotonic() - started < 1.0
+    assert io.wait_readable(0.0) is False
+    threading.Timer(0.05, lambda: right.sendall(b"reply")).start()
+    started = time.monotonic()
+    assert io.wait_readable(5.0) is True
+    assert time.monotonic() - started < 2.0  # woken by the bytes, not by the time
+    buffer = bytearray(16)
+    assert io.read(buffer, 0) == 5 and bytes(buffer[:5]) == b"reply"
+    assert io.wait_readable(-1.0) is False  # a nap already over waits for nothing
