@@ -22,6 +22,17 @@ data_received -> the launch starts, the launch -> the synchronize starts (decodi
 issuing the kernel), and the synchronize -> its reply's send starts (waiting for the
 kernel to finish).
 
+Then a kernel that runs ~2 ms (the 2048³ SGEMM on GPU backends, a fill of 4 Mi
+elements on the emulator), launched and synchronized through two connections taking
+turns, one forecasting its waits (``LinkOptions.forecast_waits``, the default) and one
+not (``--long N`` pairs each, 0 to skip): its synchronize outlasts the worker's inline
+poll and waits on the session's GPU thread, so the split is: data_received -> the
+launch starts -> the launch is issued (the I/O callback returns) -> the GPU thread's
+synchronize returns (the kernel's run is in here) -> the reply's send starts (the
+loop's wake-up and the reply) -> the client has it (the client's wake-up, which the
+forecast is meant to save; it acts only where the client spins, on 4 or more CPUs by
+default). Pairs whose synchronize found the kernel done are left out, and counted.
+
 With ``--cpu N`` the worker and this client both run on CPU ``N`` only: a woken
 process then runs on the CPU of the one that woke it, so the figures show the work
 alone, without the cost of waking a process on another CPU (tens of µs on a virtual
@@ -84,15 +95,33 @@ LAUNCH_STAGES = (
 )
 
 
+LONG_STAGES = (
+    "client call -> worker data_received",
+    "data_received -> launch starts",
+    "launch starts -> launch issued",
+    "launch issued -> kernel done",
+    "kernel done -> reply send starts",
+    "reply send",
+    "reply sent -> client has it",
+    "total",
+)
+#: The backend calls that wait for a kernel on the session's GPU thread.
+_WAITING_CALLS = frozenset({"synchronize", "stream_synchronize", "event_synchronize"})
+
+
 def _serve(dump: str, worker_argv: list[str]) -> int:
     """The instrumented worker: record timestamps, write them to ``dump`` on SIGUSR1."""
     from hipr.protocol.header import Flags
     from hipr.transports import loop_stream
-    from hipr.worker import connection
+    from hipr.worker import connection, gpu_thread
 
     marks: dict[str, list[int]] = {"recv": [], "exec": [], "send0": [], "send1": []}
     #: Every request's start, as (time, opcode) pairs flattened: also fire-and-forget ones.
     starts: list[int] = []
+    #: The end of each request answered in the I/O callback, flattened the same way.
+    ends: list[int] = []
+    #: When each synchronize on a session's GPU thread returned (the kernel was done).
+    waited: list[int] = []
     sends: list[tuple[int, int]] = []
     now = time.perf_counter_ns
 
@@ -118,6 +147,7 @@ def _serve(dump: str, worker_argv: list[str]) -> int:
         started = now()
         answered = answer_now(self, frame)
         if answered:
+            ends.extend((now(), frame.opcode))
             starts.extend((started, frame.opcode))
             if not frame.header.flags & Flags.NO_REPLY:
                 marks["exec"].append(started)
@@ -136,6 +166,14 @@ def _serve(dump: str, worker_argv: list[str]) -> int:
         await send(self, item)
         sends.append((started, now()))  # one entry per finished send: never half a pair
 
+    run_call = gpu_thread.GpuThread._run
+
+    def timed_run(self: Any, item: Any) -> None:
+        run_call(self, item)
+        if getattr(item.fn, "__name__", "") in _WAITING_CALLS:
+            waited.append(now())
+
+    gpu_thread.GpuThread._run = timed_run  # type: ignore[method-assign]
     loop_stream._Protocol.data_received = data_received  # type: ignore[method-assign]
     connection.WorkerConnection._execute = timed_execute  # type: ignore[method-assign]
     connection.WorkerConnection._answer_now = timed_answer_now  # type: ignore[method-assign]
@@ -147,6 +185,8 @@ def _serve(dump: str, worker_argv: list[str]) -> int:
         marks["send0"] = [a for a, _ in finished]
         marks["send1"] = [b for _, b in finished]
         marks["starts"] = list(starts)
+        marks["ends"] = list(ends)
+        marks["waited"] = list(waited)
         Path(dump).write_text(json.dumps(marks))
 
     signal.signal(signal.SIGUSR1, write)
@@ -214,6 +254,109 @@ def _launch_stages(
     arrived = [max(r for r in recvs if r <= at) for at in launches]
     points = [arrived, launches, syncs, marks["send0"][-n:], marks["send1"][-n:]]
     return _spans(LAUNCH_STAGES, client, points)
+
+
+def _long_stages(
+    client: Sequence[tuple[int, int]], marks: dict[str, list[int]], launch: int
+) -> dict[str, list[int]]:
+    """Per-stage durations (ns) of long-kernel launch + synchronize pairs, each matched
+    by time window (two connections took turns): only the pairs whose synchronize
+    waited on the GPU thread and whose launch was issued in the I/O callback count."""
+    starts = list(zip(marks["starts"][::2], marks["starts"][1::2], strict=True))
+    ends = list(zip(marks["ends"][::2], marks["ends"][1::2], strict=True))
+    kept: list[tuple[int, int]] = []
+    points: list[list[int]] = [[] for _ in range(6)]
+
+    def first(times: Sequence[int], after: int, before: int) -> int | None:
+        return next((t for t in times if after <= t <= before), None)
+
+    for begun, finished in client:
+        launched = next((t for t, op in starts if op == launch and begun <= t <= finished), None)
+        issued = next((t for t, op in ends if op == launch and begun <= t <= finished), None)
+        if launched is None or issued is None:
+            continue
+        arrived = max((r for r in marks["recv"] if begun <= r <= launched), default=None)
+        done = first(marks["waited"], issued, finished)
+        send0 = first(marks["send0"], done, finished) if done is not None else None
+        send1 = first(marks["send1"], send0, finished) if send0 is not None else None
+        if arrived is None or done is None or send0 is None or send1 is None:
+            continue
+        kept.append((begun, finished))
+        values = (arrived, launched, issued, done, send0, send1)
+        for series, value in zip(points, values, strict=True):
+            series.append(value)
+    return _spans(LONG_STAGES, kept, points) if kept else {}
+
+
+def _long_kernel(gpu: Any, backend: str) -> tuple[Any, Any, Any, list[Any], Callable[[], None]]:
+    """A kernel that runs ~2 ms, on this connection: (function, grid, block, arguments,
+    clean-up). The issue's 2048³ SGEMM on GPU backends; on the emulator, a fill of 4 Mi
+    elements (its kernels run in Python, so smaller)."""
+    import numpy as np
+
+    from benchmarks import floors as fl
+
+    if backend == "emulator":
+        n = 4 << 20
+        target = gpu.malloc(4 * n)
+        return (
+            gpu.builtin("fill_f32"),
+            (n + 255) // 256,
+            256,
+            [target, np.float32(1.0), np.uint64(n)],
+            lambda: gpu.free(target),
+        )
+    n = 2048
+    module = gpu.compile(fl.SGEMM_SOURCE, "sgemm.hip")
+    a, b = fl.sgemm_inputs(n)
+    ptrs = [gpu.malloc(a.nbytes) for _ in range(3)]
+    gpu.memcpy_htod(ptrs[0], a)
+    gpu.memcpy_htod(ptrs[1], b)
+
+    def clean() -> None:
+        for p in ptrs:
+            gpu.free(p)
+        module.unload()
+
+    tile = fl.SGEMM_TILE
+    grid, block = (n // tile, n // tile), (tile, tile)
+    return module.function("sgemm"), grid, block, [*ptrs, np.int32(n)], clean
+
+
+def _long_rows(
+    url: str, backend: str, rounds: int, marks: Callable[[], dict[str, list[int]]]
+) -> tuple[dict[str, list[tuple[int, int]]], dict[str, list[int]]]:
+    """Long-kernel launch + synchronize through two connections, one forecasting its
+    waits (``LinkOptions.forecast_waits``, the default) and one not, taking turns in
+    blocks of 10 so that a host's drift hits both alike: each one's (start, end) times
+    after two blocks of warming up, and the worker's marks."""
+    import hipr
+    from hipr.client.link import LinkOptions
+
+    now = time.perf_counter_ns
+    times: dict[str, list[tuple[int, int]]] = {"forecast": [], "no forecast": []}
+    with (
+        hipr.connect(url) as on,
+        hipr.connect(url, link=LinkOptions(forecast_waits=False)) as off,
+    ):
+        kernels = {
+            "forecast": (on, _long_kernel(on, backend)),
+            "no forecast": (off, _long_kernel(off, backend)),
+        }
+        try:
+            for block in range(rounds // 10 + 2):
+                for name, (gpu, (fn, grid, threads, args, _)) in kernels.items():
+                    for _ in range(10):
+                        sent = now()
+                        fn.launch(grid, threads, args)
+                        gpu.synchronize()
+                        if block >= 2:  # two blocks each to learn and warm up
+                            times[name].append((sent, now()))
+            taken = marks()
+        finally:
+            for _, (*_, clean) in kernels.values():
+                clean()
+    return times, taken
 
 
 def _print(title: str, stages: dict[str, list[int]], out: Callable[[str], None]) -> None:
@@ -398,9 +541,11 @@ def measure(
     loop: str = "uvloop",
     out: Callable[[str], None] = print,
     profile_top: int = 0,
+    long_rounds: int = 100,
 ) -> dict[str, dict[str, list[int]]]:
     """Run the stage measurements; print them through ``out``; return them (ns). With
-    ``profile_top``, also profile launch + synchronize (see the module doc)."""
+    ``profile_top``, also profile launch + synchronize; ``long_rounds`` long-kernel
+    pairs per connection (0: none; see the module doc)."""
     import numpy as np
 
     import hipr
@@ -460,6 +605,28 @@ def measure(
                     times[warm:], worker.marks(), Opcode.LAUNCH_KERNEL, Opcode.DEVICE_SYNCHRONIZE
                 ),
             )
+        if long_rounds:
+            from hipr.client.link import LinkOptions
+
+            spin = LinkOptions().spin_seconds()
+            pairs, marks = _long_rows(f"unix://{worker.socket}", backend, long_rounds, worker.marks)
+            kernel = "fill_f32 of 4 Mi elements" if backend == "emulator" else "SGEMM 2048³"
+            for name, timed in pairs.items():
+                stages = _long_stages(timed, marks, Opcode.LAUNCH_KERNEL)
+                title = (
+                    f"{backend}, {loop} worker, hipr.connect(): {kernel} launch + synchronize(), "
+                    f"{name} (client spin {spin * 1e6:.0f} µs; {len(stages.get('total', []))} "
+                    f"of {len(timed)} waited on the GPU thread)"
+                )
+                results[title] = stages
+                if stages:
+                    _print(title, stages, out)
+                else:
+                    out(title)
+        with hipr.connect(f"unix://{worker.socket}") as gpu:
+            word = gpu.malloc(4)
+            fill = gpu.builtin("fill_f32")
+            args = [word, np.float32(1.0), np.uint64(1)]
             if profile_top:
                 client = cProfile.Profile()
 
@@ -499,13 +666,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loop", default="uvloop", choices=("uvloop", "asyncio"))
     parser.add_argument("--profile", type=int, default=0, metavar="N")
     parser.add_argument("--cpu", type=int, default=None, metavar="N")
+    parser.add_argument("--long", type=int, default=100, metavar="N")
     options = parser.parse_args(args)
     allowed = os.sched_getaffinity(0)
     if options.cpu is not None:
         # Inherited by the worker subprocess: both ends on one CPU.
         os.sched_setaffinity(0, {options.cpu})
     try:
-        measure(options.backend, options.count, options.loop, profile_top=options.profile)
+        measure(
+            options.backend,
+            options.count,
+            options.loop,
+            profile_top=options.profile,
+            long_rounds=options.long,
+        )
     finally:
         os.sched_setaffinity(0, allowed)
     return 0

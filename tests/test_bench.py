@@ -427,10 +427,17 @@ def test_stage_trace_reports_every_stage() -> None:
     from benchmarks import stages
 
     lines: list[str] = []
-    results = stages.measure("emulator", count=40, loop="asyncio", out=lines.append)
-    assert len(results) == 5
+    results = stages.measure("emulator", count=40, loop="asyncio", out=lines.append, long_rounds=20)
+    assert len(results) == 7
     cpu = ["worker CPU per request", "client CPU per request"]
-    *plain, launch_sync = results.values()
+    *plain, launch_sync, forecast, no_forecast = results.values()
+    titles = list(results)
+    assert "forecast (client spin" in titles[-2] and "no forecast (client spin" in titles[-1]
+    for long_kernel in (forecast, no_forecast):
+        # Empty where every synchronize found the kernel done (a fast machine): shape only.
+        assert not long_kernel or list(long_kernel) == list(stages.LONG_STAGES)
+        assert all(value > 0 for value in long_kernel.get("total", []))
+    del results[titles[-1]], results[titles[-2]]
     for per_stage in plain:
         assert list(per_stage) == [*stages.STAGES, *cpu]
     assert list(launch_sync) == [*stages.LAUNCH_STAGES, *cpu]
@@ -440,7 +447,7 @@ def test_stage_trace_reports_every_stage() -> None:
         assert all(per_stage[name][0] >= 0 for name in cpu)  # whole clock ticks: may be 0
     assert sum("median" in line for line in lines) == 4 * len(stages.STAGES) + len(
         stages.LAUNCH_STAGES
-    )
+    ) + len(stages.LONG_STAGES) * sum(bool(rows) for rows in (forecast, no_forecast))
 
 
 def test_stage_trace_on_one_cpu_gives_the_cpus_back(capsys: pytest.CaptureFixture[str]) -> None:
@@ -448,7 +455,8 @@ def test_stage_trace_on_one_cpu_gives_the_cpus_back(capsys: pytest.CaptureFixtur
     from benchmarks import stages
 
     allowed = os.sched_getaffinity(0)
-    assert stages.main(["--count", "40", "--loop", "asyncio", "--cpu", str(min(allowed))]) == 0
+    argv = ["--count", "40", "--loop", "asyncio", "--cpu", str(min(allowed)), "--long", "0"]
+    assert stages.main(argv) == 0
     assert os.sched_getaffinity(0) == allowed
     assert "hipr.connect(): 1-thread launch + synchronize()" in capsys.readouterr().out
 
