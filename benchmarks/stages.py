@@ -105,6 +105,8 @@ LONG_STAGES = (
     "reply sent -> client has it",
     "total",
 )
+#: The long-kernel rows' last line: the CPU time the client's thread spent on a pair.
+LONG_CLIENT_CPU = "client CPU per pair"
 #: The backend calls that wait for a kernel on the session's GPU thread.
 _WAITING_CALLS = frozenset({"synchronize", "stream_synchronize", "event_synchronize"})
 
@@ -325,16 +327,18 @@ def _long_kernel(gpu: Any, backend: str) -> tuple[Any, Any, Any, list[Any], Call
 
 def _long_rows(
     url: str, backend: str, rounds: int, marks: Callable[[], dict[str, list[int]]]
-) -> tuple[dict[str, list[tuple[int, int]]], dict[str, list[int]]]:
+) -> tuple[dict[str, list[tuple[int, int]]], dict[str, list[int]], dict[str, list[int]]]:
     """Long-kernel launch + synchronize through two connections, one forecasting its
     waits (``LinkOptions.forecast_waits``, the default) and one not, taking turns in
     blocks of 10 so that a host's drift hits both alike: each one's (start, end) times
-    after two blocks of warming up, and the worker's marks."""
+    after two blocks of warming up, the CPU time this thread spent on each pair (the
+    client's spin and polling), and the worker's marks."""
     import hipr
     from hipr.client.link import LinkOptions
 
-    now = time.perf_counter_ns
+    now, cpu = time.perf_counter_ns, time.thread_time_ns
     times: dict[str, list[tuple[int, int]]] = {"forecast": [], "no forecast": []}
+    spent: dict[str, list[int]] = {"forecast": [], "no forecast": []}
     with (
         hipr.connect(url) as on,
         hipr.connect(url, link=LinkOptions(forecast_waits=False)) as off,
@@ -347,16 +351,17 @@ def _long_rows(
             for block in range(rounds // 10 + 2):
                 for name, (gpu, (fn, grid, threads, args, _)) in kernels.items():
                     for _ in range(10):
-                        sent = now()
+                        sent, used = now(), cpu()
                         fn.launch(grid, threads, args)
                         gpu.synchronize()
                         if block >= 2:  # two blocks each to learn and warm up
                             times[name].append((sent, now()))
+                            spent[name].append(cpu() - used)
             taken = marks()
         finally:
             for _, (*_, clean) in kernels.values():
                 clean()
-    return times, taken
+    return times, spent, taken
 
 
 def _print(title: str, stages: dict[str, list[int]], out: Callable[[str], None]) -> None:
@@ -609,7 +614,9 @@ def measure(
             from hipr.client.link import LinkOptions
 
             spin = LinkOptions().spin_seconds()
-            pairs, marks = _long_rows(f"unix://{worker.socket}", backend, long_rounds, worker.marks)
+            pairs, spent, marks = _long_rows(
+                f"unix://{worker.socket}", backend, long_rounds, worker.marks
+            )
             kernel = "fill_f32 of 4 Mi elements" if backend == "emulator" else "SGEMM 2048³"
             for name, timed in pairs.items():
                 stages = _long_stages(timed, marks, Opcode.LAUNCH_KERNEL)
@@ -618,6 +625,8 @@ def measure(
                     f"{name} (client spin {spin * 1e6:.0f} µs; {len(stages.get('total', []))} "
                     f"of {len(timed)} waited on the GPU thread)"
                 )
+                if stages:
+                    stages[LONG_CLIENT_CPU] = spent[name]
                 results[title] = stages
                 if stages:
                     _print(title, stages, out)

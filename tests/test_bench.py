@@ -435,7 +435,8 @@ def test_stage_trace_reports_every_stage() -> None:
     assert "forecast (client spin" in titles[-2] and "no forecast (client spin" in titles[-1]
     for long_kernel in (forecast, no_forecast):
         # Empty where every synchronize found the kernel done (a fast machine): shape only.
-        assert not long_kernel or list(long_kernel) == list(stages.LONG_STAGES)
+        expected = [*stages.LONG_STAGES, stages.LONG_CLIENT_CPU]
+        assert not long_kernel or list(long_kernel) == expected
         assert all(value > 0 for value in long_kernel.get("total", []))
     del results[titles[-1]], results[titles[-2]]
     for per_stage in plain:
@@ -447,7 +448,7 @@ def test_stage_trace_reports_every_stage() -> None:
         assert all(per_stage[name][0] >= 0 for name in cpu)  # whole clock ticks: may be 0
     assert sum("median" in line for line in lines) == 4 * len(stages.STAGES) + len(
         stages.LAUNCH_STAGES
-    ) + len(stages.LONG_STAGES) * sum(bool(rows) for rows in (forecast, no_forecast))
+    ) + (len(stages.LONG_STAGES) + 1) * sum(bool(rows) for rows in (forecast, no_forecast))
 
 
 def test_stage_trace_on_one_cpu_gives_the_cpus_back(capsys: pytest.CaptureFixture[str]) -> None:
