@@ -24,10 +24,14 @@ def test_a_long_wait_plans_a_nap_then_polling_around_its_expected_end() -> None:
     forecast = WaitForecast(SPIN)
     forecast.record(SYNC, 0.002)
     plan = forecast.plan(SYNC, 100.0)
-    assert plan == WaitPlan(100.0 + 0.002 - 0.0005, 100.0 + 0.002 + 0.0005)
+    assert plan == WaitPlan(100.0 + 0.002 - 0.00025, 100.0 + 0.002 + 0.00025)
     forecast.record(SYNC, 0.004)  # half the weight on the newest wait
     plan = forecast.plan(SYNC, 0.0)
-    assert plan is not None and plan.nap_until == pytest.approx(0.003 - 0.00075)
+    assert plan is not None and plan.nap_until == pytest.approx(0.003 - MARGIN_MAX)
+    forecast.record(SYNC, 0.0008)  # a short one: an eighth of it each side
+    plan = forecast.plan(SYNC, 0.0)
+    assert plan is not None
+    assert plan.poll_until - plan.nap_until == pytest.approx((0.003 + 0.0008) / 2 / 4)
 
 
 def test_polling_is_bounded_each_side_of_a_long_expected_end() -> None:

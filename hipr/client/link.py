@@ -142,8 +142,8 @@ class LinkOptions:
     spin_wait: float | None = None
     #: While spinning is on (``spin_wait``): a device's, stream's or event's synchronize
     #: that outlasts the spin sleeps through most of its expected wait (learned from the
-    #: last ones) and polls again from shortly before its end until shortly after, at
-    #: most a millisecond each side, so that the reply finds the caller running
+    #: last ones) and polls again from shortly before its end until shortly after (at
+    #: most 250 µs each side), so that the reply finds the caller running
     #: (:mod:`hipr.client.wait_forecast`). ``False``: block after the spin, as before.
     forecast_waits: bool = True
     #: Fire-and-forget launches of one kernel configuration (function, geometry, shared

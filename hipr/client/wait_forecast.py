@@ -26,8 +26,10 @@ from hipr.protocol.opcodes import Opcode
 FORECAST_OPCODES = frozenset(
     {Opcode.DEVICE_SYNCHRONIZE, Opcode.STREAM_SYNCHRONIZE, Opcode.EVENT_SYNCHRONIZE}
 )
-#: The polling around the expected end: a quarter of the wait, at most this (seconds).
-MARGIN_MAX = 0.001
+#: The polling around the expected end: an eighth of the wait, at most this (seconds).
+#: On the H100 host a quarter, up to 1 ms, cost the client ~0.4 ms of CPU per 2.6 ms
+#: SGEMM step for the same ~30 µs (benchmarks/results/2026-11-25-h100-forecast-stages.txt).
+MARGIN_MAX = 250e-6
 #: Longer waits are not forecast: a wake-up's tens of µs are nothing beside them, and a
 #: nap that long would go without the blocking path's checks for a silent link.
 FORECAST_MAX = 0.5
@@ -63,7 +65,7 @@ class WaitForecast:
         expected = self._expected.get(opcode)
         if expected is None:
             return None
-        margin = min(expected / 4, MARGIN_MAX)
+        margin = min(expected / 8, MARGIN_MAX)
         end = started + expected
         return WaitPlan(end - margin, end + margin)
 
