@@ -97,6 +97,11 @@ class BlockingConnection(LinkState):
         self._decoder = FrameDecoder(max_payload)
         self._buffer = bytearray(_RECEIVE)
         self._send_lock = threading.RLock()
+        #: Held while a new link is installed (its decoder, a new generation, the pending
+        #: requests reset for resending), and by the reader while it hands a reply to its
+        #: request: bytes read from a link just replaced are then dropped, never fed to
+        #: the new link's decoder nor delivered to a request already sent again.
+        self._link_lock = threading.Lock()
         self._state = threading.Condition(threading.Lock())
         #: True while one thread reads on behalf of all (the leader).
         self._reading = False
@@ -214,8 +219,9 @@ class BlockingConnection(LinkState):
                 last_error = exc
                 time.sleep(self._backoff())
                 continue
-            self._install(stream, decoder)
-            again = self._to_resend(int(reply.get("last_executed_id", 0)))
+            with self._link_lock:
+                self._install(stream, decoder)
+                again = self._to_resend(int(reply.get("last_executed_id", 0)))
             try:
                 for sent in again:
                     self._write_locked(sent)
@@ -312,11 +318,16 @@ class BlockingConnection(LinkState):
     # --- receiving ---------------------------------------------------------------------
     def _read_once(self, timeout: float | None) -> bool:
         """Read what the link has (at most ``timeout`` seconds) and route it; False on
-        timeout. Raises _LinkDown when the link failed."""
-        reader = self._io
+        timeout. Raises _LinkDown when the link failed, or was replaced meanwhile.
+
+        The reader, the decoder and the generation are taken together: another thread
+        may find the link dead under a send and install a new one while this one waits
+        in a read, and the bytes of the old link must reach the old decoder only."""
+        with self._link_lock:
+            reader, decoder, generation = self._io, self._decoder, self._generation
         if self._stream is None or reader is None:
             raise _LinkDown
-        frame = self._decoder.next_frame()
+        frame = decoder.next_frame()
         if frame is None:
             try:
                 n = reader.read(self._buffer, timeout)
@@ -327,23 +338,32 @@ class BlockingConnection(LinkState):
             if not n:
                 raise _LinkDown
             self._last_received = time.monotonic()
-            self._decoder.feed(memoryview(self._buffer)[:n])
-            frame = self._decoder.next_frame()
-            if frame is None and self._receive_direct(reader):
-                frame = self._decoder.next_frame()
+            decoder.feed(memoryview(self._buffer)[:n])
+            frame = decoder.next_frame()
+            if frame is None and self._receive_direct(reader, decoder, generation):
+                frame = decoder.next_frame()
         while frame is not None:
             if frame.request_id:
-                self._deliver(frame)
+                self._deliver_of(generation, frame)
             elif self._from_worker(frame):
                 self._send_raw(encode_frame(Opcode.PING, 0, Flags.REPLY))
-            frame = self._decoder.next_frame()
+            frame = decoder.next_frame()
         return True
 
-    def _receive_direct(self, reader: StreamIO) -> bool:
+    def _deliver_of(self, generation: int, frame: Frame) -> None:
+        """Deliver a reply read from the link of ``generation``; _LinkDown, with nothing
+        delivered, when that link has been replaced: its request was reset and sent again
+        on the new link, which will answer it."""
+        with self._link_lock:
+            if self._generation != generation:
+                raise _LinkDown
+            self._deliver(frame)
+
+    def _receive_direct(self, reader: StreamIO, decoder: FrameDecoder, generation: int) -> bool:
         """Receive a large reply's bulk bytes straight into the caller's buffer (a
         device-to-host copy into ``out``): no decoder buffer, no join, no second copy.
         False when the frame under way is not such a reply."""
-        header = self._decoder.partial_header()
+        header = decoder.partial_header()
         if (
             header is None
             or not header.request_id
@@ -355,7 +375,7 @@ class BlockingConnection(LinkState):
         sink = pending.sink if pending is not None else None
         if not isinstance(sink, DirectSink):
             return False
-        header, head = self._decoder.take_partial()
+        header, head = decoder.take_partial()
         remaining = header.payload_length - len(head)
 
         def at_least(count: int) -> bytes:
@@ -386,9 +406,12 @@ class BlockingConnection(LinkState):
         got = already
         while got < bulk:
             got += self._recv_into(reader, window[got:])
-        sink.advance(bulk)
         self._last_received = time.monotonic()
-        self._deliver(Frame(header, args))
+        with self._link_lock:
+            if self._generation != generation:
+                raise _LinkDown  # as in _deliver_of; the resent request refills the buffer
+            sink.advance(bulk)
+            self._deliver(Frame(header, args))
         return True
 
     def _recv_into(self, reader: StreamIO, view: memoryview) -> int:

@@ -36,7 +36,9 @@ log = structlog.get_logger("hipr.client")
 
 Buffer = bytes | bytearray | memoryview
 Part = bytes | bytearray | memoryview
-#: ``progress(done_bytes, total_bytes)``, called as a large copy's chunks go or come.
+#: ``progress(done_bytes, total_bytes)``, called as a large copy's chunks go or come, on
+#: the thread that sends or reads them: it should return quickly and not call the Gpu
+#: (a download's callback runs while that thread holds the link for its readers).
 Progress = Callable[[int, int], None]
 #: ``on_event(kind, details)``: kind is disconnected, reconnecting, resumed or session_lost.
 EventCallback = Callable[[str, dict[str, Any]], None]

@@ -23,6 +23,7 @@ from hipr.backends.emulator import EmulatorBackend
 from hipr.client.blocking import BlockingConnection
 from hipr.client.cpus import usable_cpus
 from hipr.client.link import AUTO_SPIN_SECONDS, LinkOptions, auto_spin_wait
+from hipr.client.stream_io import SocketIO
 from hipr.errors import HipErrorCode as E
 from hipr.worker.server import Worker
 from tests.e2e.conftest import EMULATED_MEMORY, BlockingEndpoint
@@ -653,6 +654,46 @@ def test_threads_through_cut_links_run_exactly_once(
     assert events.count("disconnected") == events.count("resumed") >= 3, events
     assert links == 1 + events.count("reconnecting"), (links, events)
     assert "session_lost" not in events
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport_kind", ["tcp", "unix"])
+def test_bytes_read_from_a_link_replaced_meanwhile_never_reach_the_new_one(
+    blocking_endpoint: BlockingEndpoint, events: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another thread finds the link dead under a send and installs a new one while the
+    reader waits in a read of the old one. What that read returns (here the first 10
+    bytes of a reply: a frame cut short) belongs to the old link: fed to the new link's
+    decoder it would misread every frame after it (a ProtocolError), and a reply in it
+    would reach a request already reset and sent again. Both links' bytes stay apart,
+    and the request is answered once, on the new link."""
+    real_read = SocketIO.read
+    armed = threading.Event()
+
+    def read(self: SocketIO, buffer: Any, timeout: float | None) -> int | None:
+        if not armed.is_set():
+            return real_read(self, buffer, timeout)
+        n = real_read(self, memoryview(buffer)[:10], timeout)
+        if n:
+            armed.clear()
+            # "Another thread": the sender that found the link dead, reconnecting now.
+            other = threading.Thread(target=conn._link_failed, args=(generation,))
+            other.start()
+            other.join(30)
+        return n
+
+    monkeypatch.setattr(SocketIO, "read", read)
+    with connect_one(blocking_endpoint.url, link=FAST, on_event=recorder(events)) as gpu:
+        conn = gpu._target._conn
+        assert isinstance(conn, BlockingConnection)
+        p = gpu.malloc_htod(b"before")
+        generation = conn._generation
+        armed.set()
+        assert gpu.memcpy_dtoh(p, 6) == b"before"  # its reply cut at 10 bytes, then resent
+        assert not armed.is_set() and conn._generation > generation
+        gpu.memcpy_htod(p, b"after!")
+        assert gpu.memcpy_dtoh(p, 6) == b"after!"
+    assert events.count("resumed") == 1, events
 
 
 @pytest.mark.timeout(60)
