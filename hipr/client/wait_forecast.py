@@ -11,8 +11,11 @@ This is the shape of Linux's hybrid block polling: learn how long such waits tak
 sleep through most of the next one (woken at once if the reply comes early), and poll
 from shortly before the expected end until shortly after it, so that the reply finds
 a running thread. The polling is bounded by :data:`MARGIN_MAX` on each side of the
-expected end, so a wait costs at most twice that in CPU, where CUDA's own default for
-a machine with cores to spare (``cudaDeviceScheduleAuto``) polls through all of it.
+expected end, so a wait costs at most twice that in CPU beyond the spin, where CUDA's
+own default for a machine with cores to spare (``cudaDeviceScheduleAuto``) polls through
+all of it. The forecast is per kind of synchronize, not per stream or event: a program
+that alternates short and long waits of one kind gets a blurred estimate, and at worst
+the old behaviour (a reply outside the polled span wakes a sleeping thread).
 """
 
 from __future__ import annotations
