@@ -43,7 +43,7 @@ from hipr.client.link import (
     log,
 )
 from hipr.client.stream_io import StreamIO, io_for
-from hipr.client.wait_forecast import WaitForecast, WaitPlan
+from hipr.client.wait_forecast import FORECAST_OPCODES, WaitForecast, WaitPlan
 from hipr.errors import (
     AuthError,
     HipConnectionError,
@@ -109,6 +109,9 @@ class BlockingConnection(LinkState):
         self._followers = 0
         #: Bumped each time a new link is installed (reconnect happens once per loss).
         self._generation = 0
+        #: The reading side of the current link, replaced as one object so that a reader
+        #: takes a stream's I/O, its decoder and its generation together without a lock.
+        self._reading_side: tuple[StreamIO | None, FrameDecoder, int] = (None, self._decoder, 0)
         self._outbox: list[bytes | bytearray | memoryview] = []
         self._outbox_bytes = 0
         self._last_sent = time.monotonic()
@@ -118,6 +121,8 @@ class BlockingConnection(LinkState):
         self._spin = self.options.spin_seconds()
         #: When a synchronize's wait outlasts the spin: nap, then poll (wait_forecast).
         self._forecast = WaitForecast(self._spin if self.options.forecast_waits else 0.0)
+        #: Whether waits are forecast at all (a test per call instead of the forecast's).
+        self._forecasting = bool(self._spin and self.options.forecast_waits)
 
     # --- waking waiters ----------------------------------------------------------------
     def _wake(self, pending: Pending) -> None:
@@ -184,6 +189,7 @@ class BlockingConnection(LinkState):
         self._outbox, self._outbox_bytes = [], 0
         self._drop_batch()
         self._generation += 1
+        self._reading_side = (self._io, decoder, self._generation)
 
     def _link_failed(self, generation: int) -> None:
         """Reconnect and resume after the link of ``generation`` failed (once, by the
@@ -323,8 +329,7 @@ class BlockingConnection(LinkState):
         The reader, the decoder and the generation are taken together: another thread
         may find the link dead under a send and install a new one while this one waits
         in a read, and the bytes of the old link must reach the old decoder only."""
-        with self._link_lock:
-            reader, decoder, generation = self._io, self._decoder, self._generation
+        reader, decoder, generation = self._reading_side
         if self._stream is None or reader is None:
             raise _LinkDown
         frame = decoder.next_frame()
@@ -468,7 +473,11 @@ class BlockingConnection(LinkState):
             spin_until = time.monotonic() + self._spin if self._spin else 0.0
             if deadline is not None:
                 spin_until = min(spin_until, deadline)
-            plan = self._forecast.plan(pending.opcode, waiting_since) if spin_until else None
+            plan = (
+                self._forecast.plan(pending.opcode, waiting_since)
+                if spin_until and self._forecasting
+                else None
+            )
             try:
                 while not pending.finished:
                     if spin_until:
@@ -608,9 +617,12 @@ class BlockingConnection(LinkState):
         request_id = 0
         try:
             request_id = self._submit(opcode, Flags.NONE, args, view, pending, progress)
-            started = time.monotonic()
-            self._wait(pending, deadline)
-            self._forecast.record(opcode, time.monotonic() - started)
+            if self._forecasting and opcode in FORECAST_OPCODES:
+                started = time.monotonic()
+                self._wait(pending, deadline)
+                self._forecast.record(opcode, time.monotonic() - started)
+            else:
+                self._wait(pending, deadline)
         except TimeoutError:
             self._abandon(request_id)
             shown = timeout if timeout is not None else "the call's timeout"
