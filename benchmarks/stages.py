@@ -33,6 +33,9 @@ loop's wake-up and the reply) -> the client has it (the client's wake-up, which 
 forecast is meant to save; it acts only where the client spins, on 4 or more CPUs by
 default). Pairs whose synchronize found the kernel done are left out, and counted.
 
+``--worker-spin-wait S`` runs the worker with ``spin_wait = S``: which stages shrink
+when its loop stays awake.
+
 With ``--cpu N`` the worker and this client both run on CPU ``N`` only: a woken
 process then runs on the CPU of the one that woke it, so the figures show the work
 alone, without the cost of waking a process on another CPU (tens of µs on a virtual
@@ -378,10 +381,12 @@ def _print(title: str, stages: dict[str, list[int]], out: Callable[[str], None])
 class _Worker:
     """An instrumented worker in a subprocess, on a unix socket in a fresh directory."""
 
-    def __init__(self, backend: str, loop: str) -> None:
+    def __init__(self, backend: str, loop: str, spin_wait: float = 0.0) -> None:
         directory = tempfile.mkdtemp(prefix="hipr-stages-")
         self.socket = f"{directory}/w.sock"
         self.dump = f"{directory}/marks.json"
+        config = Path(directory) / "worker.toml"
+        config.write_text(f"spin_wait = {spin_wait!r}\n")
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -390,6 +395,8 @@ class _Worker:
                 "--serve",
                 self.dump,
                 "worker",
+                "--config",
+                str(config),
                 "--backend",
                 backend,
                 "--loop",
@@ -547,10 +554,12 @@ def measure(
     out: Callable[[str], None] = print,
     profile_top: int = 0,
     long_rounds: int = 100,
+    worker_spin_wait: float = 0.0,
 ) -> dict[str, dict[str, list[int]]]:
     """Run the stage measurements; print them through ``out``; return them (ns). With
     ``profile_top``, also profile launch + synchronize; ``long_rounds`` long-kernel
-    pairs per connection (0: none; see the module doc)."""
+    pairs per connection (0: none; see the module doc); ``worker_spin_wait``, the
+    worker's ``spin_wait`` (its loop then stays awake that long after each request)."""
     import numpy as np
 
     import hipr
@@ -558,7 +567,7 @@ def measure(
 
     warm = count // 10
     results: dict[str, dict[str, list[int]]] = {}
-    worker = _Worker(backend, loop)
+    worker = _Worker(backend, loop, worker_spin_wait)
     cpu = _CpuMeter(worker.process.pid)
 
     def report(title: str, stages: dict[str, list[int]]) -> None:
@@ -676,6 +685,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", type=int, default=0, metavar="N")
     parser.add_argument("--cpu", type=int, default=None, metavar="N")
     parser.add_argument("--long", type=int, default=100, metavar="N")
+    parser.add_argument("--worker-spin-wait", type=float, default=0.0, metavar="S")
     options = parser.parse_args(args)
     allowed = os.sched_getaffinity(0)
     if options.cpu is not None:
@@ -688,6 +698,7 @@ def main(argv: list[str] | None = None) -> int:
             options.loop,
             profile_top=options.profile,
             long_rounds=options.long,
+            worker_spin_wait=options.worker_spin_wait,
         )
     finally:
         os.sched_setaffinity(0, allowed)

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -460,6 +461,24 @@ def test_stage_trace_on_one_cpu_gives_the_cpus_back(capsys: pytest.CaptureFixtur
     assert stages.main(argv) == 0
     assert os.sched_getaffinity(0) == allowed
     assert "hipr.connect(): 1-thread launch + synchronize()" in capsys.readouterr().out
+
+
+def test_stage_trace_runs_a_spinning_worker(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--worker-spin-wait S`` gives the instrumented worker that ``spin_wait`` (its
+    config file), and every row is still measured."""
+    from benchmarks import stages
+
+    argv = ["--count", "40", "--loop", "asyncio", "--long", "0", "--worker-spin-wait", "0.0005"]
+    assert stages.main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.count("total") == 5
+    worker = stages._Worker("emulator", "asyncio", 0.0005)
+    try:
+        config = Path(worker.dump).parent / "worker.toml"
+        assert tomllib.loads(config.read_text()) == {"spin_wait": 0.0005}
+        assert "--config" in worker.process.args
+    finally:
+        worker.stop()
 
 
 def test_bulk_tool_compares_workers_round_by_round() -> None:
