@@ -26,12 +26,14 @@ Then a kernel that runs ~2 ms (the 2048³ SGEMM on GPU backends, a fill of 4 Mi
 elements on the emulator), launched and synchronized through two connections taking
 turns, one forecasting its waits (``LinkOptions.forecast_waits``, the default) and one
 not (``--long N`` pairs each, 0 to skip): its synchronize outlasts the worker's inline
-poll and waits on the session's GPU thread, so the split is: data_received -> the
-launch starts -> the launch is issued (the I/O callback returns) -> the GPU thread's
-synchronize returns (the kernel's run is in here) -> the reply's send starts (the
-loop's wake-up and the reply) -> the client has it (the client's wake-up, which the
-forecast is meant to save; it acts only where the client spins, on 4 or more CPUs by
-default). Pairs whose synchronize found the kernel done are left out, and counted.
+poll and waits on the session's GPU thread (or, with the worker's ``spin_wait``, is
+polled from its loop), so the split is: data_received -> the launch starts -> the
+launch is issued (the I/O callback returns) -> the worker sees the kernel done (the
+GPU thread's synchronize returns, or the loop's poll finds it; the kernel's run is in
+here) -> the reply's send starts (the loop's wake-up and the reply) -> the client has
+it (the client's wake-up, which the forecast is meant to save; it acts only where the
+client spins, on 4 or more CPUs by default). Pairs whose synchronize found the kernel
+done at once are left out, and counted.
 
 ``--worker-spin-wait S`` runs the worker with ``spin_wait = S``: which stages shrink
 when its loop stays awake.
@@ -118,14 +120,15 @@ def _serve(dump: str, worker_argv: list[str]) -> int:
     """The instrumented worker: record timestamps, write them to ``dump`` on SIGUSR1."""
     from hipr.protocol.header import Flags
     from hipr.transports import loop_stream
-    from hipr.worker import connection, gpu_thread
+    from hipr.worker import connection, gpu_thread, session
 
     marks: dict[str, list[int]] = {"recv": [], "exec": [], "send0": [], "send1": []}
     #: Every request's start, as (time, opcode) pairs flattened: also fire-and-forget ones.
     starts: list[int] = []
     #: The end of each request answered in the I/O callback, flattened the same way.
     ends: list[int] = []
-    #: When each synchronize on a session's GPU thread returned (the kernel was done).
+    #: When the worker saw each kernel done: a synchronize on a session's GPU thread
+    #: returned, or the loop's polling (``spin_wait``) found the work finished.
     waited: list[int] = []
     sends: list[tuple[int, int]] = []
     now = time.perf_counter_ns
@@ -178,7 +181,16 @@ def _serve(dump: str, worker_argv: list[str]) -> int:
         if getattr(item.fn, "__name__", "") in _WAITING_CALLS:
             waited.append(now())
 
+    spin_until_done = session.Session.spin_until_done
+
+    async def timed_spin(self: Any) -> bool:
+        done = await spin_until_done(self)
+        if done:
+            waited.append(now())
+        return done
+
     gpu_thread.GpuThread._run = timed_run  # type: ignore[method-assign]
+    session.Session.spin_until_done = timed_spin  # type: ignore[method-assign]
     loop_stream._Protocol.data_received = data_received  # type: ignore[method-assign]
     connection.WorkerConnection._execute = timed_execute  # type: ignore[method-assign]
     connection.WorkerConnection._answer_now = timed_answer_now  # type: ignore[method-assign]
@@ -266,7 +278,8 @@ def _long_stages(
 ) -> dict[str, list[int]]:
     """Per-stage durations (ns) of long-kernel launch + synchronize pairs, each matched
     by time window (two connections took turns): only the pairs whose synchronize
-    waited on the GPU thread and whose launch was issued in the I/O callback count."""
+    waited for the kernel (on the GPU thread, or polling from the loop with the worker's
+    ``spin_wait``) and whose launch was issued in the I/O callback count."""
     starts = list(zip(marks["starts"][::2], marks["starts"][1::2], strict=True))
     ends = list(zip(marks["ends"][::2], marks["ends"][1::2], strict=True))
     kept: list[tuple[int, int]] = []
@@ -632,7 +645,7 @@ def measure(
                 title = (
                     f"{backend}, {loop} worker, hipr.connect(): {kernel} launch + synchronize(), "
                     f"{name} (client spin {spin * 1e6:.0f} µs; {len(stages.get('total', []))} "
-                    f"of {len(timed)} waited on the GPU thread)"
+                    f"of {len(timed)} waited for the kernel)"
                 )
                 if stages:
                     stages[LONG_CLIENT_CPU] = spent[name]
