@@ -94,7 +94,6 @@ class BlockingConnection(LinkState):
         self._connector = connector
         self._stream: BlockingStream | None = None
         self._io: StreamIO | None = None
-        self._decoder = FrameDecoder(max_payload)
         self._buffer = bytearray(_RECEIVE)
         self._send_lock = threading.RLock()
         #: Held while a new link is installed (its decoder, a new generation, the pending
@@ -111,7 +110,11 @@ class BlockingConnection(LinkState):
         self._generation = 0
         #: The reading side of the current link, replaced as one object so that a reader
         #: takes a stream's I/O, its decoder and its generation together without a lock.
-        self._reading_side: tuple[StreamIO | None, FrameDecoder, int] = (None, self._decoder, 0)
+        self._reading_side: tuple[StreamIO | None, FrameDecoder, int] = (
+            None,
+            FrameDecoder(max_payload),
+            0,
+        )
         self._outbox: list[bytes | bytearray | memoryview] = []
         self._outbox_bytes = 0
         self._last_sent = time.monotonic()
@@ -119,10 +122,11 @@ class BlockingConnection(LinkState):
         self._keeper_wake = threading.Event()
         #: Seconds a waiter polls without sleeping before it blocks (LinkOptions).
         self._spin = self.options.spin_seconds()
-        #: When a synchronize's wait outlasts the spin: nap, then poll (wait_forecast).
-        self._forecast = WaitForecast(self._spin if self.options.forecast_waits else 0.0)
-        #: Whether waits are forecast at all (a test per call instead of the forecast's).
-        self._forecasting = bool(self._spin and self.options.forecast_waits)
+        #: When a synchronize's wait outlasts the spin: nap, then poll (wait_forecast);
+        #: None where the client does not spin or forecasts are off.
+        self._forecast = (
+            WaitForecast(self._spin) if self._spin and self.options.forecast_waits else None
+        )
 
     # --- waking waiters ----------------------------------------------------------------
     def _wake(self, pending: Pending) -> None:
@@ -179,7 +183,6 @@ class BlockingConnection(LinkState):
 
     def _install(self, stream: BlockingStream, decoder: FrameDecoder) -> None:
         self._stream = stream
-        self._decoder = decoder
         # heartbeat_timeout bounds a send into a route that stopped moving (open but
         # silent), and a read inside a frame: the link is then taken for dead and
         # resumed, as a silent read would be. A reply's wait has its own limit.
@@ -473,11 +476,8 @@ class BlockingConnection(LinkState):
             spin_until = time.monotonic() + self._spin if self._spin else 0.0
             if deadline is not None:
                 spin_until = min(spin_until, deadline)
-            plan = (
-                self._forecast.plan(pending.opcode, waiting_since)
-                if spin_until and self._forecasting
-                else None
-            )
+            forecast = self._forecast
+            plan = forecast.plan(pending.opcode, waiting_since) if forecast else None
             try:
                 while not pending.finished:
                     if spin_until:
@@ -617,10 +617,11 @@ class BlockingConnection(LinkState):
         request_id = 0
         try:
             request_id = self._submit(opcode, Flags.NONE, args, view, pending, progress)
-            if self._forecasting and opcode in FORECAST_OPCODES:
+            forecast = self._forecast
+            if forecast is not None and opcode in FORECAST_OPCODES:
                 started = time.monotonic()
                 self._wait(pending, deadline)
-                self._forecast.record(opcode, time.monotonic() - started)
+                forecast.record(opcode, time.monotonic() - started)
             else:
                 self._wait(pending, deadline)
         except TimeoutError:

@@ -601,7 +601,7 @@ class LinkState:
                 first = next(iter(unacked))
                 if first > request_id:
                     break
-                self._unacked_bytes -= unacked.pop(first).nbytes
+                self._forget_sent(first)
         pending = self._pending.get(request_id)
         if pending is None:
             return  # the caller timed out and left; the reply is dropped
