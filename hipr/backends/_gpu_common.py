@@ -23,6 +23,7 @@ import numpy as np
 
 from hipr.backends.base import BackendStats, Dim3
 from hipr.errors import HipError, HipErrorCode
+from hipr.refcount import free_refcount
 
 E = HipErrorCode
 
@@ -463,7 +464,7 @@ class PinnedPayloads:
         self._lock = threading.Lock()
         self._blocks: list[ctypes.Array[ctypes.c_ubyte]] = []
         self.block_bytes = 0
-        self._free_refs = _free_refcount()
+        self._free_refs = free_refcount()
 
     def reserve(self, count: int, block_bytes: int) -> int:
         """Hold ``count`` buffers of ``block_bytes`` (every buffer has the first call's
@@ -514,7 +515,7 @@ class PinnedPayloads:
         kept: list[ctypes.Array[ctypes.c_ubyte]] = []
         freed: list[int] = []
         with self._lock:
-            for block in self._blocks:  # the loop shape _free_refcount measured
+            for block in self._blocks:  # the loop shape free_refcount measured
                 if sys.getrefcount(block) == free:
                     freed.append(ctypes.addressof(block))
                 else:
@@ -524,18 +525,6 @@ class PinnedPayloads:
             with contextlib.suppress(HipError):
                 self._ops.host_free(ptr)
         return len(kept)
-
-
-def _free_refcount() -> int:
-    """``sys.getrefcount`` of a buffer in :class:`PinnedPayloads` that no view refers
-    to, as seen from its loops (the list, the loop variable, the call's argument):
-    measured rather than assumed, since it is an interpreter detail."""
-    backing = ctypes.create_string_buffer(16)
-    blocks = [(ctypes.c_ubyte * 16).from_address(ctypes.addressof(backing))]
-    count = 0
-    for block in blocks:
-        count = sys.getrefcount(block)
-    return count
 
 
 def release_refs(staging: PinnedStaging, refs: HostRefs) -> None:

@@ -30,23 +30,13 @@ from collections.abc import Callable
 from hipr.protocol.codec import ARGS_LENGTH, Frame
 from hipr.protocol.header import Flags, Header
 from hipr.protocol.opcodes import Opcode
+from hipr.refcount import free_refcount
 
 __all__ = ["PayloadBuffers", "Placements"]
 
 
-def _free_refcount() -> int:
-    """``sys.getrefcount`` of a kept buffer that nobody else refers to, as seen from the
-    loop in :meth:`PayloadBuffers.take` (the list, the loop variable, the call's own
-    argument): measured rather than assumed, since it is an interpreter detail."""
-    kept = [mmap.mmap(-1, mmap.PAGESIZE)]
-    count = 0
-    for buffer in kept:
-        count = sys.getrefcount(buffer)
-    kept[0].close()
-    return count
-
-
-_FREE = _free_refcount()
+#: The reference count of a kept buffer that no view refers to, seen from take's loop.
+_FREE = free_refcount()
 
 
 class PayloadBuffers:

@@ -20,10 +20,13 @@ ROOT = Path(hipr.__file__).parent
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "_version": set(),
+    # When a pooled buffer is free again (its reference count): payload buffers of the
+    # worker and page-locked ones of a GPU backend.
+    "refcount": set(),
     "protocol": {"errors"},
     "kernels": {"errors"},
     "transports": {"errors"},
-    "backends": {"errors", "kernels"},
+    "backends": {"errors", "kernels", "refcount"},
     "observability": {"errors", "_version", "protocol", "backends"},
     "client": {"errors", "_version", "protocol", "transports", "kernels", "backends"},
     # hip-python's names over the client (issue 14); hipr/hip.py and hipr/hiprtc.py are
@@ -43,6 +46,7 @@ ALLOWED: dict[str, set[str]] = {
     "worker": {
         "errors",
         "_version",
+        "refcount",
         "protocol",
         "transports",
         "kernels",
