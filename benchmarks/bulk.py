@@ -26,123 +26,59 @@ to the floor.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from hipr.cli.bench import default_worker_loop, spawn_server, worker_setting
 from hipr.worker.config import parse_size
 
 
 @dataclass
 class _Worker:
-    """A worker subprocess with its own config, on a fresh socket."""
+    """A worker subprocess with its own config keys, on a fresh socket (``hipr bench``'s
+    ``--serve-worker``, on the loop ``hipr worker`` runs by default)."""
 
     name: str
     settings: dict[str, str]
     backend: str
     transport: str
-    process: subprocess.Popen[bytes] | None = None
     url: str = ""
+    pid: int = 0
     results: dict[str, list[float]] = field(default_factory=dict)
-    #: The worker's config and socket; removed when it stops.
-    directory: str = ""
 
-    def start(self) -> None:
-        directory = self.directory = tempfile.mkdtemp(prefix=f"hipr-bulk-{self.name}-")
-        config = Path(directory, "worker.toml")
-        config.write_text(
-            "".join(f"{key} = {_toml(value)}\n" for key, value in self.settings.items())
-        )
-        if self.transport == "unix":
-            listen = f"unix://{directory}/w.sock"
-        else:
-            listen = f"tcp://127.0.0.1:{_free_port()}"
-        self.url = listen
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "hipr",
-                "worker",
-                "--backend",
-                self.backend,
-                "--config",
-                str(config),
-                "--listen",
-                listen,
-                "--log-level",
-                "warning",
-            ],
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 60
-        while not _ready(listen):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"worker {self.name} did not start")
-            time.sleep(0.05)
+    def start(self, stack: contextlib.ExitStack) -> None:
+        """Start it; ``stack`` stops it (and removes its socket's directory)."""
+        directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="hipr-bulk-"))
+        listen = f"unix://{directory}/w.sock" if self.transport == "unix" else "tcp://127.0.0.1:0"
+        argv = [sys.executable, "-m", "hipr.cli.bench", "--serve-worker"]
+        argv += ["--loop", default_worker_loop(), "--backend", self.backend, "--listen", listen]
+        for key, value in self.settings.items():
+            argv += ["--set", f"{key}={value}"]
+        ready = stack.enter_context(spawn_server(argv, f"worker {self.name}"))
+        self.url, self.pid = ready["urls"][0], ready["pid"]
 
     def cpu(self) -> tuple[float, float]:
         """CPU seconds the worker's event-loop thread and its other threads have used
         (threads that ended meanwhile are not counted: a session's GPU thread lives as
         long as its session, which outlives the copies)."""
-        assert self.process is not None
         loop = others = 0
-        for task in Path(f"/proc/{self.process.pid}/task").iterdir():
+        for task in Path(f"/proc/{self.pid}/task").iterdir():
             try:
                 ns = int((task / "schedstat").read_text().split()[0])
             except (OSError, ValueError, IndexError):
                 continue  # the thread ended between the listing and the read
-            if task.name == str(self.process.pid):
+            if task.name == str(self.pid):
                 loop += ns
             else:
                 others += ns
         return loop / 1e9, others / 1e9
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            self.process.wait(timeout=30)
-        if self.directory:
-            shutil.rmtree(self.directory, ignore_errors=True)
-
-
-def _toml(value: str) -> str:
-    """A TOML value: numbers and booleans as written, anything else quoted."""
-    if value in ("true", "false") or value.replace(".", "", 1).isdigit():
-        return value
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _ready(url: str) -> bool:
-    import socket
-
-    try:
-        if url.startswith("unix://"):
-            with socket.socket(socket.AF_UNIX) as probe:
-                probe.connect(url[len("unix://") :])
-        else:
-            host, port = url[len("tcp://") :].rsplit(":", 1)
-            with socket.create_connection((host, int(port)), timeout=1):
-                pass
-    except OSError:
-        return False
-    return True
 
 
 class _Copier:
@@ -206,21 +142,17 @@ def measure(
 ) -> dict[str, dict[str, float]]:
     """Medians per worker (see the module doc), printed through ``out``."""
     started = [_Worker(name, settings, backend, transport) for name, settings in workers]
-    copiers: list[_Copier] = []
-    try:
+    with contextlib.ExitStack() as stack:
+        copiers: list[_Copier] = []
         for worker in started:
-            worker.start()
+            worker.start(stack)
             copiers.append(_Copier(worker, size))
+            stack.callback(copiers[-1].close)  # before its worker stops
         for index in range(rounds):
             # Rotating order: no worker always runs first after the others' copies.
             shift = index % len(copiers)
             for copier in itertools.chain(copiers[shift:], copiers[:shift]):
                 copier.round()
-    finally:
-        for copier in copiers:
-            copier.close()
-        for worker in started:
-            worker.stop()
     medians = {
         worker.name: {key: statistics.median(values) for key, values in worker.results.items()}
         for worker in started
@@ -234,14 +166,11 @@ def measure(
 
 
 def _worker_arg(text: str) -> tuple[str, dict[str, str]]:
+    """``NAME[:KEY=VALUE,...]``: each pair as written, for ``--serve-worker --set``
+    (which reads its value as TOML would); a pair without ``=`` is refused here."""
     name, _, rest = text.partition(":")
-    settings: dict[str, str] = {}
-    for pair in filter(None, rest.split(",")):
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise argparse.ArgumentTypeError(f"{pair!r}: expected KEY=VALUE")
-        settings[key.strip()] = value.strip()
-    return name, settings
+    pairs = [pair.strip() for pair in rest.split(",") if pair.strip()]
+    return name, {worker_setting(pair)[0]: pair.partition("=")[2].strip() for pair in pairs}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -253,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--worker", action="append", type=_worker_arg, default=[])
     options = parser.parse_args(argv)
-    workers: list[tuple[str, dict[str, Any]]] = options.worker or [("default", {})]
+    workers: list[tuple[str, dict[str, str]]] = options.worker or [("default", {})]
     transports = ("unix", "tcp") if options.transport == "both" else (options.transport,)
     for transport in transports:
         measure(options.backend, transport, options.size, options.rounds, workers)

@@ -500,8 +500,25 @@ def test_bulk_tool_compares_workers_round_by_round() -> None:
         assert figures["htod GB/s"] > 0 and figures["dtoh GB/s"] > 0
         assert all(value >= 0 for value in figures.values())
     assert len(lines) == 2 + 6
-    with pytest.raises(RuntimeError, match="did not start"):
+    # The setting reaches the worker: one it refuses stops the worker before it listens.
+    with pytest.raises(RuntimeError, match="exited before listening"):
         bulk.measure("emulator", "tcp", 1 << 20, 1, [("bad", {"pinned_payload_bytes": "-1"})])
+
+
+def test_worker_settings_read_as_the_worker_toml_would() -> None:
+    """``--serve-worker --set KEY=VALUE`` (and ``benchmarks.bulk``'s pairs): numbers and
+    booleans as TOML reads them, anything else as text; a pair without ``=`` refused."""
+    import argparse
+
+    assert bench.worker_setting("spin_wait=0.005") == ("spin_wait", 0.005)
+    assert bench.worker_setting(" pinned_payload_bytes = 64MiB ") == (
+        "pinned_payload_bytes",
+        "64MiB",
+    )
+    assert bench.worker_setting("isolation=true") == ("isolation", True)
+    for wrong in ("spin_wait", "=1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bench.worker_setting(wrong)
 
 
 def test_copy_memory_reports_every_figure() -> None:

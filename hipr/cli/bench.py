@@ -29,7 +29,8 @@ import platform
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+import tomllib
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -427,21 +428,26 @@ def _local_worker(
     return spawn_server(argv, f"{backend} worker")
 
 
-async def _serve_worker(backend_name: str, urls: Sequence[str], spin_wait: float) -> None:
+async def _serve_worker(
+    backend_name: str, urls: Sequence[str], spin_wait: float, settings: Mapping[str, Any]
+) -> None:
     import signal
 
     import anyio
 
-    from hipr.worker.config import WorkerConfig
+    from hipr.worker.config import load_config
     from hipr.worker.server import Worker, load_configured_backend
 
-    config = WorkerConfig(listen=tuple(urls), backend=backend_name, spin_wait=spin_wait)
+    overrides = {"listen": list(urls), "backend": backend_name, "spin_wait": spin_wait}
+    config = load_config(None, {**overrides, **settings})
     backend = load_configured_backend(config)
     try:
         async with anyio.create_task_group() as tg:
             worker = Worker(config, backend)
             bound = await tg.start(worker.serve)
-            print(json.dumps({"urls": bound, "backend": backend.name}), flush=True)
+            # The pid: a caller may read the worker's CPU time from /proc.
+            line = {"urls": bound, "backend": backend.name, "pid": os.getpid()}
+            print(json.dumps(line), flush=True)
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 async for _ in signals:
                     tg.cancel_scope.cancel()
@@ -450,9 +456,23 @@ async def _serve_worker(backend_name: str, urls: Sequence[str], spin_wait: float
         backend.close()
 
 
+def worker_setting(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE``, a top-level key of the worker's config: the value as TOML reads it
+    (``0.005``, ``true``), else as text (``64MiB``)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE")
+    try:
+        parsed: Any = tomllib.loads(f"v = {value.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        parsed = value.strip()
+    return key.strip(), parsed
+
+
 def serve_worker_main(argv: Sequence[str]) -> int:
-    """``python -m hipr.cli.bench --serve-worker --loop L --backend B --listen URL...``: the
-    ``--local`` worker, on the loop asked for (trio, asyncio or uvloop)."""
+    """``python -m hipr.cli.bench --serve-worker --loop L --backend B --listen URL...
+    [--set KEY=VALUE ...]``: the ``--local`` worker, on the loop asked for (trio, asyncio
+    or uvloop), with any config keys set as the worker's TOML would."""
     import anyio
 
     from hipr.observability.log import configure_logging
@@ -463,6 +483,7 @@ def serve_worker_main(argv: Sequence[str]) -> int:
     parser.add_argument("--backend", default="emulator")
     parser.add_argument("--listen", action="append", required=True)
     parser.add_argument("--spin-wait", type=float, default=0.0)
+    parser.add_argument("--set", action="append", type=worker_setting, default=[])
     args = parser.parse_args(argv)
     configure_logging("error", "console")
     from hipr.cli.common import event_loop
@@ -473,6 +494,7 @@ def serve_worker_main(argv: Sequence[str]) -> int:
         args.backend,
         args.listen,
         args.spin_wait,
+        dict(args.set),
         backend=name,
         backend_options=options,
     )
