@@ -18,9 +18,10 @@ each request it prints the medians and 90th percentiles of:
 
 Then the same for a 1-thread ``fill_f32`` launch followed by ``synchronize()`` (the
 ``hipr bench`` row), where the worker's part is split at the two requests:
-data_received -> the launch starts, the launch -> the synchronize starts (decoding it and
-issuing the kernel), and the synchronize -> its reply's send starts (waiting for the
-kernel to finish).
+data_received -> the launch starts -> the launch is issued (its I/O callback returns;
+the runtime's launch call alone is printed below the table) -> the synchronize starts
+-> the kernel is seen done (the synchronize's look from the loop, or the GPU thread's
+synchronize, finds the work finished) -> its reply's send starts.
 
 Then a kernel that runs ~2 ms (the 2048³ SGEMM on GPU backends, a fill of 4 Mi
 elements on the emulator), launched and synchronized through two connections taking
@@ -92,8 +93,10 @@ STAGES = (
 LAUNCH_STAGES = (
     "client call -> worker data_received",
     "data_received -> launch starts",
-    "launch -> synchronize starts",
-    "synchronize -> reply send starts",
+    "launch starts -> launch issued",
+    "launch issued -> synchronize starts",
+    "synchronize -> kernel seen done",
+    "kernel seen done -> reply send starts",
     "reply send",
     "reply sent -> client has it",
     "total",
@@ -110,6 +113,9 @@ LONG_STAGES = (
     "reply sent -> client has it",
     "total",
 )
+#: The launch row's last line: the runtime's launch call alone, inside "launch starts ->
+#: launch issued" (the rest of that stage is the handler's checks and bookkeeping).
+BACKEND_LAUNCH = "backend launch call (inside the above)"
 #: The long-kernel rows' last line: the CPU time the client's thread spent on a pair.
 LONG_CLIENT_CPU = "client CPU per pair"
 #: The backend calls that wait for a kernel on the session's GPU thread.
@@ -130,6 +136,12 @@ def _serve(dump: str, worker_argv: list[str]) -> int:
     #: When the worker saw each kernel done: a synchronize on a session's GPU thread
     #: returned, or the loop's polling (``spin_wait``) found the work finished.
     waited: list[int] = []
+    #: When the I/O callback's look at a synchronize (``Session.work_done``) found the
+    #: session's work finished.
+    polled: list[int] = []
+    #: Each inline backend ``launch`` call, as (start, end) pairs flattened: the runtime's
+    #: own part of "launch starts -> launch issued".
+    launch_calls: list[int] = []
     sends: list[tuple[int, int]] = []
     now = time.perf_counter_ns
 
@@ -189,6 +201,27 @@ def _serve(dump: str, worker_argv: list[str]) -> int:
             waited.append(now())
         return done
 
+    work_done = session.Session.work_done
+
+    def timed_work_done(self: Any) -> bool:
+        done = work_done(self)
+        if done:
+            polled.append(now())
+        return done
+
+    run_here = session.Session._run_here
+
+    def timed_run_here(self: Any, fn: Any, *args: Any) -> Any:
+        if getattr(fn, "__name__", "") != "launch":
+            return run_here(self, fn, *args)
+        started = now()
+        try:
+            return run_here(self, fn, *args)
+        finally:
+            launch_calls.extend((started, now()))
+
+    session.Session.work_done = timed_work_done  # type: ignore[method-assign]
+    session.Session._run_here = timed_run_here  # type: ignore[method-assign]
     gpu_thread.GpuThread._run = timed_run  # type: ignore[method-assign]
     session.Session.spin_until_done = timed_spin  # type: ignore[method-assign]
     loop_stream._Protocol.data_received = data_received  # type: ignore[method-assign]
@@ -204,6 +237,8 @@ def _serve(dump: str, worker_argv: list[str]) -> int:
         marks["starts"] = list(starts)
         marks["ends"] = list(ends)
         marks["waited"] = list(waited)
+        marks["polled"] = list(polled)
+        marks["launch_calls"] = list(launch_calls)
         Path(dump).write_text(json.dumps(marks))
 
     signal.signal(signal.SIGUSR1, write)
@@ -253,7 +288,11 @@ def _launch_stages(
 ) -> dict[str, list[int]]:
     """Per-stage durations (ns) of the last ``len(client)`` launch + synchronize pairs:
     each synchronize start is paired with the launch start before it, and with the last
-    data_received at or before that launch (both frames usually arrive in one read)."""
+    data_received at or before that launch (both frames usually arrive in one read);
+    the launch is issued when its I/O callback returns, and the kernel is seen done
+    when the synchronize's inline look (or the GPU thread's synchronize) finds it so.
+    Pairs missing a point (a launch handed to the GPU thread) are left out. Adds the
+    median time of the runtime's launch call itself as ``BACKEND_LAUNCH``."""
     flat = marks["starts"]
     pairs = list(zip(flat[::2], flat[1::2], strict=True))
     launches, syncs = [], []
@@ -267,10 +306,33 @@ def _launch_stages(
             last_launch = None
     n = len(client)
     launches, syncs = launches[-n:], syncs[-n:]
+    send0, send1 = marks["send0"][-n:], marks["send1"][-n:]
+    issued_times = [
+        t for t, op in zip(marks["ends"][::2], marks["ends"][1::2], strict=True) if op == launch
+    ]
+    seen = sorted(marks.get("polled", []) + marks["waited"])
     recvs = marks["recv"]
-    arrived = [max(r for r in recvs if r <= at) for at in launches]
-    points = [arrived, launches, syncs, marks["send0"][-n:], marks["send1"][-n:]]
-    return _spans(LAUNCH_STAGES, client, points)
+
+    def first(times: Sequence[int], after: int, before: int) -> int | None:
+        return next((t for t in times if after <= t <= before), None)
+
+    kept: list[tuple[int, int]] = []
+    points: list[list[int]] = [[] for _ in range(7)]
+    for index, (begun, finished) in enumerate(client):
+        arrived = max((r for r in recvs if r <= launches[index]), default=None)
+        issued = first(issued_times, launches[index], syncs[index])
+        done = first(seen, syncs[index], send0[index])
+        if arrived is None or issued is None or done is None:
+            continue
+        kept.append((begun, finished))
+        values = (arrived, launches[index], issued, syncs[index], done, send0[index], send1[index])
+        for series, value in zip(points, values, strict=True):
+            series.append(value)
+    stages = _spans(LAUNCH_STAGES, kept, points) if kept else {}
+    calls = marks.get("launch_calls", [])
+    if stages and calls:
+        stages[BACKEND_LAUNCH] = [b - a for a, b in zip(calls[::2], calls[1::2], strict=True)][-n:]
+    return stages
 
 
 def _long_stages(
