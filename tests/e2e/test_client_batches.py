@@ -6,6 +6,7 @@ an error names the launch or piece; a worker of protocol 1.0 gets a frame each."
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -214,3 +215,34 @@ def test_a_refused_copy_is_named_at_the_next_synchronisation(threaded_worker: Wo
         with pytest.raises(hipr.HipError, match="piece 2 of 3"):
             gpu.synchronize()
         assert list(np.frombuffer(gpu.memcpy_dtoh(out), np.float32)) == [1.0, 3.0]
+
+
+def test_a_lone_batch_leaves_after_the_delay_with_one_wake_of_the_keeper(
+    threaded_worker: Worker,
+) -> None:
+    """Launch + synchronize pairs wake the keep-alive thread once per ``coalesce_delay``
+    at most (a wake for every new batch cost each pair a thread hand-off), and a batch
+    left open, even one opened while a flush was on its way, still leaves in time."""
+    delay = 0.3
+    with hipr.connect(threaded_worker.bound_urls[0], link=LinkOptions(coalesce_delay=delay)) as gpu:
+        link = _link(gpu)
+        out = gpu.malloc(4)
+        fill = gpu.builtin("fill_f32")
+        gpu.synchronize()
+        wakes = []
+        wake = link._keeper_wake  # type: ignore[attr-defined]
+        real_set = wake.set
+        wake.set = lambda: (wakes.append(1), real_set())[1]
+        for i in range(50):
+            fill.launch(1, 1, [out, np.float32(i), np.uint64(1)])
+            gpu.synchronize()
+        fill.launch(1, 1, [out, np.float32(99.0), np.uint64(1)])  # left open: nothing follows
+        assert link._batch is not None
+        # Fifty pairs on the emulator take far less than the delay: at most the first
+        # pair's wake, and one more if the keeper's flush fell between the pairs.
+        assert 1 <= len(wakes) <= 3
+        deadline = time.monotonic() + 10
+        while link._batch is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert link._batch is None and not link._outbox  # type: ignore[attr-defined]
+        assert list(np.frombuffer(gpu.memcpy_dtoh(out), np.float32)) == [99.0]
