@@ -14,8 +14,9 @@ the rounds, its ratio to the first worker and to the echo floor of the same roun
 
 A worker is ``NAME[:key=value,...]`` with keys ``tree`` (a checkout whose ``hipr``
 runs that worker, e.g. ``git worktree add /tmp/hipr-old HEAD~3``; it must know
-``python -m hipr.cli.bench --serve-worker --spin-wait``), ``spin_wait`` (seconds) and
-``loop`` (trio, asyncio, uvloop). The client is this checkout's synchronous client.
+``python -m hipr.cli.bench --serve-worker``), ``spin_wait`` (seconds or ``auto``;
+unset: that worker's own default) and ``loop`` (trio, asyncio, uvloop). The client is
+this checkout's synchronous client.
 
 Workloads (each round): null ``synchronize()``; 1-thread ``fill_f32`` launch +
 ``synchronize()``; 1,000 launches then one ``synchronize()`` (per launch); 1,000
@@ -39,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from hipr.cli.bench import spawn_server
+from hipr.cli.bench import spawn_server, spin_setting
 
 _ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,7 +56,8 @@ class WorkerSpec:
 
     name: str
     tree: Path = _ROOT
-    spin_wait: float = 0.0
+    #: None: the worker's own default (from its tree; "auto" since the worker had it).
+    spin_wait: float | None = None
     loop: str = "uvloop"
 
     @classmethod
@@ -74,7 +76,7 @@ class WorkerSpec:
                 if not (options["tree"] / "hipr").is_dir():
                     raise ValueError(f"worker {name}: {value} holds no hipr package")
             elif key == "spin_wait":
-                options["spin_wait"] = float(value)
+                options["spin_wait"] = spin_setting(value)
             elif key == "loop":
                 options["loop"] = value
             else:
@@ -104,7 +106,9 @@ def _listen_url(transport: str, directory: str, name: str) -> str:
 
 def _worker(spec: WorkerSpec, backend: str, url: str) -> contextlib.AbstractContextManager[Any]:
     argv = [sys.executable, "-m", "hipr.cli.bench", "--serve-worker", "--loop", spec.loop]
-    argv += ["--backend", backend, "--spin-wait", repr(spec.spin_wait), "--listen", url]
+    argv += ["--backend", backend, "--listen", url]
+    if spec.spin_wait is not None:
+        argv += ["--spin-wait", repr(spec.spin_wait)]
     return spawn_server(argv, f"worker {spec.name}", spec.tree)
 
 
@@ -186,7 +190,8 @@ def measure(
             bound = stack.enter_context(_worker(spec, backend, url))["urls"][0]
             gpu = stack.enter_context(Gpu(bound, link=LinkOptions(spin_wait=client_spin)))
             targets[spec.name] = _Target(gpu)
-            log(f"worker {spec.name} at {bound} ({spec.tree}, spin_wait {spec.spin_wait:g} s)")
+            spin = "default" if spec.spin_wait is None else f"{spec.spin_wait:g} s"
+            log(f"worker {spec.name} at {bound} ({spec.tree}, spin_wait {spin})")
         for number in range(rounds + 1):
             order = names[number % len(names) :] + names[: number % len(names)]
             keep = number > 0

@@ -36,8 +36,8 @@ it (the client's wake-up, which the forecast is meant to save; it acts only wher
 client spins, on 4 or more CPUs by default). Pairs whose synchronize found the kernel
 done at once are left out, and counted.
 
-``--worker-spin-wait S`` runs the worker with ``spin_wait = S``: which stages shrink
-when its loop stays awake.
+``--worker-spin-wait S`` runs the worker with ``spin_wait = S`` (seconds; unset, the
+worker's default, ``"auto"``): which stages shrink when its loop stays awake.
 
 With ``--cpu N`` the worker and this client both run on CPU ``N`` only: a woken
 process then runs on the CPU of the one that woke it, so the figures show the work
@@ -456,12 +456,13 @@ def _print(title: str, stages: dict[str, list[int]], out: Callable[[str], None])
 class _Worker:
     """An instrumented worker in a subprocess, on a unix socket in a fresh directory."""
 
-    def __init__(self, backend: str, loop: str, spin_wait: float = 0.0) -> None:
+    def __init__(self, backend: str, loop: str, spin_wait: float | None = None) -> None:
         directory = tempfile.mkdtemp(prefix="hipr-stages-")
         self.socket = f"{directory}/w.sock"
         self.dump = f"{directory}/marks.json"
         config = Path(directory) / "worker.toml"
-        config.write_text(f"spin_wait = {spin_wait!r}\n")
+        # Unset: the worker's own default ("auto").
+        config.write_text("" if spin_wait is None else f"spin_wait = {spin_wait!r}\n")
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -629,7 +630,7 @@ def measure(
     out: Callable[[str], None] = print,
     profile_top: int = 0,
     long_rounds: int = 100,
-    worker_spin_wait: float = 0.0,
+    worker_spin_wait: float | None = None,
 ) -> dict[str, dict[str, list[int]]]:
     """Run the stage measurements; print them through ``out``; return them (ns). With
     ``profile_top``, also profile launch + synchronize; ``long_rounds`` long-kernel
@@ -753,6 +754,8 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["--serve"]:
         return _serve(args[1], args[2:])
+    from hipr.cli.bench import spin_setting
+
     parser = argparse.ArgumentParser(prog="python -m benchmarks.stages", description=__doc__)
     parser.add_argument("--backend", default="emulator")
     parser.add_argument("--count", type=int, default=3000)
@@ -760,7 +763,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", type=int, default=0, metavar="N")
     parser.add_argument("--cpu", type=int, default=None, metavar="N")
     parser.add_argument("--long", type=int, default=100, metavar="N")
-    parser.add_argument("--worker-spin-wait", type=float, default=0.0, metavar="S")
+    parser.add_argument("--worker-spin-wait", type=spin_setting, metavar="S")
     options = parser.parse_args(args)
     allowed = os.sched_getaffinity(0)
     if options.cpu is not None:

@@ -10,6 +10,7 @@ from anyio.from_thread import start_blocking_portal
 
 import hipr
 from hipr.backends.emulator import EmulatorBackend
+from hipr.cpus import auto_spin_wait
 from hipr.errors import AuthError
 from hipr.handlers.admin import HOW_TO_CONFIGURE, check_admin_token
 from hipr.protocol.header import PROTOCOL_VERSION
@@ -157,3 +158,5 @@ def test_sync_client_admin_status(threaded_worker: Worker) -> None:
     assert session["memory"] == 4096 and session["tenant"] == "anonymous"
     assert status["tenants"][0]["name"] == "anonymous"
     assert status["pinned_payload_buffers"] is None  # the emulator pins nothing
+    # The loop's spin window in force: "auto" resolved for this machine's CPUs.
+    assert status["spin_wait"] == threaded_worker.busy_poll.seconds == auto_spin_wait()

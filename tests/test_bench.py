@@ -523,6 +523,17 @@ def test_worker_settings_read_as_the_worker_toml_would() -> None:
             bench.worker_setting(wrong)
 
 
+def test_spin_settings_take_seconds_or_auto() -> None:
+    """``--worker-spin-wait`` and ``--serve-worker --spin-wait``: seconds, or ``auto``
+    (None: the worker's own automatic window)."""
+    import argparse
+
+    assert bench.spin_setting("0.005") == 0.005
+    assert bench.spin_setting(" AUTO ") is None
+    with pytest.raises(argparse.ArgumentTypeError, match="auto"):
+        bench.spin_setting("fast")
+
+
 def test_copy_memory_reports_every_figure() -> None:
     """``python -m benchmarks.copy_memory`` with two clients for a moment: every figure
     is there and the worker held more under load than at start (shape, not a bound)."""

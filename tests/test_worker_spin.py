@@ -34,7 +34,7 @@ async def test_disabled_it_never_spins_nor_polls() -> None:
     async with anyio.create_task_group() as tg:
         starter = Starter(tg)
         poll.attach(starter)
-        poll.note_request()
+        poll.note_activity()
     assert starter.started == 0
     assert not await poll.wait_until(lambda: asked.append(1) or True)
     assert asked == []
@@ -81,14 +81,14 @@ async def test_one_spinner_per_window_and_it_ends_when_the_window_does() -> None
         starter = Starter(tg)
         poll.attach(starter)
         for _ in range(20):
-            poll.note_request()
+            poll.note_activity()
             await anyio.lowlevel.checkpoint()
         assert starter.started == 1
     # The task group ended: the spinner stopped by itself once the window closed, and
     # a request after that starts a new one.
     async with anyio.create_task_group() as tg:
         poll.attach(starter := Starter(tg))
-        poll.note_request()
+        poll.note_activity()
         assert starter.started == 1
 
 
@@ -98,6 +98,6 @@ async def test_the_spinner_stops_while_a_gpu_thread_is_busy() -> None:
     with anyio.fail_after(3):
         async with anyio.create_task_group() as tg:
             poll.attach(Starter(tg))
-            poll.note_request()
+            poll.note_activity()
             await anyio.sleep(0.01)
             busy = True  # the spinner sees it at its next pass and ends

@@ -147,10 +147,10 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
     )
     b.add_argument(
         "--worker-spin-wait",
-        type=float,
-        default=0.0,
+        type=spin_setting,
         metavar="SECONDS",
-        help="the --local worker's spin_wait (default 0: the worker's default)",
+        help="the --local worker's spin_wait, seconds or \"auto\" (default: the worker's "
+        'own, "auto": 200 µs on 4 or more CPUs, else 0)',
     )
     b.add_argument("--token", help="tenant token (prefer HIPR_TOKEN)")
     b.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -419,17 +419,19 @@ def _baseline_server(loop: str, urls: Sequence[str]) -> contextlib.AbstractConte
 
 
 def _local_worker(
-    loop: str, backend: str, urls: Sequence[str], spin_wait: float = 0.0
+    loop: str, backend: str, urls: Sequence[str], spin_wait: float | None = None
 ) -> contextlib.AbstractContextManager[Any]:
     argv = [sys.executable, "-m", "hipr.cli.bench", "--serve-worker", "--loop", loop]
-    argv += ["--backend", backend, "--spin-wait", repr(spin_wait)]
+    argv += ["--backend", backend]
+    if spin_wait is not None:
+        argv += ["--spin-wait", repr(spin_wait)]
     for url in urls:
         argv += ["--listen", url]
     return spawn_server(argv, f"{backend} worker")
 
 
 async def _serve_worker(
-    backend_name: str, urls: Sequence[str], spin_wait: float, settings: Mapping[str, Any]
+    backend_name: str, urls: Sequence[str], spin_wait: float | None, settings: Mapping[str, Any]
 ) -> None:
     import signal
 
@@ -438,15 +440,23 @@ async def _serve_worker(
     from hipr.worker.config import load_config
     from hipr.worker.server import Worker, load_configured_backend
 
-    overrides = {"listen": list(urls), "backend": backend_name, "spin_wait": spin_wait}
+    overrides: dict[str, Any] = {"listen": list(urls), "backend": backend_name}
+    if spin_wait is not None:
+        overrides["spin_wait"] = spin_wait
     config = load_config(None, {**overrides, **settings})
     backend = load_configured_backend(config)
     try:
         async with anyio.create_task_group() as tg:
             worker = Worker(config, backend)
             bound = await tg.start(worker.serve)
-            # The pid: a caller may read the worker's CPU time from /proc.
-            line = {"urls": bound, "backend": backend.name, "pid": os.getpid()}
+            # The pid: a caller may read the worker's CPU time from /proc; spin_wait:
+            # the window in force, "auto" resolved.
+            line = {
+                "urls": bound,
+                "backend": backend.name,
+                "pid": os.getpid(),
+                "spin_wait": worker.busy_poll.seconds,
+            }
             print(json.dumps(line), flush=True)
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 async for _ in signals:
@@ -454,6 +464,17 @@ async def _serve_worker(
                     break
     finally:
         backend.close()
+
+
+def spin_setting(text: str) -> float | None:
+    """A ``spin_wait`` on the command line: seconds, or ``auto`` (None: the worker's
+    automatic choice)."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'{text!r}: expected seconds or "auto"') from None
 
 
 def worker_setting(text: str) -> tuple[str, Any]:
@@ -482,7 +503,7 @@ def serve_worker_main(argv: Sequence[str]) -> int:
     parser.add_argument("--loop", choices=WORKER_LOOPS, default="trio")
     parser.add_argument("--backend", default="emulator")
     parser.add_argument("--listen", action="append", required=True)
-    parser.add_argument("--spin-wait", type=float, default=0.0)
+    parser.add_argument("--spin-wait", type=spin_setting)
     parser.add_argument("--set", action="append", type=worker_setting, default=[])
     args = parser.parse_args(argv)
     configure_logging("error", "console")
@@ -701,6 +722,8 @@ def _run_blocking(
     if args.local or args.backend:
         local = _measure_local_work(args.backend or "emulator", plan)
     worker_loop: str | None = None
+    #: The --local worker's spin window in force, as it reported it.
+    worker_spin: float | None = None
     if args.local:
         worker_loop = args.worker_loop or default_worker_loop()
         transports = TRANSPORTS if args.transport == "both" else (args.transport,)
@@ -715,6 +738,7 @@ def _run_blocking(
             )
         )
         urls = list(started["urls"])
+        worker_spin = started.get("spin_wait")
     else:
         urls = list(args.urls)
     if "backend" not in meta:
@@ -738,7 +762,9 @@ def _run_blocking(
         )
         notes = list(local.notes) if local else []
         if args.local:
-            notes.append(f"--local worker spin_wait: {args.worker_spin_wait * 1e6:.0f} µs")
+            how = "automatic" if args.worker_spin_wait is None else "--worker-spin-wait"
+            spin = f"{worker_spin * 1e6:.0f} µs" if worker_spin is not None else "not reported"
+            notes.append(f"--local worker spin_wait: {spin} ({how})")
         if transport not in TRANSPORTS:
             notes.append(f"{transport} is compared with floors over plain tcp on loopback")
         if not uvloop_urls:

@@ -26,7 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import structlog
 
-from hipr.client.cpus import usable_cpus
+from hipr.cpus import auto_spin_wait
 from hipr.errors import HipError, ProtocolError, SessionLostError
 from hipr.protocol.codec import Frame, encode_frame_parts
 from hipr.protocol.header import MAX_REQUEST_ID, Flags
@@ -161,24 +161,6 @@ class LinkOptions:
     def spin_seconds(self) -> float:
         """The spin window in force: ``spin_wait``, or the automatic choice."""
         return auto_spin_wait() if self.spin_wait is None else max(0.0, self.spin_wait)
-
-
-#: The automatic spin window: long enough for a small call's reply (a null synchronize
-#: or a launch + synchronize comes back in ~40-150 µs on a GPU host), short enough that
-#: an idle wait costs little CPU.
-AUTO_SPIN_SECONDS = 200e-6
-#: Below this many usable CPUs (affinity, and a cgroup CPU quota: a container limited
-#: to 2 CPUs on a 64-core node counts 2) the client does not spin by default: with the
-#: worker on the same small machine, a spinning client takes the core that would answer
-#: it, and under a quota the spin spends the container's CPU time.
-AUTO_SPIN_MIN_CPUS = 4
-
-
-def auto_spin_wait(cpus: int | None = None) -> float:
-    """CUDA's ``cudaDeviceScheduleAuto`` for the sync client's wait: spin
-    :data:`AUTO_SPIN_SECONDS` when the machine has cores to spare, else block at once."""
-    count = cpus if cpus is not None else usable_cpus()
-    return AUTO_SPIN_SECONDS if count >= AUTO_SPIN_MIN_CPUS else 0.0
 
 
 #: Launches or copies one batch frame carries at most (the worker takes up to 4,096). A

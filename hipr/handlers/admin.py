@@ -35,6 +35,7 @@ from hipr.protocol.header import PROTOCOL_VERSION
 from hipr.protocol.opcodes import Opcode, OpcodeRange
 from hipr.worker.config import WorkerConfig
 from hipr.worker.session import Session
+from hipr.worker.spin import BusyPoll
 
 
 class Worker(MetricsWorker, Protocol):
@@ -44,6 +45,8 @@ class Worker(MetricsWorker, Protocol):
     config: WorkerConfig
     started_at: float
     bound_urls: list[str]
+    #: The event loop's busy polling (its ``seconds``: ``spin_wait`` in force).
+    busy_poll: BusyPoll
 
 
 OPCODE_RANGE = OpcodeRange.ADMIN
@@ -136,6 +139,8 @@ def worker_status(
         "tenants": tenants,
         "children": [child_row(child) for child in children],
         "pinned_payload_buffers": pinned_payload_figures(worker.backend),
+        # The event loop's spin window in force ("auto" resolved for this machine).
+        "spin_wait": worker.busy_poll.seconds,
     }
 
 

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hipr.cpus import auto_spin_wait
+
 KiB = 1024
 MiB = 1024**2
 GiB = 1024**3
@@ -209,13 +211,16 @@ class WorkerConfig:
             "0 frees it at once."
         ),
     )
-    spin_wait: float = field(
-        default=0.0,
+    spin_wait: float | None = field(
+        default=None,
         metadata=_doc(
             "Seconds the event loop keeps polling without sleeping after a request "
-            "arrives, and that a synchronize polls for running work before it blocks "
-            "(CUDA's spin scheduling for the worker: answers tens of µs sooner on a "
-            "virtual machine, for one busy core while clients are active). 0: never spin."
+            "arrives or a reply leaves, and that a synchronize polls for running work "
+            "before it blocks (CUDA's spin scheduling for the worker: answers tens of µs "
+            "sooner on a virtual machine, for one busy core while clients are active). "
+            '"auto": 200 µs on a machine with 4 or more usable CPUs (its affinity and '
+            "cgroup quota), else 0, as the sync client spins. 0: never spin.",
+            auto=True,
         ),
     )
     shutdown_timeout: float = field(
@@ -424,6 +429,10 @@ class _Builder:
 
     def convert(self, key: str, tp: Any, meta: Mapping[str, Any], value: Any) -> Any:
         inner, _optional = _unwrap_optional(tp)
+        if meta.get("auto") and isinstance(value, str):
+            if value.strip().lower() != "auto":
+                raise self.error(key, f'expected a number or "auto", got {_describe(value)}')
+            return None
         if dataclasses.is_dataclass(inner) and isinstance(inner, type):
             return self.build(inner, value, key + ".")
         if meta.get("size"):
@@ -523,7 +532,7 @@ def _check(config: WorkerConfig, b: _Builder) -> None:
     for name in ("heartbeat_interval", "heartbeat_timeout", "shutdown_timeout"):
         if getattr(config, name) <= 0:
             raise b.error(name, f"must be positive, got {getattr(config, name)}")
-    if not 0 <= config.spin_wait <= MAX_SPIN_WAIT:
+    if config.spin_wait is not None and not 0 <= config.spin_wait <= MAX_SPIN_WAIT:
         raise b.error(
             "spin_wait", f"must be between 0 and {MAX_SPIN_WAIT:g} s, got {config.spin_wait}"
         )
@@ -594,6 +603,8 @@ def iter_keys(cls: type[Any] = WorkerConfig, prefix: str = "") -> Iterator[KeyIn
 
 
 def _type_name(tp: Any, meta: Mapping[str, Any], optional: bool) -> str:
+    if meta.get("auto"):
+        return '{} or `"auto"`'.format({float: "number", int: "integer"}[tp])
     if meta.get("size"):
         name = "size"
     elif typing.get_origin(tp) is dict:
@@ -609,6 +620,8 @@ def _type_name(tp: Any, meta: Mapping[str, Any], optional: bool) -> str:
 
 
 def _default_text(value: Any, meta: Mapping[str, Any]) -> str:
+    if value is None and meta.get("auto"):
+        return '`"auto"`'
     if value is None:
         return "unset"
     if meta.get("size"):
@@ -622,6 +635,12 @@ def _default_text(value: Any, meta: Mapping[str, Any]) -> str:
     if isinstance(value, dict):
         return "`{" + ", ".join(f'"{k}" = "{v}"' for k, v in value.items()) + "}`"
     return f"`{value!r}`"
+
+
+def spin_seconds(config: WorkerConfig) -> float:
+    """The event loop's spin window in force: ``spin_wait``, or the automatic choice
+    (:func:`hipr.cpus.auto_spin_wait`) where it is ``"auto"``."""
+    return auto_spin_wait() if config.spin_wait is None else config.spin_wait
 
 
 def config_reference_markdown() -> str:

@@ -361,7 +361,7 @@ class WorkerConnection:
             except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
                 return
             self._last_received = time.monotonic()
-            self.worker.busy_poll.note_request()
+            self.worker.busy_poll.note_activity()
             self._decoder.feed(data)
 
     async def receive_data(self, request_id: int) -> tuple[memoryview, bool]:
@@ -675,7 +675,7 @@ class WorkerConnection:
         if self._frames.closed:
             return
         self._last_received = time.monotonic()
-        self.worker.busy_poll.note_request()
+        self.worker.busy_poll.note_activity()
         self._decoder.feed(data)
         self._pump()
 
@@ -928,6 +928,7 @@ class WorkerConnection:
     ) -> None:
         """Send a final reply (see :meth:`_reply_frames`)."""
         data = self._reply_frames(session, frame, flags, result, bulk)
+        self.worker.busy_poll.note_activity()
         if isinstance(data, bytes):
             await self._send_bytes(data)
         else:

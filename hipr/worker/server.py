@@ -30,7 +30,7 @@ from hipr.transports import listen as transport_listen
 from hipr.transports import peer_certificate_subject, peer_description, peer_uid
 from hipr.transports.base import TransportConfig
 from hipr.worker import systemd
-from hipr.worker.config import ConfigError, WorkerConfig, load_config
+from hipr.worker.config import ConfigError, WorkerConfig, load_config, spin_seconds
 from hipr.worker.connection import WorkerConnection
 from hipr.worker.isolation import (
     ChildLink,
@@ -85,8 +85,8 @@ class Worker:
         #: Set when this worker is a tenant's child (``isolation = "process"`` above it).
         self.child_link: ChildLink | None = None
         self._trim_pending = False
-        #: Busy polling of the event loop (``spin_wait``); disabled at 0.
-        self.busy_poll = BusyPoll(config.spin_wait, self._gpu_threads_busy)
+        #: Busy polling of the event loop (``spin_wait``, "auto" resolved); disabled at 0.
+        self.busy_poll = BusyPoll(spin_seconds(config), self._gpu_threads_busy)
 
     async def _reserve_payload_buffers(self) -> None:
         """Pin the ``pinned_payload_bytes`` buffers, in chunks, on a GPU backend (see
@@ -388,7 +388,12 @@ class Worker:
     ) -> None:
         await self._reserve_payload_buffers()
         for url in self.bound_urls:
-            log.info("listening", url=url, backend=self.backend.name)
+            log.info(
+                "listening",
+                url=url,
+                backend=self.backend.name,
+                spin_wait_us=round(self.busy_poll.seconds * 1e6),
+            )
         try:
             async with anyio.create_task_group() as tg:
                 self._task_group = tg

@@ -4,9 +4,11 @@ A thread that sleeps between requests, or while a kernel runs, is woken by the k
 when the next bytes or the kernel's end arrive; on a virtual machine that wake-up
 costs tens of µs, and more after a long sleep. CUDA offers the same trade for a local
 program (``cudaDeviceScheduleSpin``: burn a core, answer sooner). With ``spin_wait``
-set, the worker's loop does not sleep for that long after a request arrives, and a
-synchronize whose work is still running polls for it from the loop for that long
-before it blocks on the session's GPU thread.
+set, the worker's loop does not sleep for that long after a request arrives or a reply
+leaves, and a synchronize whose work is still running polls for it from the loop for
+that long before it blocks on the session's GPU thread. By default (``"auto"``) the
+window is 200 µs on a machine with 4 or more usable CPUs, and 0 below: the trade that
+``cudaDeviceScheduleAuto`` makes for a local program, and the sync client for its wait.
 
 The loop spins only while no session's GPU thread is busy: those threads run Python
 and need the interpreter lock that a spinning loop holds, so spinning then would slow
@@ -49,8 +51,10 @@ class BusyPoll:
         """Start spinners in this task group from now on (the worker's, while it serves)."""
         self._start = start
 
-    def note_request(self) -> None:
-        """Bytes of a request arrived: keep the loop awake for ``seconds`` more."""
+    def note_activity(self) -> None:
+        """Bytes of a request arrived, or a reply left: keep the loop awake for
+        ``seconds`` more. After a reply, a client's next call usually follows within
+        tens of µs, even after a kernel that kept the loop asleep for milliseconds."""
         if not self.seconds:
             return
         self._until = time.perf_counter() + self.seconds

@@ -21,9 +21,9 @@ import pytest
 import hipr
 from hipr.backends.emulator import EmulatorBackend
 from hipr.client.blocking import BlockingConnection
-from hipr.client.cpus import usable_cpus
-from hipr.client.link import AUTO_SPIN_SECONDS, LinkOptions, auto_spin_wait
+from hipr.client.link import LinkOptions
 from hipr.client.stream_io import SocketIO
+from hipr.cpus import AUTO_SPIN_SECONDS, auto_spin_wait, usable_cpus
 from hipr.errors import HipErrorCode as E
 from hipr.worker.server import Worker
 from tests.e2e.conftest import EMULATED_MEMORY, BlockingEndpoint

@@ -196,10 +196,44 @@ def test_spin_wait_is_checked_and_read_from_toml(tmp_path: Any) -> None:
     good = tmp_path / "good.toml"
     good.write_text("spin_wait = 0.002\n")
     assert load_config(good).spin_wait == 0.002
-    assert WorkerConfig().spin_wait == 0.0
-    for bad in ("-0.001", "2.0"):
+    for bad, why in (("-0.001", "between 0"), ("2.0", "between 0"), ('"fast"', '"auto"')):
         path = tmp_path / "bad.toml"
         path.write_text(f"spin_wait = {bad}\n")
-        with pytest.raises(ConfigError, match="spin_wait"):
+        with pytest.raises(ConfigError, match=f"spin_wait.*{why}"):
             load_config(path)
     assert dataclasses.replace(WorkerConfig(), spin_wait=1.0).spin_wait == 1.0
+
+
+def test_spin_wait_is_automatic_by_default_as_the_clients_is(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unset or "auto": 200 µs where the worker has 4 or more usable CPUs, else 0; a
+    number is taken as it is, 0 included."""
+    import hipr.cpus
+    from hipr.worker.config import load_config, spin_seconds
+
+    path = tmp_path / "auto.toml"
+    path.write_text('spin_wait = "Auto"\n')
+    assert load_config(path).spin_wait is None
+    assert WorkerConfig().spin_wait is None
+    for cpus, expected in ((16, hipr.cpus.AUTO_SPIN_SECONDS), (4, 200e-6), (2, 0.0), (1, 0.0)):
+        monkeypatch.setattr(hipr.cpus, "usable_cpus", lambda cpus=cpus: cpus)
+        assert spin_seconds(WorkerConfig()) == expected
+        assert spin_seconds(WorkerConfig(spin_wait=0.0)) == 0.0
+        assert spin_seconds(WorkerConfig(spin_wait=0.003)) == 0.003
+        assert Worker(WorkerConfig(), EmulatorBackend()).busy_poll.seconds == expected
+
+
+@pytest.mark.parametrize("spin_wait", [0.25])
+async def test_a_reply_after_a_wait_on_the_gpu_thread_keeps_the_loop_awake(
+    endpoint: Endpoint, backend: RunningKernelEmulator, worker: Worker
+) -> None:
+    """A synchronize that outlasted the window and waited on the GPU thread: its reply
+    restarts the window, so the client's next call finds the loop awake."""
+    async with endpoint.aconnect() as gpu:
+        backend.run_for(0.4)
+        await gpu.synchronize()
+        assert backend.blocking_syncs == 1
+        replied = time.perf_counter()
+        # The request arrived 0.4 s ago, its window long over: only the reply renewed it.
+        assert worker.busy_poll._until > replied + 0.1

@@ -1,5 +1,6 @@
-"""How many CPUs this process may really use: for the sync client's automatic spin
-before it blocks for a reply, which burns a core only where cores are to spare."""
+"""How many CPUs this process may really use, and the automatic spin that follows from
+it: the sync client's before it blocks for a reply, and the worker's event loop's after
+a request (``spin_wait``), each of which burns a core only where cores are to spare."""
 
 from __future__ import annotations
 
@@ -35,3 +36,22 @@ def _cgroup_quota(cpu_max: Path) -> int | None:
         return max(1, math.ceil(int(quota) / int(period or "100000")))
     except (OSError, ValueError, ZeroDivisionError):
         return None
+
+
+#: The automatic spin window: long enough for a small call's reply (a null synchronize
+#: or a launch + synchronize comes back in ~40-150 µs on a GPU host), and for a worker's
+#: loop to still be awake when a client's next call follows its reply; short enough
+#: that an idle wait costs little CPU.
+AUTO_SPIN_SECONDS = 200e-6
+#: Below this many usable CPUs (affinity, and a cgroup CPU quota: a container limited
+#: to 2 CPUs on a 64-core node counts 2) nothing spins by default: with the client and
+#: the worker on the same small machine, a spinning side takes the core that would
+#: answer it, and under a quota the spin spends the container's CPU time.
+AUTO_SPIN_MIN_CPUS = 4
+
+
+def auto_spin_wait(cpus: int | None = None) -> float:
+    """CUDA's ``cudaDeviceScheduleAuto`` for a remote call: spin
+    :data:`AUTO_SPIN_SECONDS` when the machine has cores to spare, else block at once."""
+    count = cpus if cpus is not None else usable_cpus()
+    return AUTO_SPIN_SECONDS if count >= AUTO_SPIN_MIN_CPUS else 0.0
