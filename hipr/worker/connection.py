@@ -675,9 +675,11 @@ class WorkerConnection:
         if self._frames.closed:
             return
         self._last_received = time.monotonic()
-        self.worker.busy_poll.note_activity()
         self._decoder.feed(data)
         self._pump()
+        # After the requests are taken (or answered here): the spinner's start is not
+        # paid before them.
+        self.worker.busy_poll.note_activity()
 
     def _pump(self) -> None:
         """Queue the decoded requests for the executor, answering heartbeats at once,
@@ -928,11 +930,13 @@ class WorkerConnection:
     ) -> None:
         """Send a final reply (see :meth:`_reply_frames`)."""
         data = self._reply_frames(session, frame, flags, result, bulk)
-        self.worker.busy_poll.note_activity()
         if isinstance(data, bytes):
             await self._send_bytes(data)
         else:
             await self._send_parts(data)
+        # After the send: starting the spinner is a task's start, not to be paid
+        # between the worker's finding the work done and the reply's leaving.
+        self.worker.busy_poll.note_activity()
 
     def _answer_now(self, frame: Frame) -> bool:
         """Run a lone request right here in the I/O callback, when its handler has a
