@@ -413,6 +413,13 @@ class PinnedStaging:
         carve.used += -(-nbytes // self.CARVE_ALIGN) * self.CARVE_ALIGN
         return ptr
 
+    def fits(self, stream: GpuStream, nbytes: int) -> bool:
+        """True when :meth:`carve` of ``nbytes`` takes the next piece of ``stream``'s
+        current block; False when it would retire that block (recording its fence now)
+        and start another. Copies from the block must be issued before that fence."""
+        carve = stream.carve
+        return carve is not None and carve.used + nbytes <= carve.block.capacity
+
     def retire_carve(self, stream: GpuStream, fence: Callable[[], Any]) -> None:
         """Retire ``stream``'s carve block behind a fence recorded now (before the stream
         is destroyed, or when the block is full). A fence that cannot be recorded means

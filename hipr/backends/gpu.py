@@ -43,6 +43,7 @@ import ctypes
 import threading
 from collections.abc import Callable, Sequence
 from functools import partial
+from itertools import pairwise
 from typing import Any, Protocol, TypeVar
 
 from hipr.backends._gpu_common import (
@@ -107,6 +108,9 @@ class Runtime(Protocol):
     param_info_call: str | None
     #: The "not ready" result of stream and event queries.
     not_ready: int
+    #: The driver function that issues many host-to-device copies in one call, or None
+    #: where hipr cannot call one (:meth:`copy_batch`).
+    batch_copy_call: str | None
 
     def open(self) -> int:
         """Initialise the runtime; the number of usable devices. Raises
@@ -185,6 +189,16 @@ class Runtime(Protocol):
         """The parameter block of a kernel node whose arguments go through ``extra``."""
         ...
 
+    def copy_batch(
+        self, dsts: Sequence[int], srcs: Sequence[int], sizes: Sequence[int], stream: Any
+    ) -> None:
+        """Issue the host-to-device copies ``srcs[i] -> dsts[i]`` of ``sizes[i]`` bytes in
+        one call (:attr:`batch_copy_call`) on ``stream``: in stream order as a whole, in
+        no order among themselves, so no two may overlap. The sources are page-locked
+        and read in stream order: the caller keeps them until a fence behind the batch
+        has completed. Raises the runtime's failure as HipError."""
+        ...
+
 
 def _outputs(result: Sequence[Any]) -> Any:
     """A binding's outputs after its result code: None, one value, or a tuple."""
@@ -243,6 +257,7 @@ class RuntimeBase:
     rtc_images: tuple[tuple[str, str], ...]
     param_info_call: str | None
     not_ready: int
+    batch_copy_call: str | None = None
 
     def __init__(self, api: Any = None, rtc_api: Any = None) -> None:
         if api is None:
@@ -343,6 +358,19 @@ def _quick_htod_many(pieces: Sequence[tuple[int, Any]], stream: Handle | None = 
     )
 
 
+#: Answers to a batch of copies that mean "not here" rather than "these copies are
+#: wrong": the driver lacks the call (older than its binding), or does not support it.
+_BATCH_UNSUPPORTED = frozenset({int(E.hipErrorNotSupported), int(E.hipErrorNotFound)})
+
+
+def _disjoint(copies: Sequence[tuple[int, int, int]]) -> bool:
+    """True when no two of ``copies`` (destination, source, bytes) write a byte in
+    common: a batch, which keeps no order among its copies, then ends as the copies
+    one after another would."""
+    spans = sorted((dst, nbytes) for dst, _, nbytes in copies)
+    return all(a + n <= b for (a, n), (b, _) in pairwise(spans))
+
+
 class GpuBackend:
     """:class:`~hipr.backends.base.Backend` over one :class:`Runtime` (see module doc)."""
 
@@ -395,6 +423,10 @@ class GpuBackend:
         self._param_sizes: dict[int, int | None] = {}
         self._staging = PinnedStaging(self)
         self._payloads = PinnedPayloads(self)
+        #: Small copies of one MEMCPY_HTOD_MANY go to the runtime as one batch
+        #: (:meth:`Runtime.copy_batch`); False once it turned a batch down.
+        batch_call = runtime.batch_copy_call
+        self._batch_copies = batch_call is not None and runtime.provides(batch_call)
         # Pinned buffers of captures on streams this backend did not start capturing
         # (joined into a capture through an event): no graph to hand them to, so they
         # live until close().
@@ -692,28 +724,33 @@ class GpuBackend:
         stream each is carved from the stream's pinned block, the device, stream and
         capture state looked up once for all; on the default stream all are issued and
         one synchronise covers them, where one copy after another would wait for each
-        (the pieces' bytes must stay valid only until this returns)."""
+        (the pieces' bytes must stay valid only until this returns). Either way the
+        copies go to the runtime as one batch where it can (:meth:`_issue_copies`)."""
         if stream is not None or getattr(self._tls, "ptds_capture", None) is not None:
             self._carve_many(pieces, stream)
             return
         self._current()
         raw = self._stream(None)
-        copy = self._calls.memcpy_htod_async
         self._staging.reclaim()
-        kept = []
+        # The pieces side by side in one buffer: one address to look up, not one each.
+        joined = b"".join(src for _, src in pieces)
+        base, _, keep = host_address(joined, writable=False)
+        copies: list[tuple[int, int, int]] = []
+        offset = 0
+        for dst, src in pieces:
+            nbytes = src.nbytes
+            if nbytes:
+                copies.append((dst, base + offset, nbytes))
+                offset += nbytes
         try:
-            for dst, src in pieces:
-                addr, nbytes, keep = host_address(src, writable=False)
-                if nbytes:
-                    kept.append(keep)
-                    self._call(copy, dst, addr, nbytes, raw)
+            self._issue_copies(copies, raw)
         except HipError:
             # The copies already issued still read their bytes: wait for them first.
             with contextlib.suppress(HipError):
                 self._call(self._calls.stream_synchronize, raw)
             raise
         self._call(self._calls.stream_synchronize, raw)
-        del kept
+        del keep
 
     def _carve_many(self, pieces: Sequence[tuple[int, memoryview]], stream: Handle | None) -> None:
         """:meth:`memcpy_htod_many`'s pieces on a stream that is not being captured, each
@@ -728,20 +765,55 @@ class GpuBackend:
             for dst, src in pieces:
                 self.memcpy_htod(dst, src, stream)
             return
-        copy = self._calls.memcpy_htod_async
         fence = partial(self.fence_after, raw)
-        carve = self._staging.carve
+        staging = self._staging
+        #: Carved pieces not yet issued: (destination, pinned source, bytes).
+        carved: list[tuple[int, int, int]] = []
         for dst, src in pieces:
             nbytes = src.nbytes
             if not nbytes:
                 continue
             if nbytes > PinnedStaging.MAX_CARVED:
+                self._issue_copies(carved, raw)  # in order, before this one
                 self.memcpy_htod(dst, src, stream)
                 continue
-            pinned = carve(stream, nbytes, fence)
+            if carved and not staging.fits(stream, nbytes):
+                # The next carve retires the block behind a fence recorded now: the
+                # copies that read it go first.
+                self._issue_copies(carved, raw)
+            pinned = staging.carve(stream, nbytes, fence)
             # A piece is a few bytes: a copy of them is the cheapest way to an address.
             ctypes.memmove(pinned, src.tobytes(), nbytes)
-            # A failed copy leaves its piece unused: the block still retires in order.
+            carved.append((dst, pinned, nbytes))
+        self._issue_copies(carved, raw)
+
+    def _issue_copies(self, carved: list[tuple[int, int, int]], raw: Any) -> None:
+        """Issue host-to-device copies (destination, source, bytes), emptying ``carved``:
+        as one batch where the runtime has the call and no two destinations overlap (a
+        batch keeps no order among its copies), else one call each, in order. A runtime
+        that turns the batch down as unsupported (a driver older than its binding) gets
+        one call each from then on. The sources stay valid until a fence or synchronise
+        behind the copies (a carved piece's block retires in order, failed or not)."""
+        if not carved:
+            return
+        if len(carved) > 1 and self._batch_copies and _disjoint(carved):
+            dsts, srcs, sizes = zip(*carved, strict=True)
+            try:
+                self._rt.copy_batch(dsts, srcs, sizes, raw)
+            except HipError as exc:
+                if exc.code not in _BATCH_UNSUPPORTED:
+                    carved.clear()
+                    raise
+                self._batch_copies = False
+            except RuntimeError:  # the binding could not find the driver's function
+                self._batch_copies = False
+            else:
+                carved.clear()
+                return
+        copy = self._calls.memcpy_htod_async
+        pending = list(carved)
+        carved.clear()
+        for dst, pinned, nbytes in pending:
             self._call(copy, dst, pinned, nbytes, raw)
 
     def memcpy_dtoh(self, dst: memoryview, src: int, stream: Handle | None = None) -> None:

@@ -72,6 +72,9 @@ class HipRuntime(RuntimeBase):
     # HIP launches whatever argument bytes it is given: nothing to trim.
     param_info_call: str | None = None
     not_ready = int(E.hipErrorNotReady)
+    # hipMemcpyBatchAsync exists, but hip-python's generated wrapper takes its ``dsts``
+    # and ``sizes`` arrays as outputs, so they cannot be passed: one call per copy.
+    batch_copy_call: str | None = None
 
     def __init__(self, hip: Any = None, hiprtc: Any = None) -> None:
         super().__init__(hip, hiprtc)
@@ -167,6 +170,16 @@ class HipRuntime(RuntimeBase):
     def memcpy_node_args(self, device: int, dst: int, src: int, size: int) -> tuple[Any, ...]:
         """(dst, src, size, hipMemcpyDeviceToDevice) for hipGraphAddMemcpyNode1D."""
         return dst, src, size, self.api.hipMemcpyKind.hipMemcpyDeviceToDevice
+
+    def copy_batch(
+        self, dsts: Sequence[int], srcs: Sequence[int], sizes: Sequence[int], stream: Any
+    ) -> None:
+        """Not available through hip-python (see :attr:`batch_copy_call`)."""
+        raise HipError(
+            E.hipErrorNotSupported,
+            "hipMemcpyBatchAsync cannot be called through hip-python (its dsts and sizes "
+            "arrays are wrapped as outputs)",
+        )
 
     def kernel_node_params(
         self, function: Any, grid: Dim3, block: Dim3, shared_mem: int, extra: int

@@ -803,6 +803,8 @@ class SimGpu:
         self.compiles: list[list[str]] = []
         #: CUDA refuses argument bytes past a kernel's last parameter; HIP does not.
         self.strict_param_size = False
+        #: What a batch of copies answers: 0, or an error code (a driver without it).
+        self.batch_result = 0
 
     def param_layout(self, fn: int) -> list[tuple[int, int]]:
         """(offset, size) of each parameter of a built-in kernel."""
@@ -1189,9 +1191,27 @@ def make_sim_cuda(gpu: SimGpu) -> tuple[SimBinding, SimBinding]:
             raise _Fail(1)
         return layout[index]
 
+    def batch_copy(
+        dsts: Any, srcs: Any, sizes: Any, count: int, attrs: Any, idxs: Any, n: int, s: Any
+    ) -> None:
+        # As strict as the driver: pointers as CUdeviceptr, one attribute set that reads
+        # sources in stream order.
+        assert len(dsts) == len(srcs) == len(sizes) == count and n == len(attrs) == 1
+        assert list(idxs) == [0]
+        assert all(isinstance(p, driver.CUdeviceptr) for p in (*dsts, *srcs))
+        stream_order = driver.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
+        assert attrs[0].srcAccessOrder == stream_order
+        if gpu.batch_result:
+            raise _Fail(gpu.batch_result)
+        # No order within a batch: the simulation runs its copies last to first, each
+        # reading its source when the stream gets to it.
+        for dst, src, size in reversed(list(zip(dsts, srcs, sizes, strict=True))):
+            h["cuMemcpyHtoDAsync"](int(dst), int(src), int(size), s)
+
     gpu.strict_param_size = True
     drv_handlers: dict[str, Callable[..., Any]] = {
         "cuFuncGetParamInfo": param_info,
+        "cuMemcpyBatchAsync": batch_copy,
         **{k: v for k, v in h.items() if not k.startswith("_")},
         "cuInit": lambda flags: None,
         "cuDeviceGetCount": lambda: 1,
@@ -1538,6 +1558,108 @@ def test_sim_many_small_copies(sim: Any) -> None:
     assert not quick([(ptr, memoryview(bytes(PinnedStaging.MAX_CARVED + 1)))], stream)
     backend.stream_destroy(stream)
     backend.free(ptr)
+
+
+def test_sim_small_copies_on_a_stream_go_as_one_batch(sim: Any) -> None:
+    """A MEMCPY_HTOD_MANY's pieces, destinations apart, carved on a stream or from the
+    caller's bytes on the default stream: one batch call on CUDA (hip-python cannot pass
+    HIP's, so one call each there), the sources reusable at once; pieces that fill the
+    carve block are issued before the block's fence."""
+    backend, gpu = sim
+    batched = backend.name == "cuda"
+    count = 40
+    ptr = backend.malloc(4 * count)
+    stream = backend.stream_create()
+    src = bytearray(np.arange(count, dtype=np.uint32).tobytes())
+    pieces = [(ptr + 4 * i, memoryview(src)[4 * i : 4 * i + 4]) for i in range(count)]
+    batches, singles = _count(gpu, "MemcpyBatchAsync"), _count(gpu, "MemcpyHtoDAsync")
+    backend.memcpy_htod_many(pieces, stream)
+    src[:] = bytes(len(src))
+    assert _count(gpu, "MemcpyBatchAsync") == batches + batched
+    assert _count(gpu, "MemcpyHtoDAsync") == singles + (0 if batched else count)
+    backend.stream_synchronize(stream)
+    assert np.frombuffer(gpu.read(ptr, 4 * count), np.uint32).tolist() == list(range(count))
+    # The default stream's pieces too: one batch, then the one synchronise.
+    src[:] = np.arange(count, 2 * count, dtype=np.uint32).tobytes()
+    batches = _count(gpu, "MemcpyBatchAsync")
+    backend.memcpy_htod_many(pieces, None)
+    assert _count(gpu, "MemcpyBatchAsync") == batches + batched
+    got = np.frombuffer(gpu.read(ptr, 4 * count), np.uint32).tolist()
+    assert got == list(range(count, 2 * count))
+    # Twenty 4 KiB pieces: the carve block holds sixteen, so the first sixteen go out
+    # before the fence that retires their block, and the last four in a second batch.
+    size = PinnedStaging.MAX_CARVED
+    big = backend.malloc(20 * size)
+    data = bytes(range(256)) * (20 * size // 256)
+    backend.stream_synchronize(stream)
+    fresh = backend.stream_create()
+    start = len(gpu.calls)
+    backend.memcpy_htod_many(
+        [(big + i * size, memoryview(data)[i * size : (i + 1) * size]) for i in range(20)], fresh
+    )
+    calls = gpu.calls[start:]
+    if batched:
+        assert sum(c.endswith("MemcpyBatchAsync") for c in calls) == 2
+        first_batch = next(i for i, c in enumerate(calls) if c.endswith("MemcpyBatchAsync"))
+        fence = next(i for i, c in enumerate(calls) if c.endswith("EventRecord"))
+        assert first_batch < fence
+    backend.stream_synchronize(fresh)
+    assert gpu.read(big, len(data)) == data
+    for s in (stream, fresh):
+        backend.stream_destroy(s)
+    backend.free(big)
+    backend.free(ptr)
+
+
+def test_sim_overlapping_small_copies_keep_their_order(sim: Any) -> None:
+    """Pieces that write a byte in common go one call each, in order (a batch keeps no
+    order: the simulated one runs its copies last to first): the last one wins."""
+    backend, gpu = sim
+    ptr = backend.malloc(8)
+    stream = backend.stream_create()
+    batches = _count(gpu, "MemcpyBatchAsync")
+    backend.memcpy_htod_many(
+        [
+            (ptr, memoryview(b"\x01\x01\x01\x01")),
+            (ptr + 4, memoryview(b"\x02\x02\x02\x02")),
+            (ptr + 2, memoryview(b"\x03\x03\x03\x03")),
+        ],
+        stream,
+    )
+    backend.stream_synchronize(stream)
+    assert _count(gpu, "MemcpyBatchAsync") == batches
+    assert gpu.read(ptr, 8) == b"\x01\x01\x03\x03\x03\x03\x02\x02"
+    backend.stream_destroy(stream)
+    backend.free(ptr)
+
+
+def test_sim_a_driver_without_batches_gets_one_call_per_copy() -> None:
+    """A driver older than its binding turns the first batch down as unsupported: those
+    copies go one call each, and so do later ones, without asking again; any other
+    failure of a batch is the copies' own, raised as a single copy's would be."""
+    backend, gpu = _make("cuda")
+    try:
+        backend.bind_thread(0)
+        ptr = backend.malloc(16)
+        stream = backend.stream_create()
+        words = [(ptr + 4 * i, memoryview(bytes([i + 1]) * 4)) for i in range(4)]
+        gpu.batch_result = 1  # CUDA_ERROR_INVALID_VALUE: these copies are wrong
+        with pytest.raises(HipError) as err:
+            backend.memcpy_htod_many(words, stream)
+        assert err.value.code == HipErrorCode.hipErrorInvalidValue
+        gpu.batch_result = 801  # CUDA_ERROR_NOT_SUPPORTED
+        singles = _count(gpu, "MemcpyHtoDAsync")
+        backend.memcpy_htod_many(words, stream)
+        assert _count(gpu, "MemcpyHtoDAsync") == singles + 4
+        batches = _count(gpu, "MemcpyBatchAsync")
+        backend.memcpy_htod_many(words, stream)
+        assert _count(gpu, "MemcpyBatchAsync") == batches  # not asked again
+        backend.stream_synchronize(stream)
+        assert gpu.read(ptr, 16) == b"".join(bytes([i + 1]) * 4 for i in range(4))
+        backend.stream_destroy(stream)
+        backend.free(ptr)
+    finally:
+        backend.close()
 
 
 def test_sim_builtins_launch_with_packed_args(sim: Any) -> None:
