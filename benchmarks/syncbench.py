@@ -303,10 +303,18 @@ def sync_rows(
             ff_bytes = ff_copy_frame()
             ff_floor = floors.message_seconds.get(ff_bytes)
             stream = gpu.stream_create()
+            # One word written over and over (each copy overwrites the last, so no two
+            # may run in one unordered batch), and the allocation's words in turn.
+            words = [word + 4 * i for i in range(FF_WORDS)]
             try:
-                for where, on in (("", None), (" on a stream", stream)):
+                for where, on, targets in (
+                    ("", None, [word]),
+                    (" on a stream", stream, [word]),
+                    (f" to {FF_WORDS:,} words in turn", None, words),
+                    (f" on a stream to {FF_WORDS:,} words in turn", stream, words),
+                ):
                     log(f"sync: {count:,} fire-and-forget 4 B copies{where}")
-                    rate, posted = _ff_copies(gpu, word, on, count, plan.warmup)
+                    rate, posted = _ff_copies(gpu, targets, on, count, plan.warmup)
                     rows.append(
                         Row(
                             "sync",
@@ -343,22 +351,31 @@ def sync_rows(
     return rows
 
 
+#: The words the "in turn" fire-and-forget rows write, one after another (the rows'
+#: 4 KiB allocation): more than a batch frame's 64 copies, so a batch never repeats one.
+FF_WORDS = 1024
+
+
 def _optional_us(seconds: float | None) -> float | None:
     return None if seconds is None else _us(seconds)
 
 
-def _ff_copies(gpu: Any, word: Any, stream: Any, count: int, warmup: int) -> tuple[float, float]:
-    """``count`` fire-and-forget 4-byte copies to ``word`` on ``stream`` (None: the default
-    stream), then a synchronize: (copies per second in all, per second as posted)."""
+def _ff_copies(
+    gpu: Any, targets: list[Any], stream: Any, count: int, warmup: int
+) -> tuple[float, float]:
+    """``count`` fire-and-forget 4-byte copies to ``targets`` in turn on ``stream`` (None:
+    the default stream), then a synchronize: (copies per second in all, per second as
+    posted)."""
     four = np.zeros(1, np.float32)
     post = gpu.memcpy_htod_async
+    turn = len(targets)
     gpu.synchronize()
-    for _ in range(min(warmup, count)):
-        post(word, four, stream=stream)
+    for i in range(min(warmup, count)):
+        post(targets[i % turn], four, stream=stream)
     gpu.synchronize()
     start = time.perf_counter()
-    for _ in range(count):
-        post(word, four, stream=stream)
+    for i in range(count):
+        post(targets[i % turn], four, stream=stream)
     posted = time.perf_counter()
     gpu.synchronize()
     return count / (time.perf_counter() - start), count / (posted - start)
