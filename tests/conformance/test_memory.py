@@ -208,3 +208,43 @@ async def test_runs_of_small_copies_and_launches_land_in_order(
         await gpu.free(dst)
         if stream is not None:
             await stream.destroy()
+
+
+@pytest.mark.parametrize("on_stream", [False, True], ids=["default-stream", "stream"])
+async def test_a_run_of_small_copies_of_every_size_lands_whole(
+    target: Target, on_stream: bool
+) -> None:
+    """Fire-and-forget copies of 1 to 4,096 bytes at odd offsets in one run (one
+    MEMCPY_HTOD_MANY; on a GPU backend one unordered batch of copies where the runtime
+    has it), then a run whose pieces overlap (one copy each, in order): every byte where
+    it was sent, the gaps untouched, the last writer winning."""
+    rng = np.random.default_rng(7)
+    sizes = [1, 3, 4, 7, 64, 100, 511, 1000, 4096, 2, 33]
+    region = sum(sizes) + 5 * len(sizes) + 16
+    async with hipr.aconnect(target.url) as gpu:
+        stream = await gpu.stream_create() if on_stream else None
+        dst = await gpu.malloc(region)
+        await gpu.memset(dst, 0, region)
+        expected = np.zeros(region, np.uint8)
+
+        async def post(offset: int, size: int) -> None:
+            piece = rng.integers(1, 256, size, dtype=np.uint8)
+            expected[offset : offset + size] = piece
+            await gpu.memcpy_htod_async(dst + offset, piece, stream=stream)
+            piece[:] = 0  # the bytes were taken when the call returned
+
+        offset = 3
+        for size in sizes:
+            await post(offset, size)
+            offset += size + 5
+        await gpu.synchronize()
+        got = np.frombuffer(await gpu.memcpy_dtoh(dst, region), np.uint8)
+        assert np.array_equal(got, expected)
+        for start, size in ((0, 64), (32, 64), (16, 8), (60, 4096), (100, 1)):
+            await post(start, size)
+        await gpu.synchronize()
+        got = np.frombuffer(await gpu.memcpy_dtoh(dst, region), np.uint8)
+        assert np.array_equal(got, expected)
+        await gpu.free(dst)
+        if stream is not None:
+            await stream.destroy()
