@@ -363,14 +363,6 @@ def _quick_htod_many(pieces: Sequence[tuple[int, Any]], stream: Handle | None = 
 _BATCH_UNSUPPORTED = frozenset({int(E.hipErrorNotSupported), int(E.hipErrorNotFound)})
 
 
-def _disjoint(copies: Sequence[tuple[int, int, int]]) -> bool:
-    """True when no two of ``copies`` (destination, source, bytes) write a byte in
-    common: a batch, which keeps no order among its copies, then ends as the copies
-    one after another would."""
-    spans = sorted((dst, nbytes) for dst, _, nbytes in copies)
-    return all(a + n <= b for (a, n), (b, _) in pairwise(spans))
-
-
 class GpuBackend:
     """:class:`~hipr.backends.base.Backend` over one :class:`Runtime` (see module doc)."""
 
@@ -725,7 +717,7 @@ class GpuBackend:
         capture state looked up once for all; on the default stream all are issued and
         one synchronise covers them, where one copy after another would wait for each
         (the pieces' bytes must stay valid only until this returns). Either way the
-        copies go to the runtime as one batch where it can (:meth:`_issue_copies`)."""
+        copies go to the runtime as one batch where it can (:meth:`_batchable`)."""
         if stream is not None or getattr(self._tls, "ptds_capture", None) is not None:
             self._carve_many(pieces, stream)
             return
@@ -743,7 +735,12 @@ class GpuBackend:
                 copies.append((dst, base + offset, nbytes))
                 offset += nbytes
         try:
-            self._issue_copies(copies, raw)
+            if self._batchable(pieces):
+                self._issue_batch(copies, raw)
+            else:
+                copy = self._calls.memcpy_htod_async
+                for dst, addr, nbytes in copies:
+                    self._call(copy, dst, addr, nbytes, raw)
         except HipError:
             # The copies already issued still read their bytes: wait for them first.
             with contextlib.suppress(HipError):
@@ -767,6 +764,21 @@ class GpuBackend:
             return
         fence = partial(self.fence_after, raw)
         staging = self._staging
+        if not self._batchable(pieces):
+            copy = self._calls.memcpy_htod_async
+            for dst, src in pieces:
+                nbytes = src.nbytes
+                if not nbytes:
+                    continue
+                if nbytes > PinnedStaging.MAX_CARVED:
+                    self.memcpy_htod(dst, src, stream)
+                    continue
+                pinned = staging.carve(stream, nbytes, fence)
+                # A piece is a few bytes: a copy of them is the cheapest way to an address.
+                ctypes.memmove(pinned, src.tobytes(), nbytes)
+                # A failed copy leaves its piece unused: the block still retires in order.
+                self._call(copy, dst, pinned, nbytes, raw)
+            return
         #: Carved pieces not yet issued: (destination, pinned source, bytes).
         carved: list[tuple[int, int, int]] = []
         for dst, src in pieces:
@@ -774,29 +786,41 @@ class GpuBackend:
             if not nbytes:
                 continue
             if nbytes > PinnedStaging.MAX_CARVED:
-                self._issue_copies(carved, raw)  # in order, before this one
+                self._issue_batch(carved, raw)  # in order, before this one
                 self.memcpy_htod(dst, src, stream)
                 continue
             if carved and not staging.fits(stream, nbytes):
                 # The next carve retires the block behind a fence recorded now: the
                 # copies that read it go first.
-                self._issue_copies(carved, raw)
+                self._issue_batch(carved, raw)
             pinned = staging.carve(stream, nbytes, fence)
-            # A piece is a few bytes: a copy of them is the cheapest way to an address.
             ctypes.memmove(pinned, src.tobytes(), nbytes)
             carved.append((dst, pinned, nbytes))
-        self._issue_copies(carved, raw)
+        self._issue_batch(carved, raw)
 
-    def _issue_copies(self, carved: list[tuple[int, int, int]], raw: Any) -> None:
-        """Issue host-to-device copies (destination, source, bytes), emptying ``carved``:
-        as one batch where the runtime has the call and no two destinations overlap (a
-        batch keeps no order among its copies), else one call each, in order. A runtime
-        that turns the batch down as unsupported (a driver older than its binding) gets
-        one call each from then on. The sources stay valid until a fence or synchronise
-        behind the copies (a carved piece's block retires in order, failed or not)."""
+    def _batchable(self, pieces: Sequence[tuple[int, memoryview]]) -> bool:
+        """True when ``pieces`` (destination, bytes) may go to the runtime as batches: it
+        has the call, and no two pieces write a byte in common (a batch keeps no order
+        among its copies, so only then does it end as the copies one after another)."""
+        if not self._batch_copies or len(pieces) < 2:
+            return False
+        # The same start twice (one word written again and again) is the common overlap,
+        # found without sorting.
+        if len({dst for dst, _ in pieces}) < len(pieces):
+            return False
+        spans = sorted((dst, src.nbytes) for dst, src in pieces)
+        return all(a + n <= b for (a, n), (b, _) in pairwise(spans))
+
+    def _issue_batch(self, carved: list[tuple[int, int, int]], raw: Any) -> None:
+        """Issue host-to-device copies (destination, source, bytes) that write no byte in
+        common, emptying ``carved``: one batch call, or one call each for a single copy
+        and where the runtime turns batches down as unsupported (a driver older than its
+        binding: one call each from then on). The sources stay valid until a fence or
+        synchronise behind the copies (a carved piece's block retires in order, failed
+        or not)."""
         if not carved:
             return
-        if len(carved) > 1 and self._batch_copies and _disjoint(carved):
+        if len(carved) > 1 and self._batch_copies:
             dsts, srcs, sizes = zip(*carved, strict=True)
             try:
                 self._rt.copy_batch(dsts, srcs, sizes, raw)
