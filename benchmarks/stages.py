@@ -28,14 +28,13 @@ elements on the emulator), launched and synchronized through two connections tak
 turns, one forecasting its waits (``LinkOptions.forecast_waits``, the default) and one
 not (``--long N`` pairs each, 0 to skip): its synchronize outlasts the worker's inline
 poll and waits on the session's GPU thread (or, with the worker's ``spin_wait``, is
-polled from its loop; once the worker has learned the wait, its loop also polls around
-the expected end while the GPU thread waits), so the split is: data_received -> the
-launch starts -> the launch is issued (the I/O callback returns) -> the worker sees the
-kernel done (the GPU thread's synchronize returns, or the loop's poll finds it first;
-the kernel's run is in here) -> the reply's send starts (the loop's wake-up and the
-reply) -> the client has it (the client's wake-up, which the client's forecast is meant
-to save; it acts only where the client spins, on 4 or more CPUs by default). Pairs
-whose synchronize found the kernel done at once are left out, and counted.
+polled from its loop), so the split is: data_received -> the launch starts -> the
+launch is issued (the I/O callback returns) -> the worker sees the kernel done (the
+GPU thread's synchronize returns, or the loop's poll finds it; the kernel's run is in
+here) -> the reply's send starts (the loop's wake-up and the reply) -> the client has
+it (the client's wake-up, which the forecast is meant to save; it acts only where the
+client spins, on 4 or more CPUs by default). Pairs whose synchronize found the kernel
+done at once are left out, and counted.
 
 ``--worker-spin-wait S`` runs the worker with ``spin_wait = S`` (seconds; unset, the
 worker's default, ``"auto"``): which stages shrink when its loop stays awake.
@@ -127,7 +126,7 @@ def _serve(dump: str, worker_argv: list[str]) -> int:
     """The instrumented worker: record timestamps, write them to ``dump`` on SIGUSR1."""
     from hipr.protocol.header import Flags
     from hipr.transports import loop_stream
-    from hipr.worker import connection, gpu_thread, session, spin
+    from hipr.worker import connection, gpu_thread, session
 
     marks: dict[str, list[int]] = {"recv": [], "exec": [], "send0": [], "send1": []}
     #: Every request's start, as (time, opcode) pairs flattened: also fire-and-forget ones.
@@ -135,8 +134,7 @@ def _serve(dump: str, worker_argv: list[str]) -> int:
     #: The end of each request answered in the I/O callback, flattened the same way.
     ends: list[int] = []
     #: When the worker saw each kernel done: a synchronize on a session's GPU thread
-    #: returned, or the loop's polling (``spin_wait``, or around a forecast wait's end)
-    #: found the work finished.
+    #: returned, or the loop's polling (``spin_wait``) found the work finished.
     waited: list[int] = []
     #: When the I/O callback's look at a synchronize (``Session.work_done``) found the
     #: session's work finished.
@@ -224,15 +222,6 @@ def _serve(dump: str, worker_argv: list[str]) -> int:
 
     session.Session.work_done = timed_work_done  # type: ignore[method-assign]
     session.Session._run_here = timed_run_here  # type: ignore[method-assign]
-    poll_between = spin.BusyPoll.poll_between
-
-    async def timed_poll_between(self: Any, done: Any, start: float, until: float) -> bool:
-        found = await poll_between(self, done, start, until)
-        if found:
-            waited.append(now())
-        return found
-
-    spin.BusyPoll.poll_between = timed_poll_between  # type: ignore[method-assign]
     gpu_thread.GpuThread._run = timed_run  # type: ignore[method-assign]
     session.Session.spin_until_done = timed_spin  # type: ignore[method-assign]
     loop_stream._Protocol.data_received = data_received  # type: ignore[method-assign]

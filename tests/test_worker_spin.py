@@ -101,28 +101,3 @@ async def test_the_spinner_stops_while_a_gpu_thread_is_busy() -> None:
             poll.note_activity()
             await anyio.sleep(0.01)
             busy = True  # the spinner sees it at its next pass and ends
-
-
-async def test_poll_between_sleeps_to_the_start_then_polls_to_the_end() -> None:
-    """The race's poll (a forecast wait): not a look before ``start``; looks between loop
-    passes from then until done (True) or ``until`` (False); gives way to a busy GPU
-    thread as the spin does."""
-    poll = BusyPoll(0.0002, lambda: False)
-    looked_at: list[float] = []
-    now = time.monotonic()
-    ends = now + 0.15
-
-    def done() -> bool:
-        looked_at.append(time.monotonic())
-        return time.monotonic() >= ends
-
-    assert await poll.poll_between(done, now + 0.1, now + 2.0)
-    assert looked_at[0] >= now + 0.1 and len(looked_at) > 1
-    assert time.monotonic() - ends < 1.0
-    start = time.monotonic()
-    assert not await poll.poll_between(lambda: False, start + 0.02, start + 0.05)
-    assert 0.05 <= time.monotonic() - start < 1.0
-    busy = BusyPoll(0.0002, lambda: True)
-    looks: list[int] = []
-    assert not await busy.poll_between(lambda: looks.append(1) or False, 0.0, time.monotonic() + 5)
-    assert looks == [1]

@@ -71,7 +71,8 @@ def device_properties_now(session: Session, request: Request) -> Any:
 async def device_synchronize(session: Session, request: Request) -> Any:
     """Wait for all work on the current device (answered at once, without a GPU-thread
     round trip, when the backend can tell that the session's work is done)."""
-    await session.synchronize(Opcode.DEVICE_SYNCHRONIZE, session.backend.synchronize)
+    if not session.work_done() and not await session.spin_until_done():
+        await session.gpu(session.backend.synchronize)
     return {}
 
 

@@ -67,10 +67,9 @@ def event_record_now(session: Session, request: Request) -> Any:
 async def event_synchronize(session: Session, request: Request) -> Any:
     """``{event}``: wait for the event."""
     event = _event(session, request)
-    backend = session.backend
-    await session.synchronize(
-        Opcode.EVENT_SYNCHRONIZE, backend.event_synchronize, event, query=backend.event_query
-    )
+    query = session.backend.event_query
+    if not session.settled(query, event) and not await session.spin_until_settled(query, event):
+        await session.gpu(session.backend.event_synchronize, event)
     return {}
 
 

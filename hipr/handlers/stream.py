@@ -44,14 +44,11 @@ async def stream_destroy(session: Session, request: Request) -> Any:
 async def stream_synchronize(session: Session, request: Request) -> Any:
     """``{stream?}``: wait for the stream's work (the default stream when absent)."""
     stream = session.stream(request.args.handle("stream", optional=True))
-    backend = session.backend
-    if stream is None:  # the default stream: no query names it
-        await session.gpu(backend.stream_synchronize, stream)
-    else:
-        query = backend.stream_query
-        await session.synchronize(
-            Opcode.STREAM_SYNCHRONIZE, backend.stream_synchronize, stream, query=query
-        )
+    query = session.backend.stream_query
+    if stream is None or not (
+        session.settled(query, stream) or await session.spin_until_settled(query, stream)
+    ):
+        await session.gpu(session.backend.stream_synchronize, stream)
     return {}
 
 

@@ -67,11 +67,6 @@ class PendingCall(Generic[T]):
     def __init__(self, item: _Call) -> None:
         self._item = item
 
-    def error_if_done(self) -> BaseException | None:
-        """The call's exception if it has already finished with one; None while it runs
-        or when it succeeded (for a waiter that stopped waiting for it)."""
-        return self._item.error
-
     async def result(self) -> T:
         """The call's return value, or its exception raised here."""
         assert self._item.done is not None

@@ -7,7 +7,6 @@ handler exception, worker shutdown).
 
 from __future__ import annotations
 
-import functools
 import secrets
 import threading
 import time
@@ -22,7 +21,6 @@ import structlog
 from hipr.backends.base import Backend
 from hipr.errors import HipError, HipErrorCode
 from hipr.observability.observer import NullObserver, WorkerObserver
-from hipr.timing.wait_forecast import WaitForecast
 from hipr.worker.gpu_thread import GpuThread, PendingCall
 from hipr.worker.quotas import QuotaGate, TenantState
 from hipr.worker.replay import ReplyCache
@@ -112,15 +110,6 @@ class Session:
         self._gpu = GpuThread(name=f"hipr-gpu-{self.id}")
         #: The worker's busy polling: a synchronize may wait by polling (spin_wait).
         self._busy_poll = busy_poll or BusyPoll(0.0, lambda: False)
-        #: How long this session's synchronizes of each kind wait for the GPU, from the
-        #: last ones: a long wait is then polled for from the loop around its expected
-        #: end, while the GPU thread waits as before (:meth:`synchronize`). Only where
-        #: the worker spins at all.
-        self._forecast = WaitForecast(self._busy_poll.seconds) if self._busy_poll.enabled else None
-        #: True while the GPU thread is inside a synchronize's blocking wait and nothing
-        #: else: it needs no interpreter lock, and the loop may query the session's
-        #: streams meanwhile (the wait changes nothing the queries read).
-        self._in_driver_wait = False
         #: Backend calls that never wait for the GPU (run inline when the thread is idle).
         self._inline_calls: frozenset[str] = getattr(backend, "inline_calls", frozenset())
         #: Backend calls that run inline only for some arguments (a small kernel).
@@ -211,112 +200,8 @@ class Session:
 
     @property
     def gpu_busy(self) -> bool:
-        """True while the session's GPU thread has queued or running work that may need
-        the interpreter lock: not while it sits in a synchronize's wait in the driver."""
-        return not self._gpu.idle and not self._in_driver_wait
-
-    async def synchronize(
-        self,
-        opcode: int,
-        block: Callable[..., Any],
-        *args: Any,
-        query: Callable[..., bool] | None = None,
-    ) -> None:
-        """Wait for the session's work on its device (``query`` None; ``block`` is the
-        device's synchronize), or for a stream's or an event's (``query(*args)`` asks
-        without waiting, ``block(*args)`` waits), the quickest sure way: asked at once;
-        then, for a wait as long as this kind's last ones (:attr:`_forecast`), the GPU
-        thread blocks in ``block`` while the loop sleeps and polls ``query`` around the
-        expected end, whichever sees the end first answering; else polled within the
-        worker's spin window, then ``block`` on the GPU thread. A failed kernel raises
-        either way. How long the wait took teaches the forecast."""
-        done = self.work_done if query is None else partial(self.settled, query, *args)
-        if done():
-            return
-        started = time.monotonic()
-        forecast = self._forecast
-        plan = forecast.plan(opcode, started) if forecast is not None else None
-        probe = self._probe_in_wait(query, args) if plan is not None else None
-        if plan is not None and probe is not None:
-            await self._race(block, args, probe, plan.nap_until, plan.poll_until)
-        else:
-            polled = await (
-                self.spin_until_done() if query is None else self.spin_until_settled(query, *args)
-            )
-            if not polled:
-                await self._gpu.call(block, *args)
-        if forecast is not None:
-            forecast.record(opcode, time.monotonic() - started)
-
-    def _probe_in_wait(
-        self, query: Callable[..., bool] | None, args: tuple[Any, ...]
-    ) -> Callable[[], bool] | None:
-        """``query(*args)`` (None: the backend's ``work_done`` over the session's
-        streams) as a probe the loop may run while the GPU thread waits in the driver;
-        False whenever it is not in that wait. None where the backend cannot be asked
-        from the loop."""
-        if self._closed or (self._uses_lanes and self._lane is None):
-            return None
-        if query is None:
-            fn: Callable[..., Any] | None = getattr(self.backend, "work_done", None)
-            call_args: tuple[Any, ...] = (self.streams.objects(),)
-        else:
-            name = getattr(query, "__name__", "")
-            quick = self._inline_when.get(name)
-            inline = name in self._inline_calls or (quick is not None and quick(*args))
-            fn, call_args = (query if inline else None), args
-        if fn is None:
-            return None
-        run_here = self._run_here
-
-        def probe() -> bool:
-            return self._in_driver_wait and bool(run_here(fn, *call_args))
-
-        return probe
-
-    async def _race(
-        self,
-        block: Callable[..., Any],
-        args: tuple[Any, ...],
-        probe: Callable[[], bool],
-        nap_until: float,
-        poll_until: float,
-    ) -> None:
-        """``block(*args)`` on the GPU thread, raced by the loop's ``probe`` between
-        ``nap_until`` and ``poll_until``: returns when either sees the work done. The GPU
-        thread's wait, if it loses, ends on its own a moment later; its error, if it
-        already has one, is raised."""
-
-        @functools.wraps(block)
-        def in_driver() -> Any:
-            self._in_driver_wait = True
-            try:
-                return block(*args)
-            finally:
-                self._in_driver_wait = False
-
-        pending = self._gpu.submit(in_driver)
-        found: list[HipError] = []
-        waited: list[Exception] = []
-        async with anyio.create_task_group() as group:
-
-            async def poll_near_the_end() -> None:
-                try:
-                    if await self._busy_poll.poll_between(probe, nap_until, poll_until):
-                        group.cancel_scope.cancel()
-                except HipError as exc:  # the probe found a failed kernel
-                    found.append(exc)
-                    group.cancel_scope.cancel()
-
-            group.start_soon(poll_near_the_end)
-            try:
-                await pending.result()
-            except Exception as exc:  # the synchronize's own failure
-                waited.append(exc)
-            group.cancel_scope.cancel()
-        late = pending.error_if_done()
-        for error in (*found, *waited, *([late] if late is not None else [])):
-            raise error
+        """True while the session's GPU thread has queued or running work."""
+        return not self._gpu.idle
 
     async def spin_until_done(self) -> bool:
         """Wait for :meth:`work_done` by polling from the event loop, for up to the

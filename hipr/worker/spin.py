@@ -23,7 +23,6 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
-import anyio.to_thread
 
 #: Starts a task in the worker's task group (``TaskGroup.start_soon``).
 StartTask = Callable[[Callable[[], Coroutine[Any, Any, None]]], object]
@@ -86,22 +85,6 @@ class BusyPoll:
                 return False
             if self._gpu_threads_busy():
                 self.gave_up = "gpu thread busy"
-                return False
-            await anyio.lowlevel.checkpoint()
-        return True
-
-    async def poll_between(self, done: Callable[[], bool], start: float, until: float) -> bool:
-        """Sleep until ``start`` (``time.monotonic``), then ask ``done`` between loop
-        passes until ``until``: True once it says so; False after ``until``, or when a
-        GPU thread needs the interpreter lock. The sleep runs in a worker thread, whose
-        wake-up is precise to tens of µs where the loop's own timers round to whole
-        milliseconds; it wakes the loop ahead of the end, so that the end finds it
-        polling. ``done`` may raise (a failed kernel)."""
-        delay = start - time.monotonic()
-        if delay > 0:
-            await anyio.to_thread.run_sync(time.sleep, delay, abandon_on_cancel=True)
-        while not done():
-            if time.monotonic() >= until or self._gpu_threads_busy():
                 return False
             await anyio.lowlevel.checkpoint()
         return True
