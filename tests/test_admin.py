@@ -10,10 +10,10 @@ from anyio.from_thread import start_blocking_portal
 
 import hipr
 from hipr.backends.emulator import EmulatorBackend
+from hipr.cpus import auto_spin_wait
 from hipr.errors import AuthError
 from hipr.handlers.admin import HOW_TO_CONFIGURE, check_admin_token
 from hipr.protocol.header import PROTOCOL_VERSION
-from hipr.timing.cpus import auto_spin_wait
 from hipr.worker.config import WorkerConfig
 from hipr.worker.server import Worker, running_worker
 from hipr.worker.tenants import token_hash

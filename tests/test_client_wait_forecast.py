@@ -1,11 +1,11 @@
-"""The sync client's forecast of a synchronize's wait (hipr.timing.wait_forecast)."""
+"""The sync client's forecast of a synchronize's wait (hipr.client.wait_forecast)."""
 
 from __future__ import annotations
 
 import pytest
 
+from hipr.client.wait_forecast import FORECAST_MAX, MARGIN_MAX, WaitForecast, WaitPlan
 from hipr.protocol.opcodes import Opcode
-from hipr.timing.wait_forecast import FORECAST_MAX, MARGIN_MAX, WaitForecast, WaitPlan
 
 pytestmark = pytest.mark.timeout(10)
 

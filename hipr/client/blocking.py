@@ -43,6 +43,7 @@ from hipr.client.link import (
     log,
 )
 from hipr.client.stream_io import StreamIO, io_for
+from hipr.client.wait_forecast import FORECAST_OPCODES, WaitForecast, WaitPlan
 from hipr.errors import (
     AuthError,
     HipConnectionError,
@@ -61,7 +62,6 @@ from hipr.protocol.codec import (
 )
 from hipr.protocol.header import Flags
 from hipr.protocol.opcodes import Opcode, opcode_name
-from hipr.timing.wait_forecast import FORECAST_OPCODES, WaitForecast, WaitPlan
 from hipr.transports.base import BlockingStream
 
 #: Opens a new blocking stream to the worker (the transport's connect_blocking).

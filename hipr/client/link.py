@@ -26,11 +26,11 @@ from typing import Any, Protocol, runtime_checkable
 
 import structlog
 
+from hipr.cpus import auto_spin_wait
 from hipr.errors import HipError, ProtocolError, SessionLostError
 from hipr.protocol.codec import Frame, encode_frame_parts
 from hipr.protocol.header import MAX_REQUEST_ID, Flags
 from hipr.protocol.opcodes import Opcode
-from hipr.timing.cpus import auto_spin_wait
 
 log = structlog.get_logger("hipr.client")
 
@@ -146,7 +146,7 @@ class LinkOptions:
     #: that outlasts the spin sleeps through most of its expected wait (learned from the
     #: last ones) and polls again from shortly before its end until shortly after (at
     #: most 250 µs each side), so that the reply finds the caller running
-    #: (:mod:`hipr.timing.wait_forecast`). ``False``: block after the spin, as before.
+    #: (:mod:`hipr.client.wait_forecast`). ``False``: block after the spin, as before.
     forecast_waits: bool = True
     #: Fire-and-forget launches of one kernel configuration (function, geometry, shared
     #: memory, stream, pointer offsets), and fire-and-forget host-to-device copies of

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hipr.timing.cpus import auto_spin_wait
+from hipr.cpus import auto_spin_wait
 
 KiB = 1024
 MiB = 1024**2
@@ -639,7 +639,7 @@ def _default_text(value: Any, meta: Mapping[str, Any]) -> str:
 
 def spin_seconds(config: WorkerConfig) -> float:
     """The event loop's spin window in force: ``spin_wait``, or the automatic choice
-    (:func:`hipr.timing.cpus.auto_spin_wait`) where it is ``"auto"``."""
+    (:func:`hipr.cpus.auto_spin_wait`) where it is ``"auto"``."""
     return auto_spin_wait() if config.spin_wait is None else config.spin_wait
 
 

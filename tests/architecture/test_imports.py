@@ -23,15 +23,14 @@ ALLOWED: dict[str, set[str]] = {
     # When a pooled buffer is free again (its reference count): payload buffers of the
     # worker and page-locked ones of a GPU backend.
     "refcount": set(),
-    # When each end spins, naps or blocks: the CPU count, the automatic spin and the
-    # wait forecast, shared by client and worker.
-    "timing": {"protocol"},
+    # How many CPUs this process may use, and the automatic spin of client and worker.
+    "cpus": set(),
     "protocol": {"errors"},
     "kernels": {"errors"},
     "transports": {"errors"},
     "backends": {"errors", "kernels", "refcount"},
     "observability": {"errors", "_version", "protocol", "backends"},
-    "client": {"errors", "_version", "timing", "protocol", "transports", "kernels", "backends"},
+    "client": {"errors", "_version", "cpus", "protocol", "transports", "kernels", "backends"},
     # hip-python's names over the client (issue 14); hipr/hip.py and hipr/hiprtc.py are
     # its two public modules.
     "facade": {"errors", "_version", "protocol", "kernels", "backends", "client"},
@@ -49,7 +48,7 @@ ALLOWED: dict[str, set[str]] = {
     "worker": {
         "errors",
         "_version",
-        "timing",
+        "cpus",
         "refcount",
         "protocol",
         "transports",

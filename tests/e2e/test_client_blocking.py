@@ -23,8 +23,8 @@ from hipr.backends.emulator import EmulatorBackend
 from hipr.client.blocking import BlockingConnection
 from hipr.client.link import LinkOptions
 from hipr.client.stream_io import SocketIO
+from hipr.cpus import AUTO_SPIN_SECONDS, auto_spin_wait, usable_cpus
 from hipr.errors import HipErrorCode as E
-from hipr.timing.cpus import AUTO_SPIN_SECONDS, auto_spin_wait, usable_cpus
 from hipr.worker.server import Worker
 from tests.e2e.conftest import EMULATED_MEMORY, BlockingEndpoint
 from tests.resilience.proxy import faulty_proxy
@@ -428,7 +428,7 @@ def test_a_synchronize_like_the_last_ones_naps_then_polls_around_its_forecast_en
         return real_nap(self, plan, deadline)
 
     monkeypatch.setattr(BlockingConnection, "_nap", counted)
-    monkeypatch.setattr("hipr.timing.wait_forecast.FORECAST_MAX", 5.0)
+    monkeypatch.setattr("hipr.client.wait_forecast.FORECAST_MAX", 5.0)
     link = dataclasses.replace(FAST, heartbeat_interval=2.0, heartbeat_timeout=10.0)
     with blocking_endpoint.connect(link=dataclasses.replace(link, spin_wait=0.005)) as gpu:
         backend.gate_synchronize = True
@@ -456,7 +456,7 @@ def test_without_forecasts_a_long_synchronize_blocks_after_the_spin(
     blocking_endpoint: BlockingEndpoint, backend: GatedEmulator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``forecast_waits=False`` (or no spinning) keeps the old wait: spin, then block."""
-    monkeypatch.setattr("hipr.timing.wait_forecast.FORECAST_MAX", 5.0)
+    monkeypatch.setattr("hipr.client.wait_forecast.FORECAST_MAX", 5.0)
     naps: list[object] = []
     monkeypatch.setattr(BlockingConnection, "_nap", lambda *args: naps.append(args) or 0.0)
     link = dataclasses.replace(FAST, spin_wait=0.005, forecast_waits=False)

@@ -209,15 +209,15 @@ def test_spin_wait_is_automatic_by_default_as_the_clients_is(
 ) -> None:
     """Unset or "auto": 200 µs where the worker has 4 or more usable CPUs, else 0; a
     number is taken as it is, 0 included."""
-    import hipr.timing.cpus
+    import hipr.cpus
     from hipr.worker.config import load_config, spin_seconds
 
     path = tmp_path / "auto.toml"
     path.write_text('spin_wait = "Auto"\n')
     assert load_config(path).spin_wait is None
     assert WorkerConfig().spin_wait is None
-    for cpus, expected in ((16, hipr.timing.cpus.AUTO_SPIN_SECONDS), (4, 200e-6), (2, 0.0), (1, 0.0)):
-        monkeypatch.setattr(hipr.timing.cpus, "usable_cpus", lambda cpus=cpus: cpus)
+    for cpus, expected in ((16, hipr.cpus.AUTO_SPIN_SECONDS), (4, 200e-6), (2, 0.0), (1, 0.0)):
+        monkeypatch.setattr(hipr.cpus, "usable_cpus", lambda cpus=cpus: cpus)
         assert spin_seconds(WorkerConfig()) == expected
         assert spin_seconds(WorkerConfig(spin_wait=0.0)) == 0.0
         assert spin_seconds(WorkerConfig(spin_wait=0.003)) == 0.003

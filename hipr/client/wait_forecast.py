@@ -1,25 +1,21 @@
-"""When to nap and when to poll while a synchronize waits for the GPU.
+"""When to nap and when to poll while the sync client waits for a synchronize's reply.
 
-The sync client polls its socket for a short spin window (``LinkOptions.spin_wait``),
-then blocks. A synchronize that outlasts the window (a kernel of a few milliseconds) is
+The client polls its socket for a short spin window (``LinkOptions.spin_wait``), then
+blocks. A synchronize that outlasts the window (a kernel of a few milliseconds) is
 then answered into a sleeping thread, and on a virtual machine the kernel's wake-up of
 a thread that slept for milliseconds costs tens of µs: the reply has arrived, but the
 caller does not run yet. A program that synchronizes after each step pays that on
-every step. The worker has the same wake-up twice over: its loop sleeps while the
-session's GPU thread waits for the kernel, and is woken by that thread at the end.
+every step.
 
 This is the shape of Linux's hybrid block polling: learn how long such waits take,
-sleep through most of the next one, and poll from shortly before the expected end
-until shortly after it, so that the end finds a running thread. The client sleeps in
-``select()`` on its socket, so an early reply wakes it at once; the worker's loop
-sleeps while the GPU thread blocks in the driver as before, so an early end is answered
-by that thread (``Session.synchronize``). The polling is bounded by :data:`MARGIN_MAX`
-on each side of the expected end, so a wait costs at most twice that in CPU beyond the
-spin, where CUDA's own default for a machine with cores to spare
-(``cudaDeviceScheduleAuto``) polls through all of it. The forecast is per kind of
-synchronize, not per stream or event: a program that alternates short and long waits
-of one kind gets a blurred estimate, and at worst the old behaviour (an end outside
-the polled span wakes a sleeping thread).
+sleep through most of the next one (woken at once if the reply comes early), and poll
+from shortly before the expected end until shortly after it, so that the reply finds
+a running thread. The polling is bounded by :data:`MARGIN_MAX` on each side of the
+expected end, so a wait costs at most twice that in CPU beyond the spin, where CUDA's
+own default for a machine with cores to spare (``cudaDeviceScheduleAuto``) polls through
+all of it. The forecast is per kind of synchronize, not per stream or event: a program
+that alternates short and long waits of one kind gets a blurred estimate, and at worst
+the old behaviour (a reply outside the polled span wakes a sleeping thread).
 """
 
 from __future__ import annotations
@@ -77,8 +73,7 @@ class WaitForecast:
         return WaitPlan(end - margin, end + margin)
 
     def record(self, opcode: int, seconds: float) -> None:
-        """A wait of ``opcode`` took ``seconds`` (the client: from sending to having the
-        reply; the worker: from its first look to seeing the work done)."""
+        """A wait of ``opcode`` took ``seconds``, from sending to having the reply."""
         if opcode not in FORECAST_OPCODES or not self._spin:
             return
         if not self._spin < seconds <= FORECAST_MAX:
