@@ -398,8 +398,9 @@ class PinnedStaging:
             self.give_back(done_blocks)
 
     def carve(self, stream: GpuStream, nbytes: int, fence: Callable[[], Any]) -> int:
-        """Pinned space for a small async copy (at most :data:`MAX_CARVED` bytes) on
-        ``stream``: the next piece of the stream's carve block. Pieces are never reused
+        """Pinned space for a small async copy (at most :data:`MAX_CARVED` bytes), or for a
+        batch of them side by side (at most :data:`MIN_BLOCK`), on ``stream``: the next
+        piece of the stream's carve block. Pieces are never reused
         while the block is the stream's; a full block is retired behind one fence
         (``fence()`` records it on the stream), so a copy costs an offset bump instead
         of a block, an event and its query of its own (a stream of 4-byte copies spent
@@ -412,13 +413,6 @@ class PinnedStaging:
         ptr = carve.block.ptr + carve.used
         carve.used += -(-nbytes // self.CARVE_ALIGN) * self.CARVE_ALIGN
         return ptr
-
-    def fits(self, stream: GpuStream, nbytes: int) -> bool:
-        """True when :meth:`carve` of ``nbytes`` takes the next piece of ``stream``'s
-        current block; False when it would retire that block (recording its fence now)
-        and start another. Copies from the block must be issued before that fence."""
-        carve = stream.carve
-        return carve is not None and carve.used + nbytes <= carve.block.capacity
 
     def retire_carve(self, stream: GpuStream, fence: Callable[[], Any]) -> None:
         """Retire ``stream``'s carve block behind a fence recorded now (before the stream

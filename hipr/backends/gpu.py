@@ -363,6 +363,19 @@ def _quick_htod_many(pieces: Sequence[tuple[int, Any]], stream: Handle | None = 
 _BATCH_UNSUPPORTED = frozenset({int(E.hipErrorNotSupported), int(E.hipErrorNotFound)})
 
 
+def _packed(pieces: Sequence[tuple[int, memoryview]], base: int) -> list[tuple[int, int, int]]:
+    """(destination, source, bytes) of each non-empty piece, the pieces' bytes lying side
+    by side from ``base`` in their order."""
+    copies = []
+    offset = base
+    for dst, src in pieces:
+        nbytes = src.nbytes
+        if nbytes:
+            copies.append((dst, offset, nbytes))
+            offset += nbytes
+    return copies
+
+
 class GpuBackend:
     """:class:`~hipr.backends.base.Backend` over one :class:`Runtime` (see module doc)."""
 
@@ -727,13 +740,7 @@ class GpuBackend:
         # The pieces side by side in one buffer: one address to look up, not one each.
         joined = b"".join(src for _, src in pieces)
         base, _, keep = host_address(joined, writable=False)
-        copies: list[tuple[int, int, int]] = []
-        offset = 0
-        for dst, src in pieces:
-            nbytes = src.nbytes
-            if nbytes:
-                copies.append((dst, base + offset, nbytes))
-                offset += nbytes
+        copies = _packed(pieces, base)
         try:
             if self._batchable(pieces):
                 self._issue_batch(copies, raw)
@@ -750,11 +757,12 @@ class GpuBackend:
         del keep
 
     def _carve_many(self, pieces: Sequence[tuple[int, memoryview]], stream: Handle | None) -> None:
-        """:meth:`memcpy_htod_many`'s pieces on a stream that is not being captured, each
-        through the stream's carve block as :meth:`memcpy_htod` would carve it, with one
-        look-up of the device, the stream and its capture state for the whole batch (one
-        capture query, a driver call, instead of one per copy). Anything else (a capture, a
-        piece too large to carve) goes through :meth:`memcpy_htod` one by one."""
+        """:meth:`memcpy_htod_many`'s pieces on a stream that is not being captured, side by
+        side in one region of the stream's carve block (a batch up to a block's size, as
+        hipr's client sends), with one look-up of the device, the stream and its capture
+        state for the whole batch (one capture query, a driver call, instead of one per
+        copy). A larger batch is carved piece by piece; anything else (a capture, a piece
+        too large to carve) goes through :meth:`memcpy_htod` one by one."""
         self._current()
         raw = self._stream(stream)
         self._staging.reclaim()
@@ -764,39 +772,32 @@ class GpuBackend:
             return
         fence = partial(self.fence_after, raw)
         staging = self._staging
-        if not self._batchable(pieces):
+        total = sum(src.nbytes for _, src in pieces)
+        if 0 < total <= PinnedStaging.MIN_BLOCK:
+            # The pieces side by side in one carved region: one carve and one copy into
+            # pinned memory for the batch, not one of each per piece.
+            base = staging.carve(stream, total, fence)
+            ctypes.memmove(base, b"".join(src for _, src in pieces), total)
+            copies = _packed(pieces, base)
+            if self._batchable(pieces):
+                self._issue_batch(copies, raw)
+                return
             copy = self._calls.memcpy_htod_async
-            for dst, src in pieces:
-                nbytes = src.nbytes
-                if not nbytes:
-                    continue
-                if nbytes > PinnedStaging.MAX_CARVED:
-                    self.memcpy_htod(dst, src, stream)
-                    continue
-                pinned = staging.carve(stream, nbytes, fence)
-                # A piece is a few bytes: a copy of them is the cheapest way to an address.
-                ctypes.memmove(pinned, src.tobytes(), nbytes)
+            for dst, pinned, nbytes in copies:
                 # A failed copy leaves its piece unused: the block still retires in order.
                 self._call(copy, dst, pinned, nbytes, raw)
             return
-        #: Carved pieces not yet issued: (destination, pinned source, bytes).
-        carved: list[tuple[int, int, int]] = []
-        for dst, src in pieces:
+        copy = self._calls.memcpy_htod_async
+        for dst, src in pieces:  # a batch larger than a carve block (not from hipr's client)
             nbytes = src.nbytes
             if not nbytes:
                 continue
             if nbytes > PinnedStaging.MAX_CARVED:
-                self._issue_batch(carved, raw)  # in order, before this one
                 self.memcpy_htod(dst, src, stream)
                 continue
-            if carved and not staging.fits(stream, nbytes):
-                # The next carve retires the block behind a fence recorded now: the
-                # copies that read it go first.
-                self._issue_batch(carved, raw)
             pinned = staging.carve(stream, nbytes, fence)
             ctypes.memmove(pinned, src.tobytes(), nbytes)
-            carved.append((dst, pinned, nbytes))
-        self._issue_batch(carved, raw)
+            self._call(copy, dst, pinned, nbytes, raw)
 
     def _batchable(self, pieces: Sequence[tuple[int, memoryview]]) -> bool:
         """True when ``pieces`` (destination, bytes) may go to the runtime as batches: it
@@ -811,33 +812,26 @@ class GpuBackend:
         spans = sorted((dst, src.nbytes) for dst, src in pieces)
         return all(a + n <= b for (a, n), (b, _) in pairwise(spans))
 
-    def _issue_batch(self, carved: list[tuple[int, int, int]], raw: Any) -> None:
+    def _issue_batch(self, copies: list[tuple[int, int, int]], raw: Any) -> None:
         """Issue host-to-device copies (destination, source, bytes) that write no byte in
-        common, emptying ``carved``: one batch call, or one call each for a single copy
-        and where the runtime turns batches down as unsupported (a driver older than its
-        binding: one call each from then on). The sources stay valid until a fence or
-        synchronise behind the copies (a carved piece's block retires in order, failed
-        or not)."""
-        if not carved:
-            return
-        if len(carved) > 1 and self._batch_copies:
-            dsts, srcs, sizes = zip(*carved, strict=True)
+        common: one batch call, or one call each for a single copy and where the runtime
+        turns batches down as unsupported (a driver older than its binding: one call each
+        from then on). The sources stay valid until a fence or synchronise behind the
+        copies (a carved region's block retires in order, failed or not)."""
+        if len(copies) > 1 and self._batch_copies:
+            dsts, srcs, sizes = zip(*copies, strict=True)
             try:
                 self._rt.copy_batch(dsts, srcs, sizes, raw)
             except HipError as exc:
                 if exc.code not in _BATCH_UNSUPPORTED:
-                    carved.clear()
                     raise
                 self._batch_copies = False
             except RuntimeError:  # the binding could not find the driver's function
                 self._batch_copies = False
             else:
-                carved.clear()
                 return
         copy = self._calls.memcpy_htod_async
-        pending = list(carved)
-        carved.clear()
-        for dst, pinned, nbytes in pending:
+        for dst, pinned, nbytes in copies:
             self._call(copy, dst, pinned, nbytes, raw)
 
     def memcpy_dtoh(self, dst: memoryview, src: int, stream: Handle | None = None) -> None:

@@ -1561,10 +1561,10 @@ def test_sim_many_small_copies(sim: Any) -> None:
 
 
 def test_sim_small_copies_on_a_stream_go_as_one_batch(sim: Any) -> None:
-    """A MEMCPY_HTOD_MANY's pieces, destinations apart, carved on a stream or from the
-    caller's bytes on the default stream: one batch call on CUDA (hip-python cannot pass
-    HIP's, so one call each there), the sources reusable at once; pieces that fill the
-    carve block are issued before the block's fence."""
+    """A MEMCPY_HTOD_MANY's pieces, destinations apart, side by side in one carved region
+    on a stream or in the caller's bytes on the default stream: one batch call on CUDA
+    (hip-python cannot pass HIP's, so one call each there), the sources reusable at once;
+    a batch that no longer fits the carve block gets a fresh one."""
     backend, gpu = sim
     batched = backend.name == "cuda"
     count = 40
@@ -1586,23 +1586,29 @@ def test_sim_small_copies_on_a_stream_go_as_one_batch(sim: Any) -> None:
     assert _count(gpu, "MemcpyBatchAsync") == batches + batched
     got = np.frombuffer(gpu.read(ptr, 4 * count), np.uint32).tolist()
     assert got == list(range(count, 2 * count))
-    # Twenty 4 KiB pieces: the carve block holds sixteen, so the first sixteen go out
-    # before the fence that retires their block, and the last four in a second batch.
+    # Two batches of ten 4 KiB pieces: the second does not fit what the first left of the
+    # carve block, which retires behind a fence recorded after the first batch's copies;
+    # and a batch larger than a block goes piece by piece.
     size = PinnedStaging.MAX_CARVED
-    big = backend.malloc(20 * size)
-    data = bytes(range(256)) * (20 * size // 256)
-    backend.stream_synchronize(stream)
+    big = backend.malloc(40 * size)
+    data = bytes(range(256)) * (40 * size // 256)
     fresh = backend.stream_create()
-    start = len(gpu.calls)
-    backend.memcpy_htod_many(
-        [(big + i * size, memoryview(data)[i * size : (i + 1) * size]) for i in range(20)], fresh
-    )
-    calls = gpu.calls[start:]
-    if batched:
-        assert sum(c.endswith("MemcpyBatchAsync") for c in calls) == 2
-        first_batch = next(i for i, c in enumerate(calls) if c.endswith("MemcpyBatchAsync"))
-        fence = next(i for i, c in enumerate(calls) if c.endswith("EventRecord"))
-        assert first_batch < fence
+
+    def run(first: int, count: int) -> list[str]:
+        start = len(gpu.calls)
+        chunk = [
+            (big + i * size, memoryview(data)[i * size : (i + 1) * size])
+            for i in range(first, first + count)
+        ]
+        backend.memcpy_htod_many(chunk, fresh)
+        return gpu.calls[start:]
+
+    for first in (0, 10):
+        calls = run(first, 10)
+        assert sum(c.endswith("MemcpyBatchAsync") for c in calls) == batched
+    calls = run(20, 20)  # 80 KiB: more than a block
+    assert not any(c.endswith("MemcpyBatchAsync") for c in calls)
+    assert sum(c.endswith("MemcpyHtoDAsync") for c in calls) == 20
     backend.stream_synchronize(fresh)
     assert gpu.read(big, len(data)) == data
     for s in (stream, fresh):
