@@ -400,11 +400,11 @@ class PinnedStaging:
     def carve(self, stream: GpuStream, nbytes: int, fence: Callable[[], Any]) -> int:
         """Pinned space for a small async copy (at most :data:`MAX_CARVED` bytes), or for a
         batch of them side by side (at most :data:`MIN_BLOCK`), on ``stream``: the next
-        piece of the stream's carve block. Pieces are never reused
-        while the block is the stream's; a full block is retired behind one fence
-        (``fence()`` records it on the stream), so a copy costs an offset bump instead
-        of a block, an event and its query of its own (a stream of 4-byte copies spent
-        more time on those than on the copies)."""
+        piece of the stream's carve block. Pieces are never reused while the block is
+        the stream's; a full block is retired behind one fence (``fence()`` records it
+        on the stream), so a copy costs an offset bump instead of a block, an event and
+        its query of its own (a stream of 4-byte copies spent more time on those than on
+        the copies)."""
         carve = stream.carve
         if carve is None or carve.used + nbytes > carve.block.capacity:
             if carve is not None:

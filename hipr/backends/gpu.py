@@ -194,9 +194,9 @@ class Runtime(Protocol):
     ) -> None:
         """Issue the host-to-device copies ``srcs[i] -> dsts[i]`` of ``sizes[i]`` bytes in
         one call (:attr:`batch_copy_call`) on ``stream``: in stream order as a whole, in
-        no order among themselves, so no two may overlap. The sources are page-locked
-        and read in stream order: the caller keeps them until a fence behind the batch
-        has completed. Raises the runtime's failure as HipError."""
+        no order among themselves, so no two may overlap. The sources are read in
+        stream order: the caller keeps them until a fence or a synchronise behind the
+        batch has completed. Raises the runtime's failure as HipError."""
         ...
 
 
@@ -726,11 +726,11 @@ class GpuBackend:
         self, pieces: Sequence[tuple[int, memoryview]], stream: Handle | None = None
     ) -> None:
         """Small host-to-device copies, in order, as :meth:`memcpy_htod` of each. On a
-        stream each is carved from the stream's pinned block, the device, stream and
-        capture state looked up once for all; on the default stream all are issued and
-        one synchronise covers them, where one copy after another would wait for each
-        (the pieces' bytes must stay valid only until this returns). Either way the
-        copies go to the runtime as one batch where it can (:meth:`_batchable`)."""
+        stream they are carved side by side from the stream's pinned block, the device,
+        stream and capture state looked up once for all; on the default stream all are
+        issued and one synchronise covers them, where one copy after another would wait
+        for each (the pieces' bytes must stay valid only until this returns). Either
+        way the copies go to the runtime as one batch where it can (:meth:`_batchable`)."""
         if stream is not None or getattr(self._tls, "ptds_capture", None) is not None:
             self._carve_many(pieces, stream)
             return

@@ -122,8 +122,8 @@ class BlockingConnection(LinkState):
         self._keeper_wake = threading.Event()
         #: True (under the send lock) from a wake of the keep-alive thread for a flush
         #: until that flush: frames written meanwhile leave with it, without waking the
-        #: thread again. Waking it for every new batch cost each launch + synchronize a
-        #: thread wake-up and an interpreter-lock hand-off (~18 µs of the caller's time).
+        #: thread again, so a program's launch + synchronize pairs wake it once per
+        #: ``coalesce_delay`` rather than once per pair.
         self._flush_armed = False
         #: Seconds a waiter polls without sleeping before it blocks (LinkOptions).
         self._spin = self.options.spin_seconds()
