@@ -9,6 +9,7 @@ the transfer of the next.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from contextlib import nullcontext
 from itertools import accumulate
 from typing import Any
@@ -263,6 +264,24 @@ MAX_PIECES = 4096
 MAX_PIECES_BYTES = 1 << 20
 
 
+def _in_one_allocation(session: Session, ranges: Sequence[tuple[int, int]]) -> bool:
+    """True when the span from the lowest destination to the highest end lies in one of
+    the session's allocations: then every piece does, and one look-up stands for one
+    per piece (a batch usually writes into one buffer). False says nothing: each piece
+    is then checked, and a refusal names its piece."""
+    low = min(dst for dst, _ in ranges)
+    high = max(dst + size for dst, size in ranges)
+    try:
+        session.check_range(low, high - low)
+    except HipError:
+        return False
+    return True
+
+
+def _admitted(index: int, piece: tuple[int, int]) -> None:
+    """A piece already known to lie in the session's memory (:func:`_in_one_allocation`)."""
+
+
 def _pieces(
     session: Session, request: Request
 ) -> tuple[Any, list[tuple[int, memoryview]], HipError | None]:
@@ -290,6 +309,8 @@ def _pieces(
     def check(index: int, piece: tuple[int, int]) -> None:
         session.check_range(*piece, f"destination of piece {index + 1} of {count}")
 
+    if count > 1 and _in_one_allocation(session, ranges):
+        check = _admitted  # every piece lies inside that allocation
     admitted, refused = admit_each(session, request, ranges, check, "pieces")
     pieces = [
         (dst, bulk[starts[index] : starts[index] + size]) for index, (dst, size) in admitted if size

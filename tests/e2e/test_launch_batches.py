@@ -196,3 +196,35 @@ async def test_malformed_copies_are_refused_and_the_session_goes_on(
     frame = raw_session.frame(Opcode.MEMCPY_HTOD_MANY, good, bulk=data)
     assert await raw_session.replies(frame, 1) == [{}]
     assert list(await read_floats(raw_session, ptr, 1)) == [6.0]
+
+
+async def test_pieces_in_one_buffer_are_checked_with_one_look_up(
+    raw_session: RawSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pieces that all lie in one allocation cost one range check for the batch; pieces
+    in two allocations are checked one by one, and land as well."""
+    from hipr.worker.session import Session
+
+    looked: list[int] = []
+    check_range = Session.check_range
+
+    def counting(self: Session, address: int, size: int, what: str = "range") -> Any:
+        looked.append(address)
+        return check_range(self, address, size, what)
+
+    monkeypatch.setattr(Session, "check_range", counting)
+    ptr, _ = await fill_launch(raw_session, 16)
+    other, _ = await fill_launch(raw_session, 4)
+    floats = [np.float32(i + 1).tobytes() for i in range(16)]
+    args, bulk = copies([ptr + 4 * i for i in range(16)], floats)
+    looked.clear()
+    data = raw_session.frame(Opcode.MEMCPY_HTOD_MANY, args, no_reply=True, bulk=bulk)
+    assert await raw_session.replies(data + raw_session.frame(Opcode.DEVICE_SYNCHRONIZE, {}), 1)
+    assert looked == [ptr]
+    assert list(await read_floats(raw_session, ptr, 16)) == [float(i + 1) for i in range(16)]
+    args, bulk = copies([ptr, other, ptr + 4, other + 4], floats[:4])
+    looked.clear()
+    data = raw_session.frame(Opcode.MEMCPY_HTOD_MANY, args, no_reply=True, bulk=bulk)
+    assert await raw_session.replies(data + raw_session.frame(Opcode.DEVICE_SYNCHRONIZE, {}), 1)
+    assert len(looked) == 1 + 4  # the span's look-up, then each piece's
+    assert list(await read_floats(raw_session, other, 2)) == [2.0, 4.0]
