@@ -291,6 +291,12 @@ class RuntimeBase:
         """True when the driver binding has ``fn`` (older ones lack newer calls)."""
         return getattr(self.api, fn, None) is not None
 
+    def copy_batch(
+        self, dsts: Sequence[int], srcs: Sequence[int], sizes: Sequence[int], stream: Any
+    ) -> None:
+        """A runtime without :attr:`batch_copy_call` has none (the backend never asks)."""
+        raise HipError(E.hipErrorNotSupported, f"the {self.name} runtime has no batch copy")
+
     def rtc_call(self, fn: str, *args: Any) -> Any:
         """Call compiler function ``fn``; raise its failure as HipError, return its
         outputs. A compiler library that cannot be loaded is hipErrorNotSupported: the

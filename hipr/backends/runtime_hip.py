@@ -171,16 +171,6 @@ class HipRuntime(RuntimeBase):
         """(dst, src, size, hipMemcpyDeviceToDevice) for hipGraphAddMemcpyNode1D."""
         return dst, src, size, self.api.hipMemcpyKind.hipMemcpyDeviceToDevice
 
-    def copy_batch(
-        self, dsts: Sequence[int], srcs: Sequence[int], sizes: Sequence[int], stream: Any
-    ) -> None:
-        """Not available through hip-python (see :attr:`batch_copy_call`)."""
-        raise HipError(
-            E.hipErrorNotSupported,
-            "hipMemcpyBatchAsync cannot be called through hip-python (its dsts and sizes "
-            "arrays are wrapped as outputs)",
-        )
-
     def kernel_node_params(
         self, function: Any, grid: Dim3, block: Dim3, shared_mem: int, extra: int
     ) -> Any:
