@@ -65,6 +65,7 @@ point; compare runs of this tool with each other, not with ``hipr bench``.
 from __future__ import annotations
 
 import argparse
+import bisect
 import cProfile
 import io
 import json
@@ -283,6 +284,18 @@ def _stages(client: Sequence[tuple[int, int]], marks: dict[str, list[int]]) -> d
     return _spans(STAGES, client, points)
 
 
+def _first_between(times: Sequence[int], after: int, before: int) -> int | None:
+    """The first of ``times`` (sorted) within ``[after, before]``, or None."""
+    index = bisect.bisect_left(times, after)
+    return times[index] if index < len(times) and times[index] <= before else None
+
+
+def _last_up_to(times: Sequence[int], at: int) -> int | None:
+    """The last of ``times`` (sorted) at or before ``at``, or None."""
+    index = bisect.bisect_right(times, at)
+    return times[index - 1] if index else None
+
+
 def _launch_stages(
     client: Sequence[tuple[int, int]], marks: dict[str, list[int]], launch: int, sync: int
 ) -> dict[str, list[int]]:
@@ -307,21 +320,17 @@ def _launch_stages(
     n = len(client)
     launches, syncs = launches[-n:], syncs[-n:]
     send0, send1 = marks["send0"][-n:], marks["send1"][-n:]
-    issued_times = [
+    issued_times = sorted(
         t for t, op in zip(marks["ends"][::2], marks["ends"][1::2], strict=True) if op == launch
-    ]
+    )
     seen = sorted(marks.get("polled", []) + marks["waited"])
-    recvs = marks["recv"]
-
-    def first(times: Sequence[int], after: int, before: int) -> int | None:
-        return next((t for t in times if after <= t <= before), None)
-
+    recvs = sorted(marks["recv"])
     kept: list[tuple[int, int]] = []
     points: list[list[int]] = [[] for _ in range(7)]
     for index, (begun, finished) in enumerate(client):
-        arrived = max((r for r in recvs if r <= launches[index]), default=None)
-        issued = first(issued_times, launches[index], syncs[index])
-        done = first(seen, syncs[index], send0[index])
+        arrived = _last_up_to(recvs, launches[index])
+        issued = _first_between(issued_times, launches[index], syncs[index])
+        done = _first_between(seen, syncs[index], send0[index])
         if arrived is None or issued is None or done is None:
             continue
         kept.append((begun, finished))
@@ -346,19 +355,21 @@ def _long_stages(
     ends = list(zip(marks["ends"][::2], marks["ends"][1::2], strict=True))
     kept: list[tuple[int, int]] = []
     points: list[list[int]] = [[] for _ in range(6)]
-
-    def first(times: Sequence[int], after: int, before: int) -> int | None:
-        return next((t for t in times if after <= t <= before), None)
-
+    launched_at = sorted(t for t, op in starts if op == launch)
+    issued_at = sorted(t for t, op in ends if op == launch)
+    recvs, waited = sorted(marks["recv"]), sorted(marks["waited"])
+    sent0, sent1 = sorted(marks["send0"]), sorted(marks["send1"])
     for begun, finished in client:
-        launched = next((t for t, op in starts if op == launch and begun <= t <= finished), None)
-        issued = next((t for t, op in ends if op == launch and begun <= t <= finished), None)
+        launched = _first_between(launched_at, begun, finished)
+        issued = _first_between(issued_at, begun, finished)
         if launched is None or issued is None:
             continue
-        arrived = max((r for r in marks["recv"] if begun <= r <= launched), default=None)
-        done = first(marks["waited"], issued, finished)
-        send0 = first(marks["send0"], done, finished) if done is not None else None
-        send1 = first(marks["send1"], send0, finished) if send0 is not None else None
+        arrived = _last_up_to(recvs, launched)
+        if arrived is not None and arrived < begun:
+            arrived = None
+        done = _first_between(waited, issued, finished)
+        send0 = _first_between(sent0, done, finished) if done is not None else None
+        send1 = _first_between(sent1, send0, finished) if send0 is not None else None
         if arrived is None or done is None or send0 is None or send1 is None:
             continue
         kept.append((begun, finished))
