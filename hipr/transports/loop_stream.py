@@ -27,6 +27,7 @@ import anyio
 from anyio.abc import ByteStream
 
 from hipr.transports._common import socket_attributes
+from hipr.transports.thread_writes import ThreadWrites
 
 __all__ = ["LoopSocketStream", "open_loop_stream"]
 
@@ -160,6 +161,7 @@ class LoopSocketStream(ByteStream):
         self._protocol = protocol
         self._sock = sock
         self._closed = False
+        self._thread_writes = ThreadWrites(sock)
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         """Bytes from the peer (at most ``max_bytes``); ``EndOfStream`` once it closed."""
@@ -199,7 +201,7 @@ class LoopSocketStream(ByteStream):
         protocol = self._protocol
         if protocol.closed or self._transport.is_closing():
             raise anyio.BrokenResourceError from protocol.error
-        self._transport.write(item)
+        self._write(item)
         while protocol.writing_paused and not protocol.closed:
             waiter = protocol.drained = asyncio.get_running_loop().create_future()
             try:
@@ -269,7 +271,36 @@ class LoopSocketStream(ByteStream):
         for a task: a heartbeat's answer). The caller keeps whole frames whole."""
         if self._closed or self._protocol.closed or self._transport.is_closing():
             raise anyio.BrokenResourceError
-        self._transport.write(data)
+        self._write(data)
+
+    def _write(self, data: bytes) -> None:
+        """Queue ``data`` on the transport, after the rest of a frame that another
+        thread began (see :meth:`write_from_thread`)."""
+        thread_writes = self._thread_writes
+        with thread_writes.lock:
+            if thread_writes.held:
+                self._transport.write(thread_writes.take_held())
+            if data:
+                self._transport.write(data)
+
+    def write_from_thread(self, data: bytes, busy: Callable[[], bool]) -> bool:
+        """From a thread other than the loop's: send ``data`` (one whole frame) at once
+        if nothing is queued ahead of it and ``busy()`` says no frame is half-written
+        (``hipr.transports.thread_writes``); False, with nothing sent, otherwise."""
+        return self._thread_writes.write(data, busy, self._transport.get_write_buffer_size)
+
+    @property
+    def holds_thread_write(self) -> bool:
+        """True while the rest of a frame begun by :meth:`write_from_thread` waits to be
+        sent (:meth:`flush_thread_write`)."""
+        return bool(self._thread_writes.held)
+
+    async def flush_thread_write(self) -> None:
+        """Send the rest of a frame that :meth:`write_from_thread` began, if the socket
+        took only part of it (call before the connection's next frame, under its send
+        lock)."""
+        if not self._closed:
+            self._write(b"")
 
     async def send_eof(self) -> None:
         """Half-close: the peer reads end of stream and can still send to us."""
@@ -283,6 +314,8 @@ class LoopSocketStream(ByteStream):
         """Close; a task waiting in ``receive``/``send`` gets ``ClosedResourceError``."""
         if not self._closed:
             self._closed = True
+            with self._thread_writes.lock:
+                self._thread_writes.close()
             self._transport.abort()  # unsent bytes are dropped, as closing a socket does
             _wake(self._protocol.reader)
             _wake(self._protocol.drained)

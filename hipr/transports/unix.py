@@ -41,6 +41,7 @@ from hipr.transports._common import (
 from hipr.transports.base import TransportConfig, TransportUrl
 from hipr.transports.listener import SocketListener
 from hipr.transports.loop_stream import open_loop_stream
+from hipr.transports.thread_writes import ThreadWrites
 
 __all__ = [
     "UnixSocketListener",
@@ -77,6 +78,7 @@ class UnixSocketStream(ByteStream):
         sock.setblocking(False)
         self._sock = sock
         self._closed = False
+        self._thread_writes = ThreadWrites(sock)
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         """Bytes from the peer; ``EndOfStream`` once the peer has closed its end."""
@@ -106,12 +108,21 @@ class UnixSocketStream(ByteStream):
         """Send all of ``item``, waiting while the socket buffer is full."""
         # As in receive: a send that fits in the socket buffer costs no loop pass.
         await anyio.lowlevel.checkpoint_if_cancelled()
+        with self._thread_writes.lock:
+            held = self._thread_writes.take_held()
+        if held:
+            await self._send_all(held)
+        await self._send_all(item)
+
+    async def _send_all(self, item: bytes | memoryview) -> None:
         view = memoryview(item).cast("B")
+        lock = self._thread_writes.lock
         while view:
             if self._closed:
                 raise anyio.ClosedResourceError
             try:
-                sent = self._sock.send(view)
+                with lock:
+                    sent = self._sock.send(view)
             except BlockingIOError:
                 await anyio.wait_writable(self._sock)
             except OSError as exc:
@@ -120,6 +131,27 @@ class UnixSocketStream(ByteStream):
                 raise anyio.BrokenResourceError from exc
             else:
                 view = view[sent:]
+
+    def write_from_thread(self, data: bytes, busy: Callable[[], bool]) -> bool:
+        """From a thread other than the loop's: send ``data`` (one whole frame) at once
+        if ``busy()`` says no frame is half-written (``hipr.transports.thread_writes``);
+        False, with nothing sent, otherwise."""
+        return self._thread_writes.write(data, busy, _nothing_queued)
+
+    @property
+    def holds_thread_write(self) -> bool:
+        """True while the rest of a frame begun by :meth:`write_from_thread` waits to be
+        sent (:meth:`flush_thread_write`)."""
+        return bool(self._thread_writes.held)
+
+    async def flush_thread_write(self) -> None:
+        """Send the rest of a frame that :meth:`write_from_thread` began, if the socket
+        took only part of it (call before the connection's next frame, under its send
+        lock)."""
+        with self._thread_writes.lock:
+            held = self._thread_writes.take_held()
+        if held:
+            await self._send_all(held)
 
     async def send_eof(self) -> None:
         """Half-close: the peer reads end of stream, and can still send to us."""
@@ -133,6 +165,8 @@ class UnixSocketStream(ByteStream):
         """Close; a task waiting in ``receive``/``send`` gets ``ClosedResourceError``."""
         if not self._closed:
             self._closed = True
+            with self._thread_writes.lock:
+                self._thread_writes.close()
             anyio.notify_closing(self._sock)
             self._sock.close()
         await anyio.lowlevel.checkpoint()
@@ -141,6 +175,11 @@ class UnixSocketStream(ByteStream):
     def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
         """anyio's ``SocketAttribute`` family (addresses, ports for TCP, raw socket)."""
         return socket_attributes(self._sock, connected=True)
+
+
+def _nothing_queued() -> int:
+    """A plain socket stream keeps no bytes of its own waiting to be sent."""
+    return 0
 
 
 async def socket_stream(sock: socket.socket) -> ByteStream:
