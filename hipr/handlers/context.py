@@ -38,6 +38,13 @@ class RequestLink(Protocol):
         ``window`` (the request's whole destination); yields whether they can."""
         ...
 
+    def answer_from_gpu_thread(self, request: Request) -> Callable[[], object] | None:
+        """For a request whose reply is an empty success once its wait on the session's
+        GPU thread returns: what that thread may call right then to send the reply
+        itself (unless an earlier fire-and-forget error must be reported), sooner than
+        the event loop would; None where the link cannot."""
+        ...
+
 
 @dataclass(slots=True)
 class Request:
@@ -81,6 +88,13 @@ class Request:
         the link can (see :meth:`RequestLink.placing`); a chunk so received lies at its
         offset in ``window`` already."""
         return self.link.placing(self.request_id, window)
+
+    def answer_on_gpu_thread(self) -> Callable[[], object] | None:
+        """A wait's ``then`` (``Session.gpu``): the GPU thread sends this request's empty
+        reply itself when the wait returns (see
+        :meth:`RequestLink.answer_from_gpu_thread`). Only for a handler that then
+        returns ``{}``."""
+        return self.link.answer_from_gpu_thread(self)
 
 
 @dataclass(slots=True)

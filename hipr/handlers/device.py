@@ -72,7 +72,7 @@ async def device_synchronize(session: Session, request: Request) -> Any:
     """Wait for all work on the current device (answered at once, without a GPU-thread
     round trip, when the backend can tell that the session's work is done)."""
     if not session.work_done() and not await session.spin_until_done():
-        await session.gpu(session.backend.synchronize)
+        await session.gpu(session.backend.synchronize, then=request.answer_on_gpu_thread())
     return {}
 
 

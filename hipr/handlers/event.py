@@ -69,7 +69,9 @@ async def event_synchronize(session: Session, request: Request) -> Any:
     event = _event(session, request)
     query = session.backend.event_query
     if not session.settled(query, event) and not await session.spin_until_settled(query, event):
-        await session.gpu(session.backend.event_synchronize, event)
+        await session.gpu(
+            session.backend.event_synchronize, event, then=request.answer_on_gpu_thread()
+        )
     return {}
 
 

@@ -48,7 +48,9 @@ async def stream_synchronize(session: Session, request: Request) -> Any:
     if stream is None or not (
         session.settled(query, stream) or await session.spin_until_settled(query, stream)
     ):
-        await session.gpu(session.backend.stream_synchronize, stream)
+        await session.gpu(
+            session.backend.stream_synchronize, stream, then=request.answer_on_gpu_thread()
+        )
     return {}
 
 

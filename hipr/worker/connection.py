@@ -282,6 +282,9 @@ class WorkerConnection:
         self._ends_session = False
         self._draining = False
         self._streamed_reply = False
+        #: (request id, reply bytes) of a reply the session's GPU thread sent itself
+        #: (``answer_from_gpu_thread``); written by that thread, taken by the executor.
+        self._answered_early: tuple[int, bytes] | None = None
         self._last_received = time.monotonic()
         self._done = anyio.Event()
         # Read once: a log line per request only when someone asked for debug logs.
@@ -348,6 +351,44 @@ class WorkerConnection:
 
     async def _send_bytes(self, data: bytes) -> None:
         await self._send_parts([data])
+
+    def answer_from_gpu_thread(self, request: Request) -> Callable[[], object] | None:
+        """See ``RequestLink.answer_from_gpu_thread``: on a plain socket stream, the GPU
+        thread writes the reply straight to the socket (``hipr.transports.thread_writes``),
+        unless a frame is being written or queued, or an earlier fire-and-forget error
+        is pending; the executor then finishes the request without sending it again."""
+        write_from_thread = getattr(self.stream, "write_from_thread", None)
+        session = self.session
+        request_id = request.request_id
+        if write_from_thread is None or session is None or request.no_reply or not request_id:
+            return None
+        data = b"".join(encode_frame_parts(request.opcode, request_id, Flags.REPLY, {}))
+        busy = self._send_lock.locked
+
+        def answer() -> None:
+            if not session.error_pending and write_from_thread(data, busy):
+                self._answered_early = (request_id, data)
+
+        return answer
+
+    async def _finish_answered_early(
+        self, session: Session, name: str, request_id: int, data: bytes, error: HipError | None
+    ) -> None:
+        """The executor's part of a reply the GPU thread sent: keep it for a resend, send
+        the rest of it if the socket took only part, keep the spin window open."""
+        if error is not None:
+            # Nothing may set an error between the thread's look and this one; should a
+            # bug do so, the error still reaches the client at its next synchronisation.
+            self._log.warning("error after a reply sent from the GPU thread", opcode=name)
+            session.defer_error(error, name, request_id)
+        session.replies.put(request_id, data)
+        if self.stream.holds_thread_write:  # type: ignore[attr-defined]
+            await self._send_lock.acquire()
+            try:
+                await self.stream.flush_thread_write()  # type: ignore[attr-defined]
+            finally:
+                self._send_lock.release()
+        self.worker.busy_poll.note_activity()
 
     # --- receiving -----------------------------------------------------------------
     async def _read_frames(self, on_frame: Callable[[Frame], Any]) -> None:
@@ -853,6 +894,12 @@ class WorkerConnection:
         if request.more:
             await request.drain()
         error = self._settle(session, opcode, name, request_id, no_reply, error, started)
+        answered = self._answered_early
+        if answered is not None:
+            self._answered_early = None
+            if answered[0] == request_id:
+                await self._finish_answered_early(session, name, request_id, answered[1], error)
+                return True
         if error is not None:
             if not no_reply:
                 await self._reply(session, frame, Flags.REPLY | Flags.ERROR, error.to_wire(), b"")

@@ -16,8 +16,10 @@ from typing import Any, Generic, TypeVar
 
 import anyio
 import sniffio
+import structlog
 
 T = TypeVar("T")
+log = structlog.get_logger("hipr.gpu_thread")
 _STOP = object()
 
 
@@ -40,7 +42,7 @@ def _loop_waker() -> Callable[[Callable[[], object]], None]:
 
 
 class _Call:
-    __slots__ = ("args", "done", "error", "fn", "on_error", "result", "waker")
+    __slots__ = ("args", "done", "error", "fn", "on_error", "result", "then", "waker")
 
     def __init__(
         self,
@@ -49,12 +51,14 @@ class _Call:
         waker: Callable[[Callable[[], object]], None] | None,
         done: anyio.Event | None,
         on_error: Callable[[BaseException], None] | None,
+        then: Callable[[], object] | None = None,
     ) -> None:
         self.fn = fn
         self.args = args
         self.waker = waker
         self.done = done
         self.on_error = on_error
+        self.then = then
         self.result: Any = None
         self.error: BaseException | None = None
 
@@ -120,6 +124,12 @@ class GpuThread:
             item.error = exc
             if item.on_error is not None:
                 item.on_error(exc)
+        else:
+            if item.then is not None:
+                try:
+                    item.then()
+                except Exception:  # the result still reaches the waiter, which answers
+                    log.exception("a call's follow-up failed on the GPU thread")
         # Counted before the waiter wakes: it must find the thread idle again.
         self._finished += 1
         if item.waker is not None and item.done is not None:
@@ -133,24 +143,32 @@ class GpuThread:
             self._handed += len(batch)
             self._queue.put(batch)
 
-    def submit(self, fn: Callable[..., T], *args: Any) -> PendingCall[T]:
+    def submit(
+        self, fn: Callable[..., T], *args: Any, then: Callable[[], object] | None = None
+    ) -> PendingCall[T]:
         """Queue ``fn(*args)`` and return at once; await the result later. Lets a handler
-        keep several calls in flight (chunk k on the GPU while chunk k+1 arrives)."""
+        keep several calls in flight (chunk k on the GPU while chunk k+1 arrives).
+        ``then()`` runs on this thread right after ``fn`` returns (not when it raises),
+        before the waiter is woken: a reply sent from here leaves without waiting for
+        the event loop's wake-up."""
         if self._closed:
             raise RuntimeError("GPU thread is closed")
-        item = _Call(fn, args, _loop_waker(), anyio.Event(), None)
+        item = _Call(fn, args, _loop_waker(), anyio.Event(), None, then)
         self.flush()  # everything posted before runs before this call
         self._handed += 1
         self._queue.put(item)
         return PendingCall(item)
 
-    async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(*args)`` on the thread after everything submitted before; its result.
+    async def call(
+        self, fn: Callable[..., T], *args: Any, then: Callable[[], object] | None = None
+    ) -> T:
+        """Run ``fn(*args)`` on the thread after everything submitted before; its result
+        (``then`` as in :meth:`submit`).
 
         Cancelling the caller does not stop a call already running on the GPU: the
         result is dropped, and later calls still run in order.
         """
-        return await self.submit(fn, *args).result()
+        return await self.submit(fn, *args, then=then).result()
 
     def post(
         self, fn: Callable[..., Any], *args: Any, on_error: Callable[[BaseException], None]

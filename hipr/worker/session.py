@@ -175,12 +175,22 @@ class Session:
             return True, self._run_here(fn, *args)
         return False, None
 
-    async def gpu(self, fn: Callable[..., T], *args: Any) -> T:
+    async def gpu(
+        self, fn: Callable[..., T], *args: Any, then: Callable[[], object] | None = None
+    ) -> T:
         """Run a backend call on this session's thread, after all earlier ones (or
-        inline, when it cannot block and nothing is ahead of it)."""
+        inline, when it cannot block and nothing is ahead of it). When ``fn`` runs on
+        the GPU thread, ``then()`` runs there right after it returns (see
+        ``GpuThread.submit``); inline, the caller goes on at once and it is not run."""
         if self._can_inline(fn, args):
             return self._run_here(fn, *args)
-        return await self._gpu.call(fn, *args)
+        return await self._gpu.call(fn, *args, then=then)
+
+    @property
+    def error_pending(self) -> bool:
+        """True while a fire-and-forget request's error waits to be reported (read from
+        any thread: the GPU thread asks before it answers a synchronize itself)."""
+        return self._deferred is not None
 
     def work_done(self) -> bool:
         """True when the session's work on the device has finished, asked without
