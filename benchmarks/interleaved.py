@@ -21,7 +21,9 @@ this checkout's synchronous client.
 Workloads (each round): null ``synchronize()``; 1-thread ``fill_f32`` launch +
 ``synchronize()``; 1,000 launches then one ``synchronize()`` (per launch); 1,000
 fire-and-forget 4-byte ``memcpy_htod_async`` on a stream, then ``synchronize()`` (per
-copy); and the blocking echo floor.
+copy); a kernel of ~2 ms launched and synchronized (``benchmarks.stages.long_kernel``:
+the 2048³ SGEMM on GPU backends, a fill of 4 Mi elements on the emulator), whose
+synchronize waits on the session's GPU thread; and the blocking echo floor.
 """
 
 from __future__ import annotations
@@ -47,7 +49,15 @@ _ROOT = Path(__file__).resolve().parent.parent
 #: Round trips timed per round for the one-call workloads; items per round for the others.
 CALLS_PER_ROUND = 200
 ITEMS_PER_ROUND = 1000
-WORKLOADS = ("null synchronize", "launch + synchronize", "1,000 launches", "1,000 ff 4 B copies")
+#: Long-kernel pairs timed per round (each ~2 ms).
+LONG_CALLS_PER_ROUND = 40
+WORKLOADS = (
+    "null synchronize",
+    "launch + synchronize",
+    "1,000 launches",
+    "1,000 ff 4 B copies",
+    "long kernel + sync",
+)
 
 
 @dataclass(frozen=True)
@@ -115,13 +125,18 @@ def _worker(spec: WorkerSpec, backend: str, url: str) -> contextlib.AbstractCont
 class _Target:
     """One connected worker and the handles its workloads use."""
 
-    def __init__(self, gpu: Any) -> None:
+    def __init__(self, gpu: Any, backend: str) -> None:
+        from benchmarks.stages import long_kernel
+
         self.gpu = gpu
         self.word = gpu.malloc(4)
         self.fill = gpu.builtin("fill_f32")
         self.args = [self.word, np.float32(1.0), np.uint64(1)]
         self.stream = gpu.stream_create()
         self.four = np.zeros(1, np.float32)
+        self.long, self.long_grid, self.long_block, self.long_args, self.clean = long_kernel(
+            gpu, backend
+        )
 
     def null_sync(self) -> None:
         self.gpu.synchronize()
@@ -139,6 +154,10 @@ class _Target:
         post, word, four, stream = self.gpu.memcpy_htod_async, self.word, self.four, self.stream
         for _ in range(ITEMS_PER_ROUND):
             post(word, four, stream=stream)
+        self.gpu.synchronize()
+
+    def long_sync(self) -> None:
+        self.long.launch(self.long_grid, self.long_block, self.long_args)
         self.gpu.synchronize()
 
 
@@ -189,7 +208,7 @@ def measure(
             url = _listen_url(transport, directory, spec.name)
             bound = stack.enter_context(_worker(spec, backend, url))["urls"][0]
             gpu = stack.enter_context(Gpu(bound, link=LinkOptions(spin_wait=client_spin)))
-            targets[spec.name] = _Target(gpu)
+            targets[spec.name] = _Target(gpu, backend)
             spin = "default" if spec.spin_wait is None else f"{spec.spin_wait:g} s"
             log(f"worker {spec.name} at {bound} ({spec.tree}, spin_wait {spin})")
         for number in range(rounds + 1):
@@ -203,6 +222,7 @@ def measure(
                     _per_call(target.launch_sync, CALLS_PER_ROUND),
                     _per_item(target.launches),
                     _per_item(target.copies),
+                    _per_call(target.long_sync, LONG_CALLS_PER_ROUND),
                 )
                 if keep:
                     for workload, value in zip(WORKLOADS, figures, strict=True):
@@ -213,6 +233,7 @@ def measure(
             log(f"round {number}/{rounds}{'' if keep else ' (warm-up)'} done")
         for target in targets.values():
             target.gpu.free(target.word)
+            target.clean()
     return timings
 
 

@@ -31,7 +31,8 @@ poll and waits on the session's GPU thread (or, with the worker's ``spin_wait``,
 polled from its loop), so the split is: data_received -> the launch starts -> the
 launch is issued (the I/O callback returns) -> the worker sees the kernel done (the
 GPU thread's synchronize returns, or the loop's poll finds it; the kernel's run is in
-here) -> the reply's send starts (the loop's wake-up and the reply) -> the client has
+here) -> the reply's send starts (the GPU thread's own send of the reply, or the loop's
+wake-up and the reply where the thread left it to the loop) -> the client has
 it (the client's wake-up, which the forecast is meant to save; it acts only where the
 client spins, on 4 or more CPUs by default). Pairs whose synchronize found the kernel
 done at once are left out, and counted.
@@ -58,8 +59,9 @@ but in proportion. The timed figures above are taken without it.
 
 A stage can read negative when the woken client preempts the worker on its core. Only
 for the asyncio worker (push mode): the instrumented points are the loop stream's
-``data_received``, ``send`` and ``write_nowait``. The instrumentation costs ~1 µs a
-point; compare runs of this tool with each other, not with ``hipr bench``.
+``data_received``, ``send`` and ``write_nowait``, and the GPU thread's own write of a
+reply (``ThreadWrites.write``). The instrumentation costs ~1 µs a point; compare runs
+of this tool with each other, not with ``hipr bench``.
 """
 
 from __future__ import annotations
@@ -126,7 +128,7 @@ _WAITING_CALLS = frozenset({"synchronize", "stream_synchronize", "event_synchron
 def _serve(dump: str, worker_argv: list[str]) -> int:
     """The instrumented worker: record timestamps, write them to ``dump`` on SIGUSR1."""
     from hipr.protocol.header import Flags
-    from hipr.transports import loop_stream
+    from hipr.transports import loop_stream, thread_writes
     from hipr.worker import connection, gpu_thread, session
 
     marks: dict[str, list[int]] = {"recv": [], "exec": [], "send0": [], "send1": []}
@@ -187,12 +189,35 @@ def _serve(dump: str, worker_argv: list[str]) -> int:
         await send(self, item)
         sends.append((started, now()))  # one entry per finished send: never half a pair
 
+    thread_write = thread_writes.ThreadWrites.write
+
+    def timed_thread_write(self: Any, data: bytes, busy: Any, queued: Any) -> bool:
+        # A reply the session's GPU thread sent itself (answer_from_gpu_thread).
+        started = now()
+        sent = thread_write(self, data, busy, queued)
+        if sent:
+            sends.append((started, now()))
+        return sent
+
     run_call = gpu_thread.GpuThread._run
 
     def timed_run(self: Any, item: Any) -> None:
-        run_call(self, item)
-        if getattr(item.fn, "__name__", "") in _WAITING_CALLS:
+        if getattr(item.fn, "__name__", "") not in _WAITING_CALLS:
+            run_call(self, item)
+            return
+        then = item.then
+        if then is None:
+            run_call(self, item)
             waited.append(now())
+            return
+
+        def seen_done_then() -> object:
+            # The wait returned: marked before the thread's own reply goes out.
+            waited.append(now())
+            return then()
+
+        item.then = seen_done_then
+        run_call(self, item)
 
     spin_until_done = session.Session.spin_until_done
 
@@ -230,6 +255,7 @@ def _serve(dump: str, worker_argv: list[str]) -> int:
     connection.WorkerConnection._answer_now = timed_answer_now  # type: ignore[method-assign]
     loop_stream.LoopSocketStream.send = timed_send  # type: ignore[method-assign]
     loop_stream.LoopSocketStream.write_nowait = timed_write_nowait  # type: ignore[method-assign]
+    thread_writes.ThreadWrites.write = timed_thread_write  # type: ignore[method-assign]
 
     def write(*_: object) -> None:
         finished = list(sends)
@@ -379,7 +405,7 @@ def _long_stages(
     return _spans(LONG_STAGES, kept, points) if kept else {}
 
 
-def _long_kernel(gpu: Any, backend: str) -> tuple[Any, Any, Any, list[Any], Callable[[], None]]:
+def long_kernel(gpu: Any, backend: str) -> tuple[Any, Any, Any, list[Any], Callable[[], None]]:
     """A kernel that runs ~2 ms, on this connection: (function, grid, block, arguments,
     clean-up). The issue's 2048³ SGEMM on GPU backends; on the emulator, a fill of 4 Mi
     elements (its kernels run in Python, so smaller)."""
@@ -433,8 +459,8 @@ def _long_rows(
         hipr.connect(url, link=LinkOptions(forecast_waits=False)) as off,
     ):
         kernels = {
-            "forecast": (on, _long_kernel(on, backend)),
-            "no forecast": (off, _long_kernel(off, backend)),
+            "forecast": (on, long_kernel(on, backend)),
+            "no forecast": (off, long_kernel(off, backend)),
         }
         try:
             for block in range(rounds // 10 + 2):
