@@ -129,6 +129,11 @@ class Runtime(Protocol):
         """Call driver function ``fn`` and return its result tuple unchecked."""
         ...
 
+    def function(self, fn: str) -> Callable[..., Any]:
+        """Driver function ``fn`` itself, for a caller that calls it many times (its
+        result tuples unchecked, as :meth:`raw`'s)."""
+        ...
+
     def provides(self, fn: str) -> bool:
         """True when the loaded binding has driver function ``fn``."""
         ...
@@ -286,6 +291,11 @@ class RuntimeBase:
     def raw(self, fn: str, *args: Any) -> Any:
         """Call driver function ``fn``; its result tuple, unchecked."""
         return getattr(self.api, fn)(*args)
+
+    def function(self, fn: str) -> Callable[..., Any]:
+        """Driver function ``fn`` itself (see :meth:`Runtime.function`)."""
+        function: Callable[..., Any] = getattr(self.api, fn)
+        return function
 
     def provides(self, fn: str) -> bool:
         """True when the driver binding has ``fn`` (older ones lack newer calls)."""
@@ -1066,27 +1076,8 @@ class GpuBackend:
     ) -> None:
         """A kernel launch with ``args`` through the ``extra`` buffer-pointer path."""
         check_dims(grid, block)
-        # The lane's device and default stream read once (the launch is the hot path;
-        # _current() and _stream() would each look the lane up again).
-        lane = self._lanes.state
-        device = getattr(lane, "device", None)
-        if device is None:
-            device = self._current()
-        if stream is None:
-            defaults: dict[int, Any] | None = getattr(lane, "default_streams", None)
-            raw_stream = defaults.get(device) if defaults else None
-            if raw_stream is None:
-                raw_stream = self._default_stream()
-        else:
-            raw_stream = live(stream, GpuStream, "stream")
+        raw_stream, extra = self._launch_target(stream)
         packed = self._fit_args(function, args)
-        extra: ReusedLaunchExtra | None = getattr(self._launch_extras, "extra", None)
-        if extra is None:
-            pointer, size, end = self._extra_words
-            extra = ReusedLaunchExtra(
-                MAX_ARGS_BYTES, buffer_pointer=pointer, buffer_size=size, end=end
-            )
-            self._launch_extras.extra = extra
         if len(packed) <= extra.capacity:
             address = extra.fill(packed)
         else:  # more than the protocol carries (a direct caller): a buffer of its own
@@ -1102,6 +1093,72 @@ class GpuBackend:
             None,
             address,
         )
+
+    def launcher(
+        self,
+        function: Handle,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: int,
+        stream: Handle | None,
+    ) -> Callable[[bytes], None]:
+        """:meth:`launch` of one configuration, made ready once for many launches (a
+        batch): what every launch shares (the geometry's check, the stream, the
+        thread's ``extra`` array, the kernel's parameter size, the runtime's function)
+        is looked up here, and each call costs the argument buffer's copy and the
+        runtime's launch. Call it on the thread that runs the launches."""
+        check_dims(grid, block)
+        raw_stream, extra = self._launch_target(stream)
+        gx, gy, gz = grid
+        bx, by, bz = block
+        name = self._calls.launch_kernel
+        runtime = self._rt
+        call = runtime.function(name)
+        size = self._param_size(function)
+        capacity = extra.capacity
+
+        def launch(args: bytes) -> None:
+            if size is not None and len(args) > size:
+                args = self._fit_args(function, args)
+            if len(args) <= capacity:
+                address = extra.fill(args)
+                result = call(
+                    function, gx, gy, gz, bx, by, bz, shared_mem, raw_stream, None, address
+                )
+            else:
+                fresh = self._extra(args)
+                result = call(
+                    function, gx, gy, gz, bx, by, bz, shared_mem, raw_stream, None, fresh.address
+                )
+            err = int(result[0])
+            if err != _SUCCESS:
+                raise runtime.error(err, name)
+
+        return launch
+
+    def _launch_target(self, stream: Handle | None) -> tuple[Any, ReusedLaunchExtra]:
+        """The raw stream of a launch and the calling thread's reused ``extra`` array."""
+        # The lane's device and default stream read once (the launch is the hot path;
+        # _current() and _stream() would each look the lane up again).
+        lane = self._lanes.state
+        device = getattr(lane, "device", None)
+        if device is None:
+            device = self._current()
+        if stream is None:
+            defaults: dict[int, Any] | None = getattr(lane, "default_streams", None)
+            raw_stream = defaults.get(device) if defaults else None
+            if raw_stream is None:
+                raw_stream = self._default_stream()
+        else:
+            raw_stream = live(stream, GpuStream, "stream")
+        extra: ReusedLaunchExtra | None = getattr(self._launch_extras, "extra", None)
+        if extra is None:
+            pointer, size, end = self._extra_words
+            extra = ReusedLaunchExtra(
+                MAX_ARGS_BYTES, buffer_pointer=pointer, buffer_size=size, end=end
+            )
+            self._launch_extras.extra = extra
+        return raw_stream, extra
 
     def _param_size(self, function: Any) -> int | None:
         """Bytes of ``function``'s parameter space (end of its last parameter), from the

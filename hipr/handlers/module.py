@@ -232,7 +232,7 @@ class _Batch:
             return None
         return (
             _launch_each,
-            session.backend.launch,
+            session.backend,
             self.call,
             self.launches,
             partial(self.name, request),
@@ -274,17 +274,27 @@ def launch_kernels_now(session: Session, request: Request) -> Any:
 
 
 def _launch_each(
-    launch: Any,
+    backend: Any,
     call: tuple[Any, ...],
     launches: list[tuple[int, bytes]],
     name_of: Any,
 ) -> None:
     """On the GPU thread: every launch, in order; one that fails stops none of the
-    others, and the first failure, naming its launch, is the batch's error."""
+    others, and the first failure, naming its launch, is the batch's error. A backend
+    with a ``launcher`` makes the shared part of the launches ready once (see
+    ``GpuBackend.launcher``); one that cannot (a destroyed stream, bad geometry) fails
+    them all, as each would have failed alone."""
+    make_launcher = getattr(backend, "launcher", None)
+    try:
+        launch = (
+            make_launcher(*call) if make_launcher is not None else partial(backend.launch, *call)
+        )
+    except Exception as exc:
+        raise _naming(as_hip_error(exc, "launch"), name_of(launches[0][0])) from None
     first: HipError | None = None
     for index, blob in launches:
         try:
-            launch(*call, blob)
+            launch(blob)
         except Exception as exc:  # each launch is on its own, as its own frame would be
             if first is None:
                 first = _naming(as_hip_error(exc, "launch"), name_of(index))

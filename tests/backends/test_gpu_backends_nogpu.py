@@ -1704,6 +1704,79 @@ def test_sim_builtins_launch_with_packed_args(sim: Any) -> None:
     assert backend.stats().is_zero()
 
 
+def test_sim_launcher_runs_a_batch_as_launch_would(sim: Any) -> None:
+    """``launcher``: one configuration made ready once, then one call per launch; the
+    same bytes reach the runtime as through ``launch``, tail padding is trimmed, a
+    launch the runtime refuses fails alone, and a bad configuration fails at once."""
+    backend, gpu = sim
+    fill = backend.module_get_function(backend.builtin_module(), "fill_f32")
+    n = 8
+    x = backend.malloc(4 * n)
+    stream = backend.stream_create()
+    launch = backend.launcher(fill, (1, 1, 1), (32, 1, 1), 0, stream)
+    before = len(gpu.launches)
+    for value in (1.0, 2.0, 3.0):
+        launch(_fill_args(x, value, n))
+    launch(_fill_args(x, 4.0, n) + b"\0" * 8)  # a sizeof-style packer's tail
+    backend.stream_synchronize(stream)
+    sent = [args for _, args in gpu.launches[before:]]
+    assert sent[:3] == [_fill_args(x, v, n) for v in (1.0, 2.0, 3.0)]
+    # CUDA refuses a padded buffer, so the tail goes, as in launch(); HIP takes it.
+    padded = _fill_args(x, 4.0, n) + (b"" if backend.name == "cuda" else b"\0" * 8)
+    assert sent[3] == padded
+    out = np.empty(n, np.float32)
+    backend.memcpy_dtoh(out.data, x)
+    assert (out == 4.0).all()
+    too_big = backend.launcher(fill, (1, 1, 1), (2048, 1, 1), 0, None)
+    with pytest.raises(HipError) as info:
+        too_big(_fill_args(x, 1.0, n))
+    assert info.value.code == E.hipErrorInvalidValue
+    with pytest.raises(HipError) as info:
+        backend.launcher(fill, (0, 1, 1), (32, 1, 1), 0, None)
+    assert info.value.code == E.hipErrorInvalidConfiguration
+    backend.stream_destroy(stream)
+    with pytest.raises(HipError) as info:
+        backend.launcher(fill, (1, 1, 1), (32, 1, 1), 0, stream)
+    assert info.value.code == E.hipErrorInvalidHandle
+    backend.free(x)
+
+
+def test_sim_a_batch_of_launches_fails_launch_by_launch(sim: Any) -> None:
+    """The worker's LAUNCH_KERNELS runs its launches through the backend's launcher: a
+    launch that fails stops none after it and is named in the batch's error; a
+    configuration that cannot launch at all fails the batch naming its first launch."""
+    from hipr.handlers.module import _launch_each
+
+    backend, gpu = sim
+    fill = backend.module_get_function(backend.builtin_module(), "fill_f32")
+    x = backend.malloc(16)
+
+    def name_of(index: int) -> str:
+        return f"LAUNCH_KERNELS (launch {index + 1} of 3)"
+
+    good = [(0, _fill_args(x, 1.0, 4)), (2, _fill_args(x, 3.0, 4))]
+    if backend.name == "cuda":  # CUDA refuses arguments past the kernel's parameters
+        junk = _fill_args(x, 2.0, 4) + b"\1" + b"\0" * 7
+        with pytest.raises(HipError, match=r"launch 2 of 3") as info:
+            _launch_each(
+                backend,
+                (fill, (1, 1, 1), (4, 1, 1), 0, None),
+                [good[0], (1, junk), good[1]],
+                name_of,
+            )
+        assert info.value.code == E.hipErrorLaunchOutOfResources
+        backend.synchronize()
+        assert np.frombuffer(gpu.read(x, 16), np.float32).tolist() == [3.0] * 4
+    stream = backend.stream_create()
+    backend.stream_destroy(stream)
+    before = len(gpu.launches)
+    with pytest.raises(HipError, match=r"launch 1 of 3") as info:
+        _launch_each(backend, (fill, (1, 1, 1), (4, 1, 1), 0, stream), good, name_of)
+    assert info.value.code == E.hipErrorInvalidHandle
+    assert len(gpu.launches) == before
+    backend.free(x)
+
+
 def test_sim_compile(sim: Any) -> None:
     backend, gpu = sim
     image = backend.compile(BUILTIN_SOURCE, "k.hip", ["-O3"])
