@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cbor2
 
@@ -64,12 +64,16 @@ from hipr.protocol.header import Flags
 from hipr.protocol.opcodes import Opcode, opcode_name
 from hipr.transports.base import BlockingStream
 
+if TYPE_CHECKING:
+    from hipr.client.objects import LaunchPlan
+
 #: Opens a new blocking stream to the worker (the transport's connect_blocking).
 BlockingConnector = Callable[[float], BlockingStream]
 _LINK_ERRORS = (OSError, EOFError)
 _RECEIVE = 1 << 16
 #: Replies with at least this much payload go straight into the caller's buffer.
 _DIRECT_MIN = 1 << 16
+_NO_BYTES = memoryview(b"")
 
 
 class _LinkDown(Exception):
@@ -675,6 +679,18 @@ class BlockingConnection(LinkState):
         if self._unacked_bytes > self.options.resend_buffer_bytes:
             # Bound the resend buffer: a barrier's reply acknowledges everything before it.
             self.call(Opcode.BARRIER)
+
+    def post_launch(self, plan: LaunchPlan, data: bytes) -> None:
+        """:meth:`post` of a kernel launch from its plan (``Function._launch_plan``): the
+        launch joins the open batch as its argument bytes, its wire arguments and its
+        batch's key being the plan's, made once for every launch of that configuration."""
+        if self._batches:
+            self._post_batched(Opcode.LAUNCH_KERNEL, plan.wire, (plan.batch_key, data, None))
+        else:
+            wire = {**plan.wire, "args": data}
+            self._submit(Opcode.LAUNCH_KERNEL, Flags.NO_REPLY, wire, _NO_BYTES, None)
+        if self._unacked_bytes > self.options.resend_buffer_bytes:
+            self.call(Opcode.BARRIER)  # as in post()
 
     def _post_batched(self, opcode: int, args: dict[str, Any], item: BatchItem) -> None:
         """A fire-and-forget request into the open batch, or a new one (LinkState)."""

@@ -360,7 +360,7 @@ class LinkState:
         if not self._batches or type(args) is not dict:
             return None
         if opcode == Opcode.LAUNCH_KERNEL and type(args.get("args")) is bytes:
-            return _launch_key(args), args["args"], None
+            return launch_key(args), args["args"], None
         if (
             opcode == Opcode.MEMCPY_HTOD
             and 0 < data.nbytes <= BATCH_COPY_BYTES
@@ -398,7 +398,7 @@ class LinkState:
             batch is None
             or len(batch.items) >= BATCH_ITEMS
             or batch.nbytes + len(piece) > BATCH_BYTES
-            or batch.key != key
+            or (batch.key is not key and batch.key != key)  # a plan's key is one object
         ):
             return False
         batch.items.append(piece)
@@ -640,7 +640,7 @@ _MORE = int(Flags.MORE)
 _ERROR = int(Flags.ERROR)
 
 
-def _launch_key(wire: dict[str, Any]) -> tuple[Any, ...]:
+def launch_key(wire: dict[str, Any]) -> tuple[Any, ...]:
     """What the launches of one LAUNCH_KERNELS share (compared, never hashed: the lists
     stay lists)."""
     return (

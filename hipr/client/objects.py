@@ -6,13 +6,14 @@ gone fails locally with a clear error instead of naming someone else's object.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from hipr.client.link import launch_key
 from hipr.client.timeouts import with_timeouts
 from hipr.errors import HipError, HipErrorCode, SessionLostError, invalid_value
-from hipr.kernels.args import pack_args, register_pointer_type
+from hipr.kernels.args import pack_args, packer, register_pointer_type
 from hipr.protocol.opcodes import Opcode
 
 
@@ -73,7 +74,10 @@ def dim3(value: Dim, what: str) -> list[int]:
     """A launch dimension as a list of 1 to 3 positive ints."""
     if type(value) is int and value >= 1:
         return [value]  # the common spelling, checked without the general walk below
-    dims = [value] if isinstance(value, int) else list(value)
+    try:
+        dims = [value] if isinstance(value, int) else list(value)
+    except TypeError:  # neither an int nor a sequence (a numpy integer, say)
+        dims = []
     if not 1 <= len(dims) <= 3 or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in dims
     ):
@@ -215,6 +219,28 @@ def launch_args(
     }
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class LaunchPlan:
+    """What every launch of one kernel in one configuration shares (geometry, shared
+    memory, stream, the argument types' layout), checked and built once: a program
+    launches few configurations, many times, and each launch then costs its argument
+    bytes' packing and little else."""
+
+    #: The launch's wire arguments but ``args`` (never changed: copied to be sent).
+    wire: dict[str, Any]
+    #: The geometry as the caller gave it when the plan was made (checked then).
+    grid: Dim
+    block: Dim
+    #: What a batch of these launches shares (``hipr.client.link.launch_key``).
+    batch_key: tuple[Any, ...]
+    #: Packs arguments of the plan's types into their bytes.
+    pack: Callable[[Sequence[object]], bytes]
+
+
+#: Configurations a Function remembers (a program that makes more starts over).
+_MAX_PLANS = 64
+
+
 @with_timeouts
 class Function(_Handle):
     """A kernel of a loaded module."""
@@ -224,6 +250,7 @@ class Function(_Handle):
     def __init__(self, gpu: AsyncGpu, handle_id: int, name: str) -> None:
         super().__init__(gpu, handle_id)
         self.name = name
+        self._plans: dict[tuple[Any, ...], LaunchPlan] = {}
 
     async def launch(
         self,
@@ -240,8 +267,9 @@ class Function(_Handle):
         """
         await self._gpu._post(*self._launch_request(grid, block, args, shared_mem, stream))
 
-    #: Posts the sync client sends straight from their requests (see ``SyncProxy``).
-    _POSTS = {"launch": "_launch_request"}
+    #: Launches the sync client hands its connection as a plan and bytes (see
+    #: ``SyncProxy`` and ``BlockingConnection.post_launch``).
+    _LAUNCHES = {"launch": "_launch_plan"}
 
     def _launch_request(
         self,
@@ -252,12 +280,73 @@ class Function(_Handle):
         stream: Stream | None = None,
     ) -> tuple[Opcode, dict[str, Any], bytes]:
         """:meth:`launch`'s request: opcode, wire arguments, bytes."""
+        plan, data = self._launch_plan(grid, block, args, shared_mem, stream)
+        return Opcode.LAUNCH_KERNEL, {**plan.wire, "args": data}, b""
+
+    def _launch_plan(
+        self,
+        grid: Dim,
+        block: Dim,
+        args: Sequence[object] = (),
+        shared_mem: int = 0,
+        stream: Stream | None = None,
+    ) -> tuple[LaunchPlan, bytes]:
+        """:meth:`launch`'s plan (kept for its configuration) and argument bytes. The
+        handles are checked at every launch: a lost session fails here, not later."""
+        self._check()
+        if stream is not None:
+            stream._check()
+        if type(args) is not list and type(args) is not tuple:
+            args = list(args)  # an iterator is read once
+        types = tuple(map(type, args))
+        key: tuple[Any, ...] = (grid, block, shared_mem, stream, types)
+        try:
+            plan = self._plans.get(key)
+        except TypeError:  # a list for grid or block: this launch's plan is not kept
+            plan = None
+            key = ()
+        if plan is not None and not (
+            type(shared_mem) is int
+            and (grid is plan.grid or _plain(grid))
+            and (block is plan.block or _plain(block))
+        ):
+            # Equal to a kept plan's values but not of its types (True == 1, 1.0 == 1):
+            # checked anew, so that a bad value is refused as it always is.
+            plan = None
+            key = ()
+        if plan is None:
+            plan = self._new_plan(grid, block, args, shared_mem, stream)
+            if key:
+                if len(self._plans) >= _MAX_PLANS:
+                    self._plans.clear()
+                self._plans[key] = plan
+            return plan, pack_args(args).data
+        return plan, plan.pack(args)
+
+    def _new_plan(
+        self,
+        grid: Dim,
+        block: Dim,
+        args: Sequence[object],
+        shared_mem: int,
+        stream: Stream | None,
+    ) -> LaunchPlan:
         wire = launch_args(self, grid, block, args, shared_mem)
+        del wire["args"]
         wire["stream"] = handle_id(stream)
-        return Opcode.LAUNCH_KERNEL, wire, b""
+        return LaunchPlan(wire, grid, block, launch_key(wire), packer(tuple(map(type, args))))
 
     def __repr__(self) -> str:
         return f"<Function {self.name!r}>"
+
+
+def _plain(dim: Dim) -> bool:
+    """True when a launch dimension is an int or a tuple of ints, exactly (no bool, no
+    numpy integer): what a kept plan's check has already accepted when it is equal."""
+    kind = type(dim)
+    if kind is int:
+        return True
+    return kind is tuple and all(type(value) is int for value in dim)  # type: ignore[union-attr]
 
 
 @with_timeouts

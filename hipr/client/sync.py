@@ -90,8 +90,8 @@ def _direct(
 
 
 #: The API's tables of methods that send straight from a request builder, and the
-#: blocking connection's method that sends each kind.
-_DIRECT = (("_POSTS", "post"), ("_WAITS", "wait_for_reply"))
+#: blocking connection's method that sends each kind (a launch: its plan and bytes).
+_DIRECT = (("_POSTS", "post"), ("_WAITS", "wait_for_reply"), ("_LAUNCHES", "post_launch"))
 
 
 class SyncProxy:

@@ -12,7 +12,7 @@ import ctypes
 import operator
 import struct
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
@@ -211,6 +211,32 @@ def pack_args(args: Sequence[object]) -> PackedArgs:
         except (struct.error, OverflowError, TypeError):
             pass  # a pointer out of range, say: the walk below says what is wrong
     return _pack_each(args)
+
+
+def packer(types: tuple[type, ...]) -> Callable[[Sequence[object]], bytes]:
+    """A function that packs arguments of exactly ``types`` into the bytes
+    :func:`pack_args` gives them, made once for a kernel launched many times: the
+    layout's one ``Struct.pack`` where the types allow, else :func:`pack_args` itself
+    (which also says what is wrong with a bad argument)."""
+    layout = _LAYOUTS.get(types, False)
+    if layout is False:
+        layout = _layout(types)
+    if layout is None:
+        return _packed_data
+    struct_pack = layout.struct.pack  # type: ignore[union-attr]
+    convert = layout.convert  # type: ignore[union-attr]
+
+    def pack(args: Sequence[object]) -> bytes:
+        try:
+            return struct_pack(*[how(arg) for how, arg in zip(convert, args)])  # noqa: B905
+        except (struct.error, OverflowError, TypeError):
+            return pack_args(args).data  # a pointer out of range, say: it says what
+
+    return pack
+
+
+def _packed_data(args: Sequence[object]) -> bytes:
+    return pack_args(args).data
 
 
 def _pack_each(args: Sequence[object]) -> PackedArgs:
