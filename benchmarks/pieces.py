@@ -9,7 +9,9 @@ one process, so that a host's figures can be read against each other:
   worker's argument checks (``Args``) and the client's frame encoding;
 - the client: packing a launch's arguments (a device pointer and two numpy scalars,
   ``pack_args``) and building its wire arguments (``launch_args``, which packs too);
-- the backend: ``launch`` on the calling thread, N launches then a synchronize;
+- the backend: ``launch`` on the calling thread, N launches then a synchronize, and
+  the runtime's own launch function called with every argument made ready (the floor
+  under ``launch``; GPU backends only);
 - the GIL: the same launches from a second thread, while this one waits, and while
   it runs Python (decoding CBOR in a loop) at several ``sys.setswitchinterval`` values.
 
@@ -123,12 +125,41 @@ def backend_pieces(backend_name: str, count: int) -> dict[str, float]:
             backend.synchronize()
             results["backend launch, this thread"] = per_call(launch, count)
         backend.synchronize()
+        runtime_launch = _runtime_launch(backend, fill, packed)
+        if runtime_launch is not None:
+            results["the runtime's launch call alone (binding, arguments ready)"] = per_call(
+                runtime_launch, count
+            )
+            backend.synchronize()
         results.update(_from_a_second_thread(backend, launch, count))
         backend.synchronize()
         backend.free(word)
     finally:
         backend.close()
     return results
+
+
+def _runtime_launch(backend: Any, fill: Any, packed: bytes) -> Callable[[], object] | None:
+    """The GPU runtime's launch function itself (cuda-bindings' ``cuLaunchKernel``, or
+    hip-python's ``hipModuleLaunchKernel``) with every argument made ready beforehand:
+    the floor under the backend's ``launch``, whose own Python the difference is. None
+    on the emulator."""
+    runtime = getattr(backend, "_rt", None)
+    if runtime is None:
+        return None
+    from hipr.backends._gpu_common import ReusedLaunchExtra
+
+    call = runtime.function(backend._calls.launch_kernel)
+    pointer, size, end = backend._extra_words
+    extra = ReusedLaunchExtra(len(packed), buffer_pointer=pointer, buffer_size=size, end=end)
+    address = extra.fill(packed)
+    stream = backend._default_stream()
+
+    def launch() -> object:
+        return call(fill, 1, 1, 1, 1, 1, 1, 0, stream, None, address)
+
+    launch()
+    return launch
 
 
 def _from_a_second_thread(backend: Any, launch: Callable[[], None], count: int) -> dict[str, float]:

@@ -1,0 +1,256 @@
+"""The worker's own CPU cost of a request, hot, with no socket and no wake-up in it.
+
+    python -m benchmarks.callback [--backend emulator|cuda|hip] [--count N] [--profile N]
+
+Builds a worker connection in this process over an in-memory transport (the loop
+stream's protocol and a transport that keeps no bytes), opens a session, and feeds the
+connection's I/O callback the frames a client sends, back to back: a null
+``synchronize()``, then a 1-thread ``fill_f32`` launch and a ``synchronize()`` in one
+read (``hipr bench``'s launch + synchronize row), then a batch of 64 launches in one
+LAUNCH_KERNELS frame (the ``1,000 launches`` row's unit). It prints the microseconds
+each costs the worker: decoding, checks, the backend's calls, bookkeeping and the
+reply's encoding, all on the event loop's thread as in push mode (asyncio; uvloop
+where installed). What it leaves out (the wake-ups and syscalls of a real link) is what
+``benchmarks.stages`` shows; the two together say where a round trip's time goes.
+
+A request the I/O callback cannot answer (a synchronize whose kernel is still running)
+goes to the executor task as it would in a worker; the loop then runs until the reply
+is there, and the run counts how many did. With ``--profile N``, the launch +
+synchronize pairs run once more under cProfile and the N functions with the most own
+time are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import io
+import pstats
+import socket
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from hipr.backends import load_backend
+from hipr.kernels.args import pack_args
+from hipr.protocol.codec import Frame, FrameDecoder, encode_frame
+from hipr.protocol.header import Flags
+from hipr.protocol.opcodes import Opcode
+from hipr.transports.loop_stream import LoopSocketStream, _Protocol
+from hipr.worker.config import WorkerConfig
+from hipr.worker.connection import WorkerConnection
+from hipr.worker.server import Worker
+
+#: Launches in one LAUNCH_KERNELS frame, as the clients batch them.
+BATCH = 64
+
+
+class _NullTransport:
+    """An asyncio transport that takes every write at once and keeps only the replies'
+    bytes for the caller to read."""
+
+    def __init__(self) -> None:
+        self.written = bytearray()
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def is_closing(self) -> bool:
+        return False
+
+    def set_write_buffer_limits(self, high: int | None = None) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
+class InProcessLink:
+    """A worker connection driven by hand: :meth:`feed` hands it bytes as the loop
+    would, :meth:`replies` takes the frames it answered."""
+
+    def __init__(self, worker: Worker) -> None:
+        #: A GPU thread's replies go to the socket itself (ThreadWrites), read here.
+        self._ours, self._theirs = socket.socketpair()
+        self.transport = _NullTransport()
+        self.protocol = _Protocol()
+        self.protocol.connection_made(self.transport)  # type: ignore[arg-type]
+        stream = LoopSocketStream(self.transport, self.protocol, self._ours)  # type: ignore[arg-type]
+        self.connection = WorkerConnection(worker, stream, "in-process")
+        tenant = worker.tenants.authenticate(None)
+        session = worker.open_session(tenant, "in-process")
+        session.connection = self.connection
+        self.connection.session = session
+        self._decoder = FrameDecoder()
+        self._next_id = 0
+        self._executor: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Start the executor task and push mode, as a served connection does."""
+        self._executor = asyncio.ensure_future(self.connection._executor())
+        self.connection._start_push()
+        await asyncio.sleep(0)
+
+    def request_id(self) -> int:
+        """The next request id (ids only grow: a lower one is taken for a resend)."""
+        self._next_id += 1
+        return self._next_id
+
+    def feed(self, data: bytes) -> None:
+        """Bytes arriving from the client."""
+        self.protocol.data_received(data)
+
+    def replies(self) -> list[Frame]:
+        """The frames answered since the last call: written to the transport by the
+        loop, or to the socket itself by a session's GPU thread (a synchronize that
+        waited there; one request is under way at a time, so the two never mix)."""
+        self._decoder.feed(bytes(self.transport.written))
+        self.transport.written.clear()
+        try:
+            self._decoder.feed(self._theirs.recv(1 << 16, socket.MSG_DONTWAIT))
+        except BlockingIOError:
+            pass
+        return list(self._decoder.frames())
+
+    async def call(self, opcode: Opcode, args: Any = None) -> Any:
+        """One request, answered (by the callback or the executor): its result."""
+        self.feed(encode_frame(opcode, self.request_id(), Flags.NONE, args))
+        while True:
+            for frame in self.replies():
+                if Flags.ERROR in frame.flags:
+                    raise RuntimeError(f"{opcode.name} failed: {frame.args}")
+                return frame.args
+            await asyncio.sleep(0)
+
+    async def until_answered(self, count: int) -> int:
+        """Run the loop until ``count`` replies were written since the last take; how
+        many loop passes that needed."""
+        passes = 0
+        got = len(self.replies())
+        while got < count:
+            # One pass first (the executor's turn), then short sleeps: the loop then
+            # waits in its poll, as a worker's does, and leaves the interpreter lock to
+            # the session's GPU thread instead of convoying it.
+            await asyncio.sleep(0 if not passes else 20e-6)
+            passes += 1
+            got += len(self.replies())
+        return passes
+
+    async def close(self) -> None:
+        if self._executor is not None:
+            self._executor.cancel()
+        self._ours.close()
+        self._theirs.close()
+
+
+async def _measure(backend_name: str, count: int, profile: int) -> list[str]:
+    backend = load_backend(backend_name)
+    worker = Worker(WorkerConfig(spin_wait=0.0), backend)
+    link = InProcessLink(worker)
+    lines = [f"per request on the worker, µs ({backend_name}, Python {sys.version.split()[0]})"]
+    try:
+        await link.start()
+        fill = await link.call(Opcode.MODULE_BUILTIN, {"name": "fill_f32"})
+        word = (await link.call(Opcode.MALLOC, {"size": 4096}))["ptr"]
+        packed = pack_args([np.uint64(word), np.float32(1.0), np.uint64(1)])
+        launch = {
+            "function": fill["function"],
+            "grid": [1],
+            "block": [1],
+            "shared_mem": 0,
+            "args": packed.data,
+            "ptrs": packed.pointer_offsets(),
+            "stream": None,
+        }
+        batch = {**launch, "args": [packed.data] * BATCH}
+
+        def sync_frames() -> bytes:
+            return encode_frame(Opcode.DEVICE_SYNCHRONIZE, link.request_id(), Flags.NONE)
+
+        def pair_frames() -> bytes:
+            first = encode_frame(Opcode.LAUNCH_KERNEL, link.request_id(), Flags.NO_REPLY, launch)
+            return first + sync_frames()
+
+        def batch_frames() -> bytes:
+            frames = encode_frame(Opcode.LAUNCH_KERNELS, link.request_id(), Flags.NO_REPLY, batch)
+            return frames + sync_frames()
+
+        async def timed(make: Callable[[], bytes], rounds: int) -> tuple[float, int]:
+            await link.call(Opcode.DEVICE_SYNCHRONIZE)  # nothing left running
+            datas = [make() for _ in range(rounds)]  # ids after that call's: not resends
+            waited = 0
+            started = time.perf_counter()
+            for data in datas:
+                link.feed(data)
+                if await link.until_answered(1):
+                    waited += 1
+            return (time.perf_counter() - started) / rounds * 1e6, waited
+
+        rows = (
+            ("null synchronize", sync_frames, count, 1),
+            ("1-thread launch + synchronize", pair_frames, count, 1),
+            (
+                f"{BATCH} launches in one frame + synchronize, per launch",
+                batch_frames,
+                max(1, count // BATCH),
+                BATCH,
+            ),
+        )
+        for name, make, rounds, per in rows:
+            await timed(make, max(1, rounds // 10))  # warm-up
+            micros, waited = await timed(make, rounds)
+            note = f"   ({waited} of {rounds} waited for the executor)" if waited else ""
+            lines.append(f"  {name:<55} {micros / per:8.2f}{note}")
+        if profile:
+            datas = [pair_frames() for _ in range(count)]
+            profiler = cProfile.Profile()
+            profiler.enable()
+            for data in datas:
+                link.feed(data)
+                await link.until_answered(1)
+            profiler.disable()
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(profile)
+            lines.append(f"launch + synchronize pairs under cProfile, top {profile} by own time")
+            lines.append(text.getvalue())
+    finally:
+        await link.close()
+        close = getattr(backend, "close", None)
+        if close is not None:
+            close()
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.callback``; see the module doc."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.callback", description=__doc__)
+    parser.add_argument("--backend", default="emulator")
+    parser.add_argument("--count", type=int, default=20000)
+    parser.add_argument("--profile", type=int, default=0, metavar="N")
+    options = parser.parse_args(argv)
+    run: Callable[..., Any] = asyncio.run
+    try:
+        import uvloop
+
+        run = uvloop.run
+    except ImportError:
+        pass
+    print("\n".join(run(_measure(options.backend, options.count, options.profile))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
