@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -158,20 +160,42 @@ def launch_config(session: Session, args: Args) -> tuple[Any, Any, Any, int, lis
     return function.handle, grid, block, shared_mem, ptrs
 
 
-def check_pointers(session: Session, data: bytes, ptrs: list[int], what: str) -> None:
+def check_pointers(
+    session: Session,
+    data: bytes,
+    ptrs: list[int],
+    what: str | Callable[[], str],
+    inside: set[int] | None = None,
+) -> None:
     """Each pointer argument of ``data`` (at the offsets ``ptrs``) must be null or inside
-    one of the session's allocations; ``what`` names the launch in the error."""
+    one of the session's allocations; ``what`` names the launch in the error (a function
+    that names it, for a batch: built only when one is refused). ``inside``: addresses
+    already found inside an allocation during this request (the launches of a batch
+    mostly repeat their pointers), each looked up once, and added to."""
+    size = len(data)
     for offset in ptrs:
-        if offset + 8 > len(data):
+        if offset + 8 > size:
             raise invalid_value(
-                f"{what}: pointer argument at offset {offset} is past the arguments"
+                f"{_named(what)}: pointer argument at offset {offset} is past the arguments"
             )
-        address = int.from_bytes(data[offset : offset + 8], "little")
-        if address and session.allocations.containing(address) is None:
+        address = _ADDRESS.unpack_from(data, offset)[0]
+        if not address or (inside is not None and address in inside):
+            continue
+        if session.allocations.containing(address) is None:
             raise invalid_value(
-                f"{what}: pointer argument at offset {offset} (0x{address:x}) is not inside an "
-                "allocation of this session"
+                f"{_named(what)}: pointer argument at offset {offset} (0x{address:x}) is not "
+                "inside an allocation of this session"
             )
+        if inside is not None:
+            inside.add(address)
+
+
+#: A pointer argument: 8 bytes, little-endian, as the clients pack it.
+_ADDRESS = struct.Struct("<Q")
+
+
+def _named(what: str | Callable[[], str]) -> str:
+    return what if isinstance(what, str) else what()
 
 
 @handler(Opcode.LAUNCH_KERNEL, fire_and_forget=True)
@@ -219,8 +243,16 @@ class _Batch:
         self.call = (function, grid, block, shared_mem, stream)
         self.count = count = len(blobs)
 
+        inside: set[int] = set()
+
         def check(index: int, blob: bytes) -> None:
-            check_pointers(session, blob, ptrs, f"{request.name}: launch {index + 1} of {count}")
+            check_pointers(
+                session,
+                blob,
+                ptrs,
+                lambda: f"{request.name}: launch {index + 1} of {count}",
+                inside,
+            )
 
         #: The launches that may run, and the first refusal by position.
         self.launches, self.refused = admit_each(session, request, blobs, check, "launches")
