@@ -5,13 +5,14 @@
 Builds a worker connection in this process over an in-memory transport (the loop
 stream's protocol and a transport that keeps no bytes), opens a session, and feeds the
 connection's I/O callback the frames a client sends, back to back: a null
-``synchronize()``, then a 1-thread ``fill_f32`` launch and a ``synchronize()`` in one
-read (``hipr bench``'s launch + synchronize row), then a batch of 64 launches in one
-LAUNCH_KERNELS frame (the ``1,000 launches`` row's unit). It prints the microseconds
-each costs the worker: decoding, checks, the backend's calls, bookkeeping and the
-reply's encoding, all on the event loop's thread as in push mode (asyncio; uvloop
-where installed). What it leaves out (the wake-ups and syscalls of a real link) is what
-``benchmarks.stages`` shows; the two together say where a round trip's time goes.
+``synchronize()``; a lone fire-and-forget 1-thread ``fill_f32`` launch; such a launch
+and a ``synchronize()`` in one read (``hipr bench``'s launch + synchronize row); a
+batch of 64 launches in one LAUNCH_KERNELS frame (the ``1,000 launches`` row's unit).
+It prints the microseconds each costs the worker: decoding, checks, the backend's
+calls, bookkeeping and the reply's encoding, all on the event loop's thread as in push
+mode (asyncio; uvloop where installed). What it leaves out (the wake-ups and syscalls
+of a real link) is what ``benchmarks.stages`` shows; the two together say where a
+round trip's time goes.
 
 A request the I/O callback cannot answer (a synchronize whose kernel is still running)
 goes to the executor task as it would in a worker; the loop then runs until the reply
@@ -55,9 +56,12 @@ class _NullTransport:
 
     def __init__(self) -> None:
         self.written = bytearray()
+        #: Called after each write (wakes a waiting :meth:`InProcessLink.until_answered`).
+        self.on_write: Callable[[], object] = lambda: None
 
     def write(self, data: bytes) -> None:
         self.written += data
+        self.on_write()
 
     def get_write_buffer_size(self) -> int:
         return 0
@@ -141,11 +145,25 @@ class InProcessLink:
         passes = 0
         got = len(self.replies())
         while got < count:
-            # One pass first (the executor's turn), then short sleeps: the loop then
-            # waits in its poll, as a worker's does, and leaves the interpreter lock to
-            # the session's GPU thread instead of convoying it.
-            await asyncio.sleep(0 if not passes else 20e-6)
-            passes += 1
+            # The loop waits in its poll, as a worker's does, until a reply is written
+            # (by the executor, or by a GPU thread to the socket): polling instead would
+            # hold the interpreter lock against the session's GPU thread (a convoy).
+            answered = asyncio.get_running_loop().create_future()
+
+            def wake(answered: asyncio.Future[None] = answered) -> None:
+                if not answered.done():
+                    answered.set_result(None)
+
+            self.transport.on_write = wake
+            asyncio.get_running_loop().add_reader(self._theirs, wake)
+            try:
+                got += len(self.replies())
+                if got < count:
+                    await answered
+                    passes += 1
+            finally:
+                asyncio.get_running_loop().remove_reader(self._theirs)
+                self.transport.on_write = lambda: None
             got += len(self.replies())
         return passes
 
@@ -184,23 +202,31 @@ async def _measure(backend_name: str, count: int, profile: int) -> list[str]:
             first = encode_frame(Opcode.LAUNCH_KERNEL, link.request_id(), Flags.NO_REPLY, launch)
             return first + sync_frames()
 
+        def launch_frame() -> bytes:
+            return encode_frame(Opcode.LAUNCH_KERNEL, link.request_id(), Flags.NO_REPLY, launch)
+
         def batch_frames() -> bytes:
             frames = encode_frame(Opcode.LAUNCH_KERNELS, link.request_id(), Flags.NO_REPLY, batch)
             return frames + sync_frames()
 
-        async def timed(make: Callable[[], bytes], rounds: int) -> tuple[float, int]:
+        async def timed(
+            make: Callable[[], bytes], rounds: int, replies: int = 1
+        ) -> tuple[float, int]:
             await link.call(Opcode.DEVICE_SYNCHRONIZE)  # nothing left running
             datas = [make() for _ in range(rounds)]  # ids after that call's: not resends
             waited = 0
             started = time.perf_counter()
             for data in datas:
                 link.feed(data)
-                if await link.until_answered(1):
+                if replies and await link.until_answered(replies):
                     waited += 1
-            return (time.perf_counter() - started) / rounds * 1e6, waited
+            elapsed = time.perf_counter() - started
+            await link.call(Opcode.DEVICE_SYNCHRONIZE)
+            return elapsed / rounds * 1e6, waited
 
         rows = (
             ("null synchronize", sync_frames, count, 1),
+            ("1-thread launch alone (fire-and-forget, no reply)", launch_frame, count, 1),
             ("1-thread launch + synchronize", pair_frames, count, 1),
             (
                 f"{BATCH} launches in one frame + synchronize, per launch",
@@ -210,8 +236,9 @@ async def _measure(backend_name: str, count: int, profile: int) -> list[str]:
             ),
         )
         for name, make, rounds, per in rows:
-            await timed(make, max(1, rounds // 10))  # warm-up
-            micros, waited = await timed(make, rounds)
+            replies = 0 if make is launch_frame else 1
+            await timed(make, max(1, rounds // 10), replies)  # warm-up
+            micros, waited = await timed(make, rounds, replies)
             note = f"   ({waited} of {rounds} waited for the executor)" if waited else ""
             lines.append(f"  {name:<55} {micros / per:8.2f}{note}")
         if profile:

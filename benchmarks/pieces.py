@@ -131,6 +131,19 @@ def backend_pieces(backend_name: str, count: int) -> dict[str, float]:
                 runtime_launch, count
             )
             backend.synchronize()
+        driver_launch = _driver_launch(backend, fill, packed)
+        if driver_launch is not None:
+            results["the driver's launch through ctypes (arguments ready)"] = per_call(
+                driver_launch, count
+            )
+            backend.synchronize()
+        launcher = getattr(backend, "launcher", None)
+        if launcher is not None:
+            batch_launch = launcher(fill, one, one, 0, None)
+            results["backend launcher(), per launch"] = per_call(
+                lambda: batch_launch(packed), count
+            )
+            backend.synchronize()
         results.update(_from_a_second_thread(backend, launch, count))
         backend.synchronize()
         backend.free(word)
@@ -159,6 +172,35 @@ def _runtime_launch(backend: Any, fill: Any, packed: bytes) -> Callable[[], obje
         return call(fill, 1, 1, 1, 1, 1, 1, 0, stream, None, address)
 
     launch()
+    return launch
+
+
+def _driver_launch(backend: Any, fill: Any, packed: bytes) -> Callable[[], object] | None:
+    """CUDA's ``cuLaunchKernel`` called from ``libcuda.so.1`` through ctypes, handles and
+    ``extra`` made ready: what a launch costs without cuda-bindings' argument
+    conversion. None on other backends."""
+    if getattr(backend, "name", "") != "cuda":
+        return None
+    import ctypes
+
+    from hipr.backends._gpu_common import ReusedLaunchExtra
+
+    driver = ctypes.CDLL("libcuda.so.1")
+    launch_kernel = driver.cuLaunchKernel
+    launch_kernel.restype = ctypes.c_int
+    launch_kernel.argtypes = [ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p]
+    launch_kernel.argtypes += [ctypes.c_void_p, ctypes.c_void_p]
+    pointer, size, end = backend._extra_words
+    extra = ReusedLaunchExtra(len(packed), buffer_pointer=pointer, buffer_size=size, end=end)
+    address = extra.fill(packed)
+    function = int(fill)
+    stream = int(backend._default_stream())
+
+    def launch() -> object:
+        return launch_kernel(function, 1, 1, 1, 1, 1, 1, 0, stream, None, address)
+
+    if launch() != 0:
+        return None
     return launch
 
 

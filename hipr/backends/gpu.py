@@ -429,6 +429,7 @@ class GpuBackend:
         )
         # Bound once: the hot path pays no lookup of the runtime on each call.
         self._call: Callable[..., Any] = runtime.call
+        self._launch_kernel = runtime.function(self._calls.launch_kernel)
         #: Each OS thread's reused launch ``extra`` (the loop's and every session's).
         self._launch_extras = threading.local()
         self._props: dict[int, DeviceProperties] = {}
@@ -1083,16 +1084,16 @@ class GpuBackend:
         else:  # more than the protocol carries (a direct caller): a buffer of its own
             fresh = self._extra(packed)
             address = fresh.address
-        self._call(
-            self._calls.launch_kernel,
-            function,
-            *grid,
-            *block,
-            shared_mem,
-            raw_stream,
-            None,
-            address,
+        gx, gy, gz = grid
+        bx, by, bz = block
+        # The runtime's function bound once (the launch is the hot path): no look-up
+        # by name, no generic result handling, per launch.
+        result = self._launch_kernel(
+            function, gx, gy, gz, bx, by, bz, shared_mem, raw_stream, None, address
         )
+        err = int(result[0])
+        if err != _SUCCESS:
+            raise self._rt.error(err, self._calls.launch_kernel)
 
     def launcher(
         self,
@@ -1113,7 +1114,7 @@ class GpuBackend:
         bx, by, bz = block
         name = self._calls.launch_kernel
         runtime = self._rt
-        call = runtime.function(name)
+        call = self._launch_kernel
         size = self._param_size(function)
         capacity = extra.capacity
 
