@@ -165,11 +165,12 @@ def _runtime_launch(backend: Any, fill: Any, packed: bytes) -> Callable[[], obje
     call = runtime.function(backend._calls.launch_kernel)
     pointer, size, end = backend._extra_words
     extra = ReusedLaunchExtra(len(packed), buffer_pointer=pointer, buffer_size=size, end=end)
-    address = extra.fill(packed)
+    extra.fill(packed)
     stream = backend._default_stream()
 
     def launch() -> object:
-        return call(fill, 1, 1, 1, 1, 1, 1, 0, stream, None, address)
+        # ``extra`` named here keeps its buffers alive: the runtime reads them.
+        return call(fill, 1, 1, 1, 1, 1, 1, 0, stream, None, extra.address)
 
     launch()
     return launch
@@ -192,12 +193,13 @@ def _driver_launch(backend: Any, fill: Any, packed: bytes) -> Callable[[], objec
     launch_kernel.argtypes += [ctypes.c_void_p, ctypes.c_void_p]
     pointer, size, end = backend._extra_words
     extra = ReusedLaunchExtra(len(packed), buffer_pointer=pointer, buffer_size=size, end=end)
-    address = extra.fill(packed)
+    extra.fill(packed)
     function = int(fill)
     stream = int(backend._default_stream())
 
     def launch() -> object:
-        return launch_kernel(function, 1, 1, 1, 1, 1, 1, 0, stream, None, address)
+        # ``extra`` named here keeps its buffers alive: the driver reads them.
+        return launch_kernel(function, 1, 1, 1, 1, 1, 1, 0, stream, None, extra.address)
 
     if launch() != 0:
         return None
