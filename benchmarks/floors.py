@@ -2,8 +2,9 @@
 in-process, do with the same work as hipr's synchronous client.
 
 * A **blocking-socket server** in a process of its own (a thread per connection, nothing
-  else running in it, so the bench process's GIL cannot distort it) answering: an echo of
-  fixed request and reply sizes (24 B -> 32 B, a null call's frames), a sink (a copy's
+  else running in it, so the bench process's GIL cannot distort it; its sockets and the
+  client's set up as hipr's: TCP_NODELAY, and on unix hipr's send buffer) answering: an
+  echo of fixed request and reply sizes (24 B -> 32 B, a null call's frames), a sink (a copy's
   bytes pushed, or a burst of small one-way messages, then a one-byte ack) and a source
   (a copy's bytes pulled). The client side is blocking sockets too, receiving straight
   into the destination array, as the sync client does.
@@ -42,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from hipr.transports.unix import size_send_buffer
+
 COMMAND = struct.Struct("<4sIQQ")
 ECHO, SINK, SOURCE = b"ECHO", b"SINK", b"SRCE"
 #: The null call's frames: a 24-byte header out, a 32-byte reply back (issue 13's floor).
@@ -79,9 +82,13 @@ def _listen(url: str) -> tuple[socket.socket, str]:
 
 
 def connect(url: str) -> socket.socket:
-    """A blocking socket to a floor server (TCP_NODELAY on tcp, as hipr sets it)."""
+    """A blocking socket to a floor server, set up as hipr's are: TCP_NODELAY on tcp,
+    hipr's send buffer on unix (``hipr.transports.unix.size_send_buffer``), so that a
+    ratio compares like with like."""
     family, address = _address(url)
     sock = socket.socket(family, socket.SOCK_STREAM)
+    if family == socket.AF_UNIX:
+        size_send_buffer(sock)
     sock.connect(address)
     if family == socket.AF_INET:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -108,6 +115,8 @@ def _serve_blocking_connection(conn: socket.socket) -> None:
     with conn:
         if conn.family == socket.AF_INET:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        else:
+            size_send_buffer(conn)
         while True:
             try:
                 _recv_exactly(conn, head)

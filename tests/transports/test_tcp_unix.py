@@ -195,6 +195,50 @@ async def test_unix_round_trip_and_peer_uid(short_tmp: Path) -> None:
         assert server.descriptions == [f"unix uid={os.getuid()} pid={os.getpid()}"]
 
 
+def _asked_send_buffer() -> int:
+    """What the kernel gives a Unix socket that asks for hipr's send buffer (it doubles
+    the ask and caps it at twice net.core.wmem_max)."""
+    from hipr.transports.unix import size_send_buffer
+
+    with socket.socket(socket.AF_UNIX) as sock:
+        size_send_buffer(sock)
+        return int(sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF))
+
+
+@pytest.mark.anyio
+async def test_unix_send_buffer_on_both_ends(short_tmp: Path) -> None:
+    """Bulk copies need room for more than the kernel's default in flight: both ends,
+    and the sync client's blocking socket, ask for hipr's send buffer."""
+    from hipr.transports import connect_blocking
+
+    expected = _asked_send_buffer()
+    with anyio.fail_after(10):
+        listener = await listen(f"unix://{short_tmp}/w.sock")
+        sizes: list[int] = []
+        accepted = anyio.Event()
+
+        async def handler(stream: anyio.abc.ByteStream) -> None:
+            sock = stream.extra(SocketAttribute.raw_socket)
+            sizes.append(sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF))
+            accepted.set()
+            await stream.aclose()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(listener.serve, handler)
+            async with await connect(f"unix://{short_tmp}/w.sock") as stream:
+                sock = stream.extra(SocketAttribute.raw_socket)
+                assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) == expected
+                await accepted.wait()
+            blocking = connect_blocking(f"unix://{short_tmp}/w.sock")
+            try:
+                assert blocking.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) == expected
+            finally:
+                blocking.close()
+            tg.cancel_scope.cancel()
+        await listener.aclose()
+        assert sizes and sizes[0] == expected
+
+
 @pytest.mark.anyio
 async def test_unix_socket_mode_from_config(short_tmp: Path) -> None:
     path = short_tmp / "w.sock"
