@@ -966,7 +966,8 @@ class WorkerConnection:
         or, too large to keep (a resent read runs again instead), its parts unjoined."""
         parts = encode_frame_parts(frame.opcode, frame.request_id, flags, result, bulk)
         streamed, self._streamed_reply = self._streamed_reply, False
-        if streamed or not frame.request_id or memoryview(bulk).nbytes > MAX_ONE_REPLY:
+        size = len(bulk) if type(bulk) is bytes else memoryview(bulk).nbytes
+        if streamed or not frame.request_id or size > MAX_ONE_REPLY:
             return parts
         data = b"".join(parts)
         session.replies.put(frame.request_id, data)
@@ -1075,10 +1076,16 @@ class WorkerConnection:
             reply = result if isinstance(result, Reply) else Reply(result)
             data = self._reply_frames(session, frame, Flags.REPLY, reply.result, reply.bulk)
         # A link lost here is found by the stream's own end; the reply waits in the
-        # session's reply cache for the resend.
-        with contextlib.suppress(*_LINK_ERRORS):
-            for part in [data] if isinstance(data, bytes) else data:
-                push.write_nowait(part)  # type: ignore[arg-type]
+        # session's reply cache for the resend. (try rather than contextlib.suppress:
+        # this runs for every small request, and costs nothing when nothing is raised.)
+        try:
+            if isinstance(data, bytes):
+                push.write_nowait(data)
+            else:
+                for part in data:
+                    push.write_nowait(part)  # type: ignore[arg-type]
+        except _LINK_ERRORS:
+            pass
         return True
 
     async def _replay(self, frame: Frame, request: Request) -> bool:

@@ -78,11 +78,17 @@ class QuotaGate:
         self._quotas = quotas
         self._sessions = sessions
         self._state = state
+        # Read once and again at each reload (refresh): every request reads them.
+        self._current = quotas()
 
     @property
     def quotas(self) -> Quotas:
-        """The tenant's quotas as configured now."""
-        return self._quotas()
+        """The tenant's quotas as configured now (as of the last :meth:`refresh`)."""
+        return self._current
+
+    def refresh(self) -> None:
+        """Read the tenant's quotas again (the worker reloaded its tenants)."""
+        self._current = self._quotas()
 
     def memory_in_use(self) -> int:
         """Device bytes the tenant holds or is allocating, across its sessions."""

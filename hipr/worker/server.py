@@ -206,6 +206,8 @@ class Worker:
         except ConfigError as exc:
             log.error("tenants reload failed; keeping the previous tenants", error=str(exc))
             return
+        for session in self.sessions.values():
+            session.gate.refresh()
         log.info("tenants reloaded", tenants=sorted(self.tenants.tenants))
 
     def detach(self, session: Session) -> None:
