@@ -161,7 +161,8 @@ class LoopSocketStream(ByteStream):
         self._protocol = protocol
         self._sock = sock
         self._closed = False
-        self._thread_writes = ThreadWrites(sock)
+        #: Writes of whole frames from other threads (``write_from_thread``).
+        self.thread_writes = ThreadWrites(sock)
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         """Bytes from the peer (at most ``max_bytes``); ``EndOfStream`` once it closed."""
@@ -276,7 +277,7 @@ class LoopSocketStream(ByteStream):
     def _write(self, data: bytes) -> None:
         """Queue ``data`` on the transport, after the rest of a frame that another
         thread began (see :meth:`write_from_thread`)."""
-        thread_writes = self._thread_writes
+        thread_writes = self.thread_writes
         with thread_writes.lock:
             if thread_writes.held:
                 self._transport.write(thread_writes.take_held())
@@ -287,13 +288,7 @@ class LoopSocketStream(ByteStream):
         """From a thread other than the loop's: send ``data`` (one whole frame) at once
         if nothing is queued ahead of it and ``busy()`` says no frame is half-written
         (``hipr.transports.thread_writes``); False, with nothing sent, otherwise."""
-        return self._thread_writes.write(data, busy, self._transport.get_write_buffer_size)
-
-    @property
-    def holds_thread_write(self) -> bool:
-        """True while the rest of a frame begun by :meth:`write_from_thread` waits to be
-        sent (:meth:`flush_thread_write`)."""
-        return bool(self._thread_writes.held)
+        return self.thread_writes.write(data, busy, self._transport.get_write_buffer_size)
 
     async def flush_thread_write(self) -> None:
         """Send the rest of a frame that :meth:`write_from_thread` began, if the socket
@@ -314,8 +309,8 @@ class LoopSocketStream(ByteStream):
         """Close; a task waiting in ``receive``/``send`` gets ``ClosedResourceError``."""
         if not self._closed:
             self._closed = True
-            with self._thread_writes.lock:
-                self._thread_writes.close()
+            with self.thread_writes.lock:
+                self.thread_writes.close()
             self._transport.abort()  # unsent bytes are dropped, as closing a socket does
             _wake(self._protocol.reader)
             _wake(self._protocol.drained)

@@ -79,7 +79,8 @@ class UnixSocketStream(ByteStream):
         sock.setblocking(False)
         self._sock = sock
         self._closed = False
-        self._thread_writes = ThreadWrites(sock)
+        #: Writes of whole frames from other threads (``write_from_thread``).
+        self.thread_writes = ThreadWrites(sock)
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         """Bytes from the peer; ``EndOfStream`` once the peer has closed its end."""
@@ -109,15 +110,15 @@ class UnixSocketStream(ByteStream):
         """Send all of ``item``, waiting while the socket buffer is full."""
         # As in receive: a send that fits in the socket buffer costs no loop pass.
         await anyio.lowlevel.checkpoint_if_cancelled()
-        with self._thread_writes.lock:
-            held = self._thread_writes.take_held()
+        with self.thread_writes.lock:
+            held = self.thread_writes.take_held()
         if held:
             await self._send_all(held)
         await self._send_all(item)
 
     async def _send_all(self, item: bytes | memoryview) -> None:
         view = memoryview(item).cast("B")
-        lock = self._thread_writes.lock
+        lock = self.thread_writes.lock
         while view:
             if self._closed:
                 raise anyio.ClosedResourceError
@@ -137,20 +138,14 @@ class UnixSocketStream(ByteStream):
         """From a thread other than the loop's: send ``data`` (one whole frame) at once
         if ``busy()`` says no frame is half-written (``hipr.transports.thread_writes``);
         False, with nothing sent, otherwise."""
-        return self._thread_writes.write(data, busy, _nothing_queued)
-
-    @property
-    def holds_thread_write(self) -> bool:
-        """True while the rest of a frame begun by :meth:`write_from_thread` waits to be
-        sent (:meth:`flush_thread_write`)."""
-        return bool(self._thread_writes.held)
+        return self.thread_writes.write(data, busy, _nothing_queued)
 
     async def flush_thread_write(self) -> None:
         """Send the rest of a frame that :meth:`write_from_thread` began, if the socket
         took only part of it (call before the connection's next frame, under its send
         lock)."""
-        with self._thread_writes.lock:
-            held = self._thread_writes.take_held()
+        with self.thread_writes.lock:
+            held = self.thread_writes.take_held()
         if held:
             await self._send_all(held)
 
@@ -166,8 +161,8 @@ class UnixSocketStream(ByteStream):
         """Close; a task waiting in ``receive``/``send`` gets ``ClosedResourceError``."""
         if not self._closed:
             self._closed = True
-            with self._thread_writes.lock:
-                self._thread_writes.close()
+            with self.thread_writes.lock:
+                self.thread_writes.close()
             anyio.notify_closing(self._sock)
             self._sock.close()
         await anyio.lowlevel.checkpoint()

@@ -53,6 +53,7 @@ from hipr.protocol.header import (
 from hipr.protocol.opcodes import Opcode, opcode_name
 from hipr.transports import connect as transport_connect
 from hipr.transports.loop_stream import LoopSocketStream as PushStream
+from hipr.transports.thread_writes import ThreadWritable
 from hipr.worker.config import WorkerConfig
 from hipr.worker.isolation import TenantProcesses
 from hipr.worker.payloads import PayloadBuffers, Placements
@@ -357,11 +358,17 @@ class WorkerConnection:
         thread writes the reply straight to the socket (``hipr.transports.thread_writes``),
         unless a frame is being written or queued, or an earlier fire-and-forget error
         is pending; the executor then finishes the request without sending it again."""
-        write_from_thread = getattr(self.stream, "write_from_thread", None)
+        stream = self.stream
         session = self.session
         request_id = request.request_id
-        if write_from_thread is None or session is None or request.no_reply or not request_id:
+        if (
+            not isinstance(stream, ThreadWritable)
+            or session is None
+            or request.no_reply
+            or not request_id
+        ):
             return None
+        write_from_thread = stream.write_from_thread
         data = b"".join(encode_frame_parts(request.opcode, request_id, Flags.REPLY, {}))
         busy = self._send_lock.locked
 
@@ -382,10 +389,11 @@ class WorkerConnection:
             self._log.warning("error after a reply sent from the GPU thread", opcode=name)
             session.defer_error(error, name, request_id)
         session.replies.put(request_id, data)
-        if self.stream.holds_thread_write:  # type: ignore[attr-defined]
+        stream = self.stream
+        if isinstance(stream, ThreadWritable) and stream.thread_writes.held:
             await self._send_lock.acquire()
             try:
-                await self.stream.flush_thread_write()  # type: ignore[attr-defined]
+                await stream.flush_thread_write()
             finally:
                 self._send_lock.release()
         self.worker.busy_poll.note_activity()
