@@ -122,12 +122,21 @@ def or_restore(fn: Callable[..., Any], *restores: Callable[[], None]) -> Callabl
 
 
 async def run_ordered(
-    session: Session, request: Request, fn: Callable[..., Any], *args: Any
+    session: Session,
+    request: Request,
+    fn: Callable[..., Any],
+    *args: Any,
+    empty_reply: bool = False,
 ) -> None:
     """Run a backend call that returns nothing: queued without waiting when the request is
-    fire-and-forget (its error then goes to the next synchronising call), awaited otherwise."""
+    fire-and-forget (its error then goes to the next synchronising call), awaited otherwise.
+    ``empty_reply``: the handler answers ``{}`` once the call succeeds, so the session's
+    GPU thread may send that reply itself the moment the call returns
+    (:meth:`Request.answer_on_gpu_thread`)."""
     if request.no_reply:
         post_ordered(session, request, fn, *args)
+    elif empty_reply:
+        await session.gpu(fn, *args, then=request.answer_on_gpu_thread())
     else:
         await session.gpu(fn, *args)
 

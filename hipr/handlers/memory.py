@@ -93,14 +93,25 @@ def _address(view: memoryview) -> int:
     return int(np.frombuffer(view, np.uint8).ctypes.data)
 
 
-async def _copy_chunks_in(session: Session, request: Request, dst: int, size: int) -> None:
+async def _copy_chunks_in(
+    session: Session, request: Request, dst: int, size: int, *, empty_reply: bool
+) -> None:
+    """Copy the request's bulk bytes to ``dst``. ``empty_reply``: the handler answers
+    ``{}`` once this returns, so a one-frame copy's reply may leave from the GPU thread
+    (see ``run_ordered``)."""
     if not request.more:
         # All of it came in one frame: one ordered call, queued without a wait when the
         # request is fire-and-forget (small async copies run at the launch rate).
         stream, any_bytes = _whole_copy_in(session, request, dst, size)
         if any_bytes:
             await run_ordered(
-                session, request, session.backend.memcpy_htod, dst, request.bulk, stream
+                session,
+                request,
+                session.backend.memcpy_htod,
+                dst,
+                request.bulk,
+                stream,
+                empty_reply=empty_reply,
             )
         return
     stream = session.stream(request.args.handle("stream", optional=True))
@@ -150,7 +161,7 @@ async def memcpy_htod(session: Session, request: Request) -> Any:
     except HipError:
         await request.drain()
         raise
-    await _copy_chunks_in(session, request, dst, size)
+    await _copy_chunks_in(session, request, dst, size, empty_reply=True)
     session.observer.bytes_copied(session.tenant, "htod", size)
     return {}
 
@@ -212,7 +223,9 @@ async def memcpy_dtod(session: Session, request: Request) -> Any:
     session.check_range(dst, size, "destination")
     session.check_range(src, size, "source")
     stream = session.stream(request.args.handle("stream", optional=True))
-    await run_ordered(session, request, session.backend.memcpy_dtod, dst, src, size, stream)
+    await run_ordered(
+        session, request, session.backend.memcpy_dtod, dst, src, size, stream, empty_reply=True
+    )
     return {}
 
 
@@ -224,7 +237,9 @@ async def memset(session: Session, request: Request) -> Any:
     size = request.args.size("size")
     session.check_range(ptr, size, "memset range")
     stream = session.stream(request.args.handle("stream", optional=True))
-    await run_ordered(session, request, session.backend.memset, ptr, value, size, stream)
+    await run_ordered(
+        session, request, session.backend.memset, ptr, value, size, stream, empty_reply=True
+    )
     return {}
 
 
@@ -244,7 +259,7 @@ async def malloc_htod(session: Session, request: Request) -> Any:
         await request.drain()
         raise
     try:
-        await _copy_chunks_in(session, request, ptr, size)
+        await _copy_chunks_in(session, request, ptr, size, empty_reply=False)
         session.observer.bytes_copied(session.tenant, "htod", size)
     except BaseException:
         session.allocations.remove(ptr)

@@ -906,6 +906,10 @@ class WorkerConnection:
         if answered is not None:
             self._answered_early = None
             if answered[0] == request_id:
+                if error is None and result != {}:
+                    # A handler that asked for an early reply must answer {}: the client
+                    # has that reply already. A bug, said loudly; the reply stands.
+                    self._log.error("GPU thread's reply differs from the result", opcode=name)
                 await self._finish_answered_early(session, name, request_id, answered[1], error)
                 return True
         if error is not None:

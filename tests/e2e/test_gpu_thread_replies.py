@@ -9,6 +9,7 @@ import threading
 from typing import Any
 
 import anyio
+import numpy as np
 import pytest
 
 import hipr
@@ -145,6 +146,32 @@ async def test_each_kind_of_wait_is_answered_from_the_gpu_thread(
         assert await gpu.memcpy_dtoh(p) == b"\3" * 16
         session = only_session(worker)
         assert session.replies.get(session.last_executed_id - 2) is not None
+
+
+async def test_synchronous_copies_and_memsets_are_answered_from_the_gpu_thread(
+    endpoint: Endpoint, thread_writes: ThreadWriteLog
+) -> None:
+    """A copy or memset that waits for its reply runs on the GPU thread, which answers it
+    as it returns; an upload that allocates (MALLOC_HTOD) answers with its pointer, from
+    the loop."""
+    async with endpoint.aconnect() as gpu:
+        p = await gpu.malloc(64)
+        q = await gpu.malloc(64)
+        await gpu.synchronize()
+        for call in (
+            gpu.memset(p, 9, 64),
+            gpu.memcpy_htod(p + 8, b"early!!!"),
+            gpu.memcpy_dtod(q, p, 64),
+        ):
+            thread_writes.clear()
+            await call
+            ((name, sent),) = await thread_writes.outcomes()
+            assert name.startswith("hipr-gpu-") and sent
+        assert await gpu.memcpy_dtoh(q, 16) == b"\x09" * 8 + b"early!!!"
+        thread_writes.clear()
+        r = await gpu.malloc_htod(np.arange(4, dtype=np.int32))
+        assert await thread_writes.outcomes() == []
+        assert np.frombuffer(await gpu.memcpy_dtoh(r, 16), np.int32).tolist() == [0, 1, 2, 3]
 
 
 async def test_a_pending_fire_and_forget_error_is_reported_by_the_loop(
