@@ -21,7 +21,8 @@ this checkout's synchronous client.
 Workloads (each round): null ``synchronize()``; 1-thread ``fill_f32`` launch +
 ``synchronize()``; 1,000 launches then one ``synchronize()`` (per launch); 1,000
 fire-and-forget 4-byte ``memcpy_htod_async`` on a stream, then ``synchronize()`` (per
-copy); a kernel of ~2 ms launched and synchronized (``benchmarks.stages.long_kernel``:
+copy); a synchronous 4 KiB ``memcpy_htod`` (its reply comes once the copy is done); a
+kernel of ~2 ms launched and synchronized (``benchmarks.stages.long_kernel``:
 the 2048³ SGEMM on GPU backends, a fill of 4 Mi elements on the emulator), whose
 synchronize waits on the session's GPU thread; and the blocking echo floor.
 """
@@ -56,6 +57,7 @@ WORKLOADS = (
     "launch + synchronize",
     "1,000 launches",
     "1,000 ff 4 B copies",
+    "4 KiB memcpy_htod",
     "long kernel + sync",
 )
 
@@ -134,6 +136,8 @@ class _Target:
         self.args = [self.word, np.float32(1.0), np.uint64(1)]
         self.stream = gpu.stream_create()
         self.four = np.zeros(1, np.float32)
+        self.page = np.zeros(1024, np.float32)
+        self.page_ptr = gpu.malloc(self.page.nbytes)
         self.long, self.long_grid, self.long_block, self.long_args, self.clean = long_kernel(
             gpu, backend
         )
@@ -155,6 +159,9 @@ class _Target:
         for _ in range(ITEMS_PER_ROUND):
             post(word, four, stream=stream)
         self.gpu.synchronize()
+
+    def small_copy(self) -> None:
+        self.gpu.memcpy_htod(self.page_ptr, self.page)
 
     def long_sync(self) -> None:
         self.long.launch(self.long_grid, self.long_block, self.long_args)
@@ -222,6 +229,7 @@ def measure(
                     _per_call(target.launch_sync, CALLS_PER_ROUND),
                     _per_item(target.launches),
                     _per_item(target.copies),
+                    _per_call(target.small_copy, CALLS_PER_ROUND),
                     _per_call(target.long_sync, LONG_CALLS_PER_ROUND),
                 )
                 if keep:
@@ -233,6 +241,7 @@ def measure(
             log(f"round {number}/{rounds}{'' if keep else ' (warm-up)'} done")
         for target in targets.values():
             target.gpu.free(target.word)
+            target.gpu.free(target.page_ptr)
             target.clean()
     return timings
 
