@@ -57,7 +57,8 @@ async def free(session: Session, request: Request) -> Any:
     ptr = request.args.address("ptr")
     allocation = session.allocations.remove(ptr)
     try:
-        await session.gpu(session._free_on, allocation)
+        # It answers {} once freed: the GPU thread may send that itself.
+        await session.gpu(session._free_on, allocation, then=request.answer_on_gpu_thread())
     except Exception:
         # The runtime refused (or failed): keep the books honest, the memory is still held.
         session.allocations.add(allocation)

@@ -148,20 +148,22 @@ async def test_each_kind_of_wait_is_answered_from_the_gpu_thread(
         assert session.replies.get(session.last_executed_id - 2) is not None
 
 
-async def test_synchronous_copies_and_memsets_are_answered_from_the_gpu_thread(
+async def test_synchronous_copies_memsets_and_frees_are_answered_from_the_gpu_thread(
     endpoint: Endpoint, thread_writes: ThreadWriteLog
 ) -> None:
-    """A copy or memset that waits for its reply runs on the GPU thread, which answers it
-    as it returns; an upload that allocates (MALLOC_HTOD) answers with its pointer, from
+    """A copy, memset or free that waits for its reply runs on the GPU thread, which
+    answers it as it returns; an upload that allocates (MALLOC_HTOD) answers with its pointer, from
     the loop."""
     async with endpoint.aconnect() as gpu:
         p = await gpu.malloc(64)
         q = await gpu.malloc(64)
         await gpu.synchronize()
+        spare = await gpu.malloc(64)
         for call in (
             gpu.memset(p, 9, 64),
             gpu.memcpy_htod(p + 8, b"early!!!"),
             gpu.memcpy_dtod(q, p, 64),
+            gpu.free(spare),
         ):
             thread_writes.clear()
             await call
