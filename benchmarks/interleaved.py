@@ -22,9 +22,10 @@ Workloads (each round): null ``synchronize()``; 1-thread ``fill_f32`` launch +
 ``synchronize()``; 1,000 launches then one ``synchronize()`` (per launch); 1,000
 fire-and-forget 4-byte ``memcpy_htod_async`` on a stream, then ``synchronize()`` (per
 copy); a synchronous 4 KiB ``memcpy_htod`` (its reply comes once the copy is done); a
-kernel of ~2 ms launched and synchronized (``benchmarks.stages.long_kernel``:
-the 2048³ SGEMM on GPU backends, a fill of 4 Mi elements on the emulator), whose
-synchronize waits on the session's GPU thread; and the blocking echo floor.
+4-byte ``memcpy_dtoh`` (a result read back); a kernel of ~2 ms launched and
+synchronized (``benchmarks.stages.long_kernel``: the 2048³ SGEMM on GPU backends, a fill
+of 4 Mi elements on the emulator), whose synchronize waits on the session's GPU thread;
+and the blocking echo floor.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ WORKLOADS = (
     "1,000 launches",
     "1,000 ff 4 B copies",
     "4 KiB memcpy_htod",
+    "4 B memcpy_dtoh",
     "long kernel + sync",
 )
 
@@ -163,6 +165,9 @@ class _Target:
     def small_copy(self) -> None:
         self.gpu.memcpy_htod(self.page_ptr, self.page)
 
+    def read_word(self) -> None:
+        self.gpu.memcpy_dtoh(self.word, 4, out=self.four)
+
     def long_sync(self) -> None:
         self.long.launch(self.long_grid, self.long_block, self.long_args)
         self.gpu.synchronize()
@@ -230,6 +235,7 @@ def measure(
                     _per_item(target.launches),
                     _per_item(target.copies),
                     _per_call(target.small_copy, CALLS_PER_ROUND),
+                    _per_call(target.read_word, CALLS_PER_ROUND),
                     _per_call(target.long_sync, LONG_CALLS_PER_ROUND),
                 )
                 if keep:

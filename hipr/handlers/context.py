@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 
 
 T = TypeVar("T")
+#: The reply of most requests that wait: an empty map (never changed).
+_EMPTY_RESULT: dict[str, Any] = {}
 
 
 class RequestLink(Protocol):
@@ -38,11 +40,14 @@ class RequestLink(Protocol):
         ``window`` (the request's whole destination); yields whether they can."""
         ...
 
-    def answer_from_gpu_thread(self, request: Request) -> Callable[[], object] | None:
-        """For a request whose reply is an empty success once its wait on the session's
-        GPU thread returns: what that thread may call right then to send the reply
-        itself (unless an earlier fire-and-forget error must be reported), sooner than
-        the event loop would; None where the link cannot."""
+    def answer_from_gpu_thread(
+        self, request: Request, result: Any, bulk: memoryview | bytes
+    ) -> Callable[[], object] | None:
+        """For a request whose reply, once its call on the session's GPU thread returns,
+        is ``result`` and ``bulk`` (the call fills ``bulk``): what that thread may call
+        right then to send the reply itself (unless an earlier fire-and-forget error must
+        be reported), sooner than the event loop would; None where the link cannot (or
+        the reply is too large to send that way)."""
         ...
 
 
@@ -89,12 +94,14 @@ class Request:
         offset in ``window`` already."""
         return self.link.placing(self.request_id, window)
 
-    def answer_on_gpu_thread(self) -> Callable[[], object] | None:
-        """A wait's ``then`` (``Session.gpu``): the GPU thread sends this request's empty
-        reply itself when the wait returns (see
-        :meth:`RequestLink.answer_from_gpu_thread`). Only for a handler that then
-        returns ``{}``."""
-        return self.link.answer_from_gpu_thread(self)
+    def answer_on_gpu_thread(
+        self, result: Any = _EMPTY_RESULT, bulk: memoryview | bytes = b""
+    ) -> Callable[[], object] | None:
+        """A call's ``then`` (``Session.gpu``): the GPU thread sends this request's reply
+        itself when the call returns (see :meth:`RequestLink.answer_from_gpu_thread`).
+        Only for a handler that then returns exactly that reply: ``result`` (``{}`` by
+        default) and ``bulk``, which the call fills."""
+        return self.link.answer_from_gpu_thread(self, result, bulk)
 
 
 @dataclass(slots=True)

@@ -193,8 +193,11 @@ async def memcpy_dtoh(session: Session, request: Request) -> Any:
     session.observer.bytes_copied(session.tenant, "dtoh", size)
     if size <= DTOH_CHUNK:
         out = _host_buffer(size)
-        await session.gpu(session.backend.memcpy_dtoh, out, src, stream)
-        return Reply({"size": size}, out)
+        result = {"size": size}
+        # A small read's reply may leave from the GPU thread as soon as ``out`` is filled.
+        then = request.answer_on_gpu_thread(result, out)
+        await session.gpu(session.backend.memcpy_dtoh, out, src, stream, then=then)
+        return Reply(result, out)
     # Double-buffered: the GPU fills chunk k+1 while chunk k is on the wire.
     pending: PendingCall[None] | None = None
     pending_buffer = memoryview(b"")

@@ -132,28 +132,35 @@ async def test_each_kind_of_wait_is_answered_from_the_gpu_thread(
         stream = await gpu.stream_create()
         event = await gpu.event_create()
         p = await gpu.malloc(16)
+        waited: list[int] = []
         for wait in (gpu.synchronize, stream.synchronize, event.synchronize):
             await event.record(stream)
             thread_writes.clear()
             backend.blocking_syncs = 0
+            waited.append(gpu._conn._next_id)  # the request id the wait will take
             await wait_while_blocked(backend, wait)
             assert backend.blocking_syncs == 1
             ((name, sent),) = await thread_writes.outcomes()
             assert name.startswith("hipr-gpu-")
             assert sent
-        # The session goes on as before, and kept each reply for a resend.
+        # The session goes on as before, and kept each reply for a resend (once the
+        # executor's bookkeeping, which may follow the client's next call, is done).
         await gpu.memset(p, 3, 16)
         assert await gpu.memcpy_dtoh(p) == b"\3" * 16
         session = only_session(worker)
-        assert session.replies.get(session.last_executed_id - 2) is not None
+        with anyio.fail_after(5):
+            while session.last_executed_id < waited[-1]:
+                await anyio.sleep(0.001)
+        for request_id in waited:
+            assert session.replies.get(request_id) is not None
 
 
 async def test_synchronous_copies_memsets_and_frees_are_answered_from_the_gpu_thread(
     endpoint: Endpoint, thread_writes: ThreadWriteLog
 ) -> None:
     """A copy, memset or free that waits for its reply runs on the GPU thread, which
-    answers it as it returns; an upload that allocates (MALLOC_HTOD) answers with its pointer, from
-    the loop."""
+    answers it as it returns, a small read with its bytes; an upload that allocates
+    (MALLOC_HTOD) answers with its pointer, from the loop."""
     async with endpoint.aconnect() as gpu:
         p = await gpu.malloc(64)
         q = await gpu.malloc(64)
@@ -169,7 +176,17 @@ async def test_synchronous_copies_memsets_and_frees_are_answered_from_the_gpu_th
             await call
             ((name, sent),) = await thread_writes.outcomes()
             assert name.startswith("hipr-gpu-") and sent
+        # A small read's reply carries its bytes from the GPU thread; a larger one (over
+        # 64 KiB) is sent by the loop.
+        thread_writes.clear()
         assert await gpu.memcpy_dtoh(q, 16) == b"\x09" * 8 + b"early!!!"
+        ((name, sent),) = await thread_writes.outcomes()
+        assert name.startswith("hipr-gpu-") and sent
+        big = await gpu.malloc(128 << 10)
+        await gpu.memset(big, 7, 128 << 10)
+        thread_writes.clear()
+        assert await gpu.memcpy_dtoh(big) == b"\x07" * (128 << 10)
+        assert await thread_writes.outcomes() == []
         thread_writes.clear()
         r = await gpu.malloc_htod(np.arange(4, dtype=np.int32))
         assert await thread_writes.outcomes() == []
