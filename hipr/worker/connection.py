@@ -376,13 +376,16 @@ class WorkerConnection:
         ):
             return None
         write_from_thread = stream.write_from_thread
-        head = bytes(encode_frame_parts(request.opcode, request_id, Flags.REPLY, result, bulk)[0])
+        opcode = request.opcode
         busy = self._send_lock.locked
 
         def answer() -> None:
-            # The bulk is read here, once the call has filled it.
-            data = head + bytes(bulk) if size else head
-            if not session.error_pending and write_from_thread(data, busy):
+            if session.error_pending:
+                return
+            # Encoded here, once the call has filled the bulk (and only if it ran here).
+            parts = encode_frame_parts(opcode, request_id, Flags.REPLY, result, bulk)
+            data = b"".join(bytes(part) for part in parts) if size else bytes(parts[0])
+            if write_from_thread(data, busy):
                 self._answered_early = (request_id, data)
 
         return answer
