@@ -15,8 +15,6 @@ if TYPE_CHECKING:
 
 
 T = TypeVar("T")
-#: The reply of most requests that wait: an empty map (never changed).
-_EMPTY_RESULT: dict[str, Any] = {}
 
 
 class RequestLink(Protocol):
@@ -40,14 +38,11 @@ class RequestLink(Protocol):
         ``window`` (the request's whole destination); yields whether they can."""
         ...
 
-    def answer_from_gpu_thread(
-        self, request: Request, result: Any, bulk: memoryview | bytes
-    ) -> Callable[[], object] | None:
-        """For a request whose reply, once its call on the session's GPU thread returns,
-        is ``result`` and ``bulk`` (the call fills ``bulk``): what that thread may call
-        right then to send the reply itself (unless an earlier fire-and-forget error must
-        be reported), sooner than the event loop would; None where the link cannot (or
-        the reply is too large to send that way)."""
+    def answer_from_gpu_thread(self, request: Request) -> Callable[[], object] | None:
+        """For a request whose reply is an empty success once its wait on the session's
+        GPU thread returns: what that thread may call right then to send the reply
+        itself (unless an earlier fire-and-forget error must be reported), sooner than
+        the event loop would; None where the link cannot."""
         ...
 
 
@@ -94,14 +89,12 @@ class Request:
         offset in ``window`` already."""
         return self.link.placing(self.request_id, window)
 
-    def answer_on_gpu_thread(
-        self, result: Any = _EMPTY_RESULT, bulk: memoryview | bytes = b""
-    ) -> Callable[[], object] | None:
-        """A call's ``then`` (``Session.gpu``): the GPU thread sends this request's reply
-        itself when the call returns (see :meth:`RequestLink.answer_from_gpu_thread`).
-        Only for a handler that then returns exactly that reply: ``result`` (``{}`` by
-        default) and ``bulk``, which the call fills."""
-        return self.link.answer_from_gpu_thread(self, result, bulk)
+    def answer_on_gpu_thread(self) -> Callable[[], object] | None:
+        """A wait's ``then`` (``Session.gpu``): the GPU thread sends this request's empty
+        reply itself when the wait returns (see
+        :meth:`RequestLink.answer_from_gpu_thread`). Only for a handler that then
+        returns ``{}``."""
+        return self.link.answer_from_gpu_thread(self)
 
 
 @dataclass(slots=True)
@@ -129,21 +122,12 @@ def or_restore(fn: Callable[..., Any], *restores: Callable[[], None]) -> Callabl
 
 
 async def run_ordered(
-    session: Session,
-    request: Request,
-    fn: Callable[..., Any],
-    *args: Any,
-    empty_reply: bool = False,
+    session: Session, request: Request, fn: Callable[..., Any], *args: Any
 ) -> None:
     """Run a backend call that returns nothing: queued without waiting when the request is
-    fire-and-forget (its error then goes to the next synchronising call), awaited otherwise.
-    ``empty_reply``: the handler answers ``{}`` once the call succeeds, so the session's
-    GPU thread may send that reply itself the moment the call returns
-    (:meth:`Request.answer_on_gpu_thread`)."""
+    fire-and-forget (its error then goes to the next synchronising call), awaited otherwise."""
     if request.no_reply:
         post_ordered(session, request, fn, *args)
-    elif empty_reply:
-        await session.gpu(fn, *args, then=request.answer_on_gpu_thread())
     else:
         await session.gpu(fn, *args)
 

@@ -57,8 +57,7 @@ async def free(session: Session, request: Request) -> Any:
     ptr = request.args.address("ptr")
     allocation = session.allocations.remove(ptr)
     try:
-        # It answers {} once freed: the GPU thread may send that itself.
-        await session.gpu(session._free_on, allocation, then=request.answer_on_gpu_thread())
+        await session.gpu(session._free_on, allocation)
     except Exception:
         # The runtime refused (or failed): keep the books honest, the memory is still held.
         session.allocations.add(allocation)
@@ -94,25 +93,14 @@ def _address(view: memoryview) -> int:
     return int(np.frombuffer(view, np.uint8).ctypes.data)
 
 
-async def _copy_chunks_in(
-    session: Session, request: Request, dst: int, size: int, *, empty_reply: bool
-) -> None:
-    """Copy the request's bulk bytes to ``dst``. ``empty_reply``: the handler answers
-    ``{}`` once this returns, so a one-frame copy's reply may leave from the GPU thread
-    (see ``run_ordered``)."""
+async def _copy_chunks_in(session: Session, request: Request, dst: int, size: int) -> None:
     if not request.more:
         # All of it came in one frame: one ordered call, queued without a wait when the
         # request is fire-and-forget (small async copies run at the launch rate).
         stream, any_bytes = _whole_copy_in(session, request, dst, size)
         if any_bytes:
             await run_ordered(
-                session,
-                request,
-                session.backend.memcpy_htod,
-                dst,
-                request.bulk,
-                stream,
-                empty_reply=empty_reply,
+                session, request, session.backend.memcpy_htod, dst, request.bulk, stream
             )
         return
     stream = session.stream(request.args.handle("stream", optional=True))
@@ -162,7 +150,7 @@ async def memcpy_htod(session: Session, request: Request) -> Any:
     except HipError:
         await request.drain()
         raise
-    await _copy_chunks_in(session, request, dst, size, empty_reply=True)
+    await _copy_chunks_in(session, request, dst, size)
     session.observer.bytes_copied(session.tenant, "htod", size)
     return {}
 
@@ -193,11 +181,8 @@ async def memcpy_dtoh(session: Session, request: Request) -> Any:
     session.observer.bytes_copied(session.tenant, "dtoh", size)
     if size <= DTOH_CHUNK:
         out = _host_buffer(size)
-        result = {"size": size}
-        # A small read's reply may leave from the GPU thread as soon as ``out`` is filled.
-        then = request.answer_on_gpu_thread(result, out)
-        await session.gpu(session.backend.memcpy_dtoh, out, src, stream, then=then)
-        return Reply(result, out)
+        await session.gpu(session.backend.memcpy_dtoh, out, src, stream)
+        return Reply({"size": size}, out)
     # Double-buffered: the GPU fills chunk k+1 while chunk k is on the wire.
     pending: PendingCall[None] | None = None
     pending_buffer = memoryview(b"")
@@ -227,9 +212,7 @@ async def memcpy_dtod(session: Session, request: Request) -> Any:
     session.check_range(dst, size, "destination")
     session.check_range(src, size, "source")
     stream = session.stream(request.args.handle("stream", optional=True))
-    await run_ordered(
-        session, request, session.backend.memcpy_dtod, dst, src, size, stream, empty_reply=True
-    )
+    await run_ordered(session, request, session.backend.memcpy_dtod, dst, src, size, stream)
     return {}
 
 
@@ -241,9 +224,7 @@ async def memset(session: Session, request: Request) -> Any:
     size = request.args.size("size")
     session.check_range(ptr, size, "memset range")
     stream = session.stream(request.args.handle("stream", optional=True))
-    await run_ordered(
-        session, request, session.backend.memset, ptr, value, size, stream, empty_reply=True
-    )
+    await run_ordered(session, request, session.backend.memset, ptr, value, size, stream)
     return {}
 
 
@@ -263,7 +244,7 @@ async def malloc_htod(session: Session, request: Request) -> Any:
         await request.drain()
         raise
     try:
-        await _copy_chunks_in(session, request, ptr, size, empty_reply=False)
+        await _copy_chunks_in(session, request, ptr, size)
         session.observer.bytes_copied(session.tenant, "htod", size)
     except BaseException:
         session.allocations.remove(ptr)

@@ -113,8 +113,6 @@ READ_AHEAD_BYTES = 16 << 20
 RECEIVE_INTO_BYTES = 256 << 10
 #: Seconds without a large payload after which a connection lets its buffers go.
 PAYLOAD_IDLE = 1.0
-#: The largest reply a session's GPU thread sends itself (it joins the reply's parts).
-MAX_EARLY_REPLY = 64 << 10
 _NO_REPLY = int(Flags.NO_REPLY)
 _MORE = int(Flags.MORE)
 _DATA = int(Opcode.DATA)
@@ -355,37 +353,27 @@ class WorkerConnection:
     async def _send_bytes(self, data: bytes) -> None:
         await self._send_parts([data])
 
-    def answer_from_gpu_thread(
-        self, request: Request, result: Any, bulk: memoryview | bytes
-    ) -> Callable[[], object] | None:
+    def answer_from_gpu_thread(self, request: Request) -> Callable[[], object] | None:
         """See ``RequestLink.answer_from_gpu_thread``: on a plain socket stream, the GPU
         thread writes the reply straight to the socket (``hipr.transports.thread_writes``),
         unless a frame is being written or queued, or an earlier fire-and-forget error
-        is pending; the executor then finishes the request without sending it again.
-        Replies of up to ``MAX_EARLY_REPLY`` bytes only: the thread joins its parts."""
+        is pending; the executor then finishes the request without sending it again."""
         stream = self.stream
         session = self.session
         request_id = request.request_id
-        size = len(bulk) if type(bulk) is bytes else memoryview(bulk).nbytes
         if (
             not isinstance(stream, ThreadWritable)
             or session is None
             or request.no_reply
             or not request_id
-            or size > MAX_EARLY_REPLY
         ):
             return None
         write_from_thread = stream.write_from_thread
-        opcode = request.opcode
+        data = b"".join(encode_frame_parts(request.opcode, request_id, Flags.REPLY, {}))
         busy = self._send_lock.locked
 
         def answer() -> None:
-            if session.error_pending:
-                return
-            # Encoded here, once the call has filled the bulk (and only if it ran here).
-            parts = encode_frame_parts(opcode, request_id, Flags.REPLY, result, bulk)
-            data = b"".join(bytes(part) for part in parts) if size else bytes(parts[0])
-            if write_from_thread(data, busy):
+            if not session.error_pending and write_from_thread(data, busy):
                 self._answered_early = (request_id, data)
 
         return answer
@@ -918,9 +906,9 @@ class WorkerConnection:
         if answered is not None:
             self._answered_early = None
             if answered[0] == request_id:
-                if error is None and self._reply_bytes(frame, result) != answered[1]:
-                    # A handler that asked for an early reply must return that reply: the
-                    # client has it already. A bug, said loudly; the reply stands.
+                if error is None and result != {}:
+                    # A handler that asked for an early reply must answer {}: the client
+                    # has that reply already. A bug, said loudly; the reply stands.
                     self._log.error("GPU thread's reply differs from the result", opcode=name)
                 await self._finish_answered_early(session, name, request_id, answered[1], error)
                 return True
@@ -981,15 +969,6 @@ class WorkerConnection:
             if no_reply:
                 session.defer_error(error, name, request_id)
         return error
-
-    @staticmethod
-    def _reply_bytes(frame: Frame, result: Any) -> bytes:
-        """The success reply a handler's ``result`` makes, as one bytes object."""
-        reply = result if isinstance(result, Reply) else Reply(result)
-        parts = encode_frame_parts(
-            frame.opcode, frame.request_id, Flags.REPLY, reply.result, reply.bulk
-        )
-        return b"".join(bytes(part) for part in parts)
 
     def _reply_frames(
         self, session: Session, frame: Frame, flags: Flags, result: Any, bulk: Any

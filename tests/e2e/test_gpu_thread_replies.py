@@ -9,7 +9,6 @@ import threading
 from typing import Any
 
 import anyio
-import numpy as np
 import pytest
 
 import hipr
@@ -153,44 +152,6 @@ async def test_each_kind_of_wait_is_answered_from_the_gpu_thread(
                 await anyio.sleep(0.001)
         for request_id in waited:
             assert session.replies.get(request_id) is not None
-
-
-async def test_synchronous_copies_memsets_and_frees_are_answered_from_the_gpu_thread(
-    endpoint: Endpoint, thread_writes: ThreadWriteLog
-) -> None:
-    """A copy, memset or free that waits for its reply runs on the GPU thread, which
-    answers it as it returns, a small read with its bytes; an upload that allocates
-    (MALLOC_HTOD) answers with its pointer, from the loop."""
-    async with endpoint.aconnect() as gpu:
-        p = await gpu.malloc(64)
-        q = await gpu.malloc(64)
-        await gpu.synchronize()
-        spare = await gpu.malloc(64)
-        for call in (
-            gpu.memset(p, 9, 64),
-            gpu.memcpy_htod(p + 8, b"early!!!"),
-            gpu.memcpy_dtod(q, p, 64),
-            gpu.free(spare),
-        ):
-            thread_writes.clear()
-            await call
-            ((name, sent),) = await thread_writes.outcomes()
-            assert name.startswith("hipr-gpu-") and sent
-        # A small read's reply carries its bytes from the GPU thread; a larger one (over
-        # 64 KiB) is sent by the loop.
-        thread_writes.clear()
-        assert await gpu.memcpy_dtoh(q, 16) == b"\x09" * 8 + b"early!!!"
-        ((name, sent),) = await thread_writes.outcomes()
-        assert name.startswith("hipr-gpu-") and sent
-        big = await gpu.malloc(128 << 10)
-        await gpu.memset(big, 7, 128 << 10)
-        thread_writes.clear()
-        assert await gpu.memcpy_dtoh(big) == b"\x07" * (128 << 10)
-        assert await thread_writes.outcomes() == []
-        thread_writes.clear()
-        r = await gpu.malloc_htod(np.arange(4, dtype=np.int32))
-        assert await thread_writes.outcomes() == []
-        assert np.frombuffer(await gpu.memcpy_dtoh(r, 16), np.int32).tolist() == [0, 1, 2, 3]
 
 
 async def test_a_pending_fire_and_forget_error_is_reported_by_the_loop(
