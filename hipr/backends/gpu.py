@@ -1078,22 +1078,7 @@ class GpuBackend:
         """A kernel launch with ``args`` through the ``extra`` buffer-pointer path."""
         check_dims(grid, block)
         raw_stream, extra = self._launch_target(stream)
-        packed = self._fit_args(function, args)
-        if len(packed) <= extra.capacity:
-            address = extra.fill(packed)
-        else:  # more than the protocol carries (a direct caller): a buffer of its own
-            fresh = self._extra(packed)
-            address = fresh.address
-        gx, gy, gz = grid
-        bx, by, bz = block
-        # The runtime's function bound once (the launch is the hot path): no look-up
-        # by name, no generic result handling, per launch.
-        result = self._launch_kernel(
-            function, gx, gy, gz, bx, by, bz, shared_mem, raw_stream, None, address
-        )
-        err = int(result[0])
-        if err != _SUCCESS:
-            raise self._rt.error(err, self._calls.launch_kernel)
+        self._issue(function, (*grid, *block), shared_mem, raw_stream, extra, args)
 
     def launcher(
         self,
@@ -1104,38 +1089,35 @@ class GpuBackend:
         stream: Handle | None,
     ) -> Callable[[bytes], None]:
         """:meth:`launch` of one configuration, made ready once for many launches (a
-        batch): what every launch shares (the geometry's check, the stream, the
-        thread's ``extra`` array, the kernel's parameter size, the runtime's function)
-        is looked up here, and each call costs the argument buffer's copy and the
-        runtime's launch. Call it on the thread that runs the launches."""
+        batch): the geometry's check, the stream and the thread's ``extra`` array are
+        looked up here, and each call costs the argument buffer's copy and the runtime's
+        launch. Call it on the thread that runs the launches."""
         check_dims(grid, block)
         raw_stream, extra = self._launch_target(stream)
-        gx, gy, gz = grid
-        bx, by, bz = block
-        name = self._calls.launch_kernel
-        runtime = self._rt
-        call = self._launch_kernel
-        size = self._param_size(function)
-        capacity = extra.capacity
+        return partial(self._issue, function, (*grid, *block), shared_mem, raw_stream, extra)
 
-        def launch(args: bytes) -> None:
-            if size is not None and len(args) > size:
-                args = self._fit_args(function, args)
-            if len(args) <= capacity:
-                address = extra.fill(args)
-                result = call(
-                    function, gx, gy, gz, bx, by, bz, shared_mem, raw_stream, None, address
-                )
-            else:
-                fresh = self._extra(args)
-                result = call(
-                    function, gx, gy, gz, bx, by, bz, shared_mem, raw_stream, None, fresh.address
-                )
-            err = int(result[0])
-            if err != _SUCCESS:
-                raise runtime.error(err, name)
-
-        return launch
+    def _issue(
+        self,
+        function: Handle,
+        dims: tuple[int, ...],
+        shared_mem: int,
+        raw_stream: Any,
+        extra: ReusedLaunchExtra,
+        args: bytes,
+    ) -> None:
+        """The runtime's launch of ``args`` (grid and block in ``dims``), the rest ready."""
+        packed = self._fit_args(function, args)
+        if len(packed) <= extra.capacity:
+            address = extra.fill(packed)
+        else:  # more than the protocol carries (a direct caller): a buffer of its own
+            fresh = self._extra(packed)
+            address = fresh.address
+        # The runtime's function bound once (the launch is the hot path): no look-up by
+        # name, no generic result handling, per launch.
+        result = self._launch_kernel(function, *dims, shared_mem, raw_stream, None, address)
+        err = int(result[0])
+        if err != _SUCCESS:
+            raise self._rt.error(err, self._calls.launch_kernel)
 
     def _launch_target(self, stream: Handle | None) -> tuple[Any, ReusedLaunchExtra]:
         """The raw stream of a launch and the calling thread's reused ``extra`` array."""

@@ -161,17 +161,11 @@ def launch_config(session: Session, args: Args) -> tuple[Any, Any, Any, int, lis
 
 
 def check_pointers(
-    session: Session,
-    data: bytes,
-    ptrs: list[int],
-    what: str | Callable[[], str],
-    inside: set[int] | None = None,
+    session: Session, data: bytes, ptrs: list[int], what: str | Callable[[], str]
 ) -> None:
     """Each pointer argument of ``data`` (at the offsets ``ptrs``) must be null or inside
     one of the session's allocations; ``what`` names the launch in the error (a function
-    that names it, for a batch: built only when one is refused). ``inside``: addresses
-    already found inside an allocation during this request (the launches of a batch
-    mostly repeat their pointers), each looked up once, and added to."""
+    that names it, for a batch: built only when one is refused)."""
     size = len(data)
     for offset in ptrs:
         if offset + 8 > size:
@@ -179,15 +173,11 @@ def check_pointers(
                 f"{_named(what)}: pointer argument at offset {offset} is past the arguments"
             )
         address = _ADDRESS.unpack_from(data, offset)[0]
-        if not address or (inside is not None and address in inside):
-            continue
-        if session.allocations.containing(address) is None:
+        if address and session.allocations.containing(address) is None:
             raise invalid_value(
                 f"{_named(what)}: pointer argument at offset {offset} (0x{address:x}) is not "
                 "inside an allocation of this session"
             )
-        if inside is not None:
-            inside.add(address)
 
 
 #: A pointer argument: 8 bytes, little-endian, as the clients pack it.
@@ -243,15 +233,9 @@ class _Batch:
         self.call = (function, grid, block, shared_mem, stream)
         self.count = count = len(blobs)
 
-        inside: set[int] = set()
-
         def check(index: int, blob: bytes) -> None:
             check_pointers(
-                session,
-                blob,
-                ptrs,
-                lambda: f"{request.name}: launch {index + 1} of {count}",
-                inside,
+                session, blob, ptrs, lambda: f"{request.name}: launch {index + 1} of {count}"
             )
 
         #: The launches that may run, and the first refusal by position.

@@ -177,9 +177,12 @@ class _Layout:
 
     def pack(self, args: Sequence[object]) -> PackedArgs:
         """``args`` (of this layout's types) packed."""
+        return _new_packed(PackedArgs, (self.data(args), self.slots))
+
+    def data(self, args: Sequence[object]) -> bytes:
+        """``args`` (of this layout's types) as their bytes alone."""
         # The types came from ``args``, so the two have the same length.
-        fields = [how(arg) for how, arg in zip(self.convert, args)]  # noqa: B905
-        return _new_packed(PackedArgs, (self.struct.pack(*fields), self.slots))
+        return self.struct.pack(*[how(arg) for how, arg in zip(self.convert, args)])  # noqa: B905
 
 
 #: Layouts by the tuple of argument types; None for a sequence the general walk packs.
@@ -223,12 +226,11 @@ def packer(types: tuple[type, ...]) -> Callable[[Sequence[object]], bytes]:
         layout = _layout(types)
     if layout is None:
         return _packed_data
-    struct_pack = layout.struct.pack  # type: ignore[union-attr]
-    convert = layout.convert  # type: ignore[union-attr]
+    data = layout.data  # type: ignore[union-attr]
 
     def pack(args: Sequence[object]) -> bytes:
         try:
-            return struct_pack(*[how(arg) for how, arg in zip(convert, args)])  # noqa: B905
+            return data(args)
         except (struct.error, OverflowError, TypeError):
             return pack_args(args).data  # a pointer out of range, say: it says what
 
