@@ -286,6 +286,10 @@ class WorkerConnection:
         #: (request id, reply bytes) of a reply the session's GPU thread sent itself
         #: (``answer_from_gpu_thread``); written by that thread, taken by the executor.
         self._answered_early: tuple[int, bytes] | None = None
+        #: The stream, where other threads may write to it (plain sockets), else None.
+        self._thread_writable: ThreadWritable | None = (
+            stream if isinstance(stream, ThreadWritable) else None
+        )
         self._last_received = time.monotonic()
         self._done = anyio.Event()
         # Read once: a log line per request only when someone asked for debug logs.
@@ -358,15 +362,10 @@ class WorkerConnection:
         thread writes the reply straight to the socket (``hipr.transports.thread_writes``),
         unless a frame is being written or queued, or an earlier fire-and-forget error
         is pending; the executor then finishes the request without sending it again."""
-        stream = self.stream
+        stream = self._thread_writable
         session = self.session
         request_id = request.request_id
-        if (
-            not isinstance(stream, ThreadWritable)
-            or session is None
-            or request.no_reply
-            or not request_id
-        ):
+        if stream is None or session is None or request.no_reply or not request_id:
             return None
         write_from_thread = stream.write_from_thread
         data = b"".join(encode_frame_parts(request.opcode, request_id, Flags.REPLY, {}))
@@ -389,8 +388,8 @@ class WorkerConnection:
             self._log.warning("error after a reply sent from the GPU thread", opcode=name)
             session.defer_error(error, name, request_id)
         session.replies.put(request_id, data)
-        stream = self.stream
-        if isinstance(stream, ThreadWritable) and stream.thread_writes.held:
+        stream = self._thread_writable
+        if stream is not None and stream.thread_writes.held:
             await self._send_lock.acquire()
             try:
                 await stream.flush_thread_write()
