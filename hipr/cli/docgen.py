@@ -340,7 +340,55 @@ def hip_facade_markdown() -> str:
     return f"{title}\n\n{banner}\n{body}"
 
 
+def cli_markdown() -> str:
+    """``docs/cli.md``: the ``hipr`` subcommands and the exit codes, from the parser and
+    :class:`hipr.cli.common.ExitCode`."""
+    from hipr.cli.app import build_parser
+    from hipr.cli.common import ExitCode
+
+    parser = build_parser()
+    sub = next(
+        a for a in parser._actions if isinstance(a, argparse._SubParsersAction)  # noqa: SLF001
+    )
+    helps = {choice.dest: choice.help or "" for choice in sub._choices_actions}  # noqa: SLF001
+    lines = [
+        "# The `hipr` command",
+        "",
+        BANNER.format(source="hipr/cli/app.py, hipr/cli/common.py"),
+        "",
+        "`hipr COMMAND --help` tells each command's flags.",
+        "",
+        "| command | what it does |",
+        "|---|---|",
+    ]
+    for name in sub.choices:
+        lines.append(f"| `hipr {name}` | {_cell(helps.get(name, ''))} |")
+    lines += [
+        "",
+        "## Errors and exit codes",
+        "",
+        "Every failure prints one line on stderr, `hipr: <what is wrong>; <how to fix it>`, "
+        "never a traceback, and exits with one of these codes (`hipr.cli.common.ExitCode`):",
+        "",
+        "| code | name | meaning |",
+        "|---|---|---|",
+    ]
+    notes = member_comments(ExitCode)
+    for member in ExitCode:
+        lines.append(f"| {member.value} | `{member.name}` | {_cell(rst_to_markdown(notes.get(member.name, '')))} |")
+    lines += [
+        "",
+        "A token is given with `--token-file FILE` (its first line), `--token TOKEN` (visible "
+        "to other users of the machine) or `$HIPR_TOKEN`. From Python, the same mistakes "
+        "raise `hipr.HipError` subclasses: `hipr.InvalidUrlError` (a `hipr.UsageError`, "
+        "also a `ValueError`), `hipr.AuthError`, `hipr.HipConnectionError`.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
 GENERATED: dict[str, Callable[[], str]] = {
+    "docs/cli.md": cli_markdown,
     "docs/protocol.md": protocol_markdown,
     "docs/configuration.md": configuration_markdown,
     "docs/metrics.md": metrics_markdown,

@@ -372,7 +372,10 @@ def _host_source(dst: DevicePtr | int, src: Buffer, size: int | None) -> tuple[m
 def hello_args(token: str | None, version: str) -> dict[str, Any]:
     """The HELLO arguments: who we are and the token (default ``$HIPR_TOKEN``)."""
     token = token if token is not None else os.environ.get("HIPR_TOKEN")
-    args: dict[str, Any] = {"client": f"hipr-py/{version}"}
+    # "eol" ends the request of any line-based server reached by mistake (an HTTP
+    # metrics port waits for a blank line), so it answers at once and the handshake
+    # can say "not a hipr worker" instead of waiting out the connect timeout.
+    args: dict[str, Any] = {"client": f"hipr-py/{version}", "eol": "\r\n\r\n"}
     if token:
         args["token"] = token
     return args
