@@ -348,9 +348,9 @@ def cli_markdown() -> str:
 
     parser = build_parser()
     sub = next(
-        a for a in parser._actions if isinstance(a, argparse._SubParsersAction)  # noqa: SLF001
+        a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
     )
-    helps = {choice.dest: choice.help or "" for choice in sub._choices_actions}  # noqa: SLF001
+    helps = {choice.dest: choice.help or "" for choice in sub._choices_actions}
     lines = [
         "# The `hipr` command",
         "",
@@ -375,7 +375,8 @@ def cli_markdown() -> str:
     ]
     notes = member_comments(ExitCode)
     for member in ExitCode:
-        lines.append(f"| {member.value} | `{member.name}` | {_cell(rst_to_markdown(notes.get(member.name, '')))} |")
+        note = _cell(rst_to_markdown(notes.get(member.name, "")))
+        lines.append(f"| {member.value} | `{member.name}` | {note} |")
     lines += [
         "",
         "A token is given with `--token-file FILE` (its first line), `--token TOKEN` (visible "

@@ -118,8 +118,11 @@ class AsyncGpu:
 
     # --- memory --------------------------------------------------------------------
     async def malloc(self, size: int) -> DevicePtr:
-        """Allocate ``size`` bytes on the current device."""
+        """Allocate ``size`` bytes on the current device. ``malloc(0)`` returns the null
+        pointer (``DevicePtr(0, 0)``), as ``hipMalloc`` does; freeing it does nothing."""
         _check_size(size)
+        if size == 0:
+            return DevicePtr(0, 0)
         result = await self._call(Opcode.MALLOC, {"size": size})
         return DevicePtr(int(result["ptr"]), size)
 
@@ -197,7 +200,7 @@ class AsyncGpu:
             else:
                 raise invalid_value("memcpy_dtoh needs a size for a raw address")
         _check_size(size)
-        _check_fits(src, size)
+        _check_fits(src, size, "source")
         target = memoryview(bytearray(size)) if out is None else _bytes_view(out)
         if target.readonly or target.nbytes < size:
             raise invalid_value(f"out must be a writable buffer of at least {size} bytes")
@@ -214,8 +217,10 @@ class AsyncGpu:
     async def memcpy_dtod(
         self, dst: DevicePtr | int, src: DevicePtr | int, size: int, stream: Stream | None = None
     ) -> None:
-        """Copy between device ranges."""
+        """Copy ``size`` bytes from device range ``src`` to ``dst`` (both this session's)."""
         _check_size(size)
+        _check_fits(dst, size, "destination")
+        _check_fits(src, size, "source")
         await self._call(
             Opcode.MEMCPY_DTOD,
             {"dst": int(dst), "src": int(src), "size": size, "stream": handle_id(stream)},
@@ -353,9 +358,12 @@ def _check_size(size: object) -> None:
         raise invalid_value(f"size must be an int in [0, 2**63), got {size!r}")
 
 
-def _check_fits(ptr: DevicePtr | int, size: int) -> None:
+def _check_fits(ptr: DevicePtr | int, size: int, what: str = "destination") -> None:
     if isinstance(ptr, DevicePtr) and size > ptr.size:
-        raise invalid_value(f"{size} bytes do not fit in {ptr!r}")
+        raise invalid_value(
+            f"the copy of {size} bytes overruns the {what} allocation: {ptr!r} holds "
+            f"{ptr.size} bytes; copy at most {ptr.size}, or allocate more"
+        )
 
 
 def _host_source(dst: DevicePtr | int, src: Buffer, size: int | None) -> tuple[memoryview, int]:
