@@ -40,7 +40,7 @@ from hipr.errors import (
     UsageError,
     VersionMismatchError,
 )
-from hipr.observability import log as _log  # noqa: F401  (logging that never raises, even unconfigured)
+from hipr.observability.log import log_to_stderr  # also: the library's quiet default
 
 __all__ = [
     "AsyncGpu",
@@ -71,5 +71,6 @@ __all__ = [
     "aconnect",
     "apick_device",
     "connect",
+    "log_to_stderr",
     "pick_device",
 ]

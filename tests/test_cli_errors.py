@@ -213,3 +213,50 @@ def test_exit_code_table_in_the_docs_is_the_code() -> None:
     assert table == {member.value: member.name for member in ExitCode}
     assert len(set(ExitCode)) == len(ExitCode)  # no two names for one code
     assert "docs/cli.md" in cli.build_parser().epilog  # type: ignore[operator]
+
+
+# --- a worker that must not fall back to the emulator -------------------------------------
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    import logging
+
+    import structlog
+
+    old = structlog.get_config()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    structlog.configure(**old)
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def test_auto_backend_can_be_told_to_refuse_the_emulator(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    restore_logging: None,
+) -> None:
+    # No GPU runtime importable, whatever this host has.
+    for name in [n for n in sys.modules if n.startswith(("hip.", "cuda."))]:
+        monkeypatch.delitem(sys.modules, name)
+    for name in ("hip", "cuda", "cuda.bindings"):
+        monkeypatch.setitem(sys.modules, name, None)
+    code = cli.main(
+        [
+            *("worker", "--backend", "auto", "--no-emulator-fallback"),
+            *("--listen", "tcp://127.0.0.1:0", "--log-level", "error", "--log-format", "json"),
+        ]
+    )
+    assert code == ExitCode.HIP_ERROR
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith("hipr: ") and "emulator fallback is off" in err
+    assert "'b'" not in err
+
+
+def test_emulator_fallback_is_a_config_key() -> None:
+    from hipr.worker.config import load_config
+
+    assert load_config(None, {}).emulator_fallback is True
+    assert load_config(None, {"emulator_fallback": False}).emulator_fallback is False

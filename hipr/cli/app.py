@@ -73,6 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
         "replaces the config file's list (default tcp://127.0.0.1:18515)",
     )
     w.add_argument("--backend", choices=BACKENDS, help="GPU runtime (default auto)")
+    w.add_argument(
+        "--no-emulator-fallback",
+        action="store_true",
+        default=None,
+        help="with --backend auto, refuse to start when neither hip nor cuda loads, instead "
+        "of serving the emulator (config: emulator_fallback = false)",
+    )
     w.add_argument("--config", metavar="FILE", help="worker TOML file (see config/worker.toml)")
     w.add_argument("--log-level", choices=LOG_LEVELS, help="default info, or HIPR_LOG_LEVEL")
     w.add_argument("--log-format", choices=LOG_FORMATS, help="default auto")
@@ -152,6 +159,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     overrides = {
         "listen": args.listen,
         "backend": args.backend,
+        "emulator_fallback": False if args.no_emulator_fallback else None,
         "log_level": args.log_level,
         "log_format": args.log_format,
     }
