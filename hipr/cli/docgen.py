@@ -388,8 +388,38 @@ def cli_markdown() -> str:
     return "\n".join(lines)
 
 
+def kernels_markdown() -> str:
+    """``docs/kernels.md``: the built-in kernels, from their declarations and source."""
+    from hipr.kernels.builtins import kernels_markdown_table
+
+    return "\n".join(
+        [
+            "# Built-in kernels",
+            "",
+            BANNER.format(source="hipr/kernels/builtins.py"),
+            "",
+            "`gpu.builtin(name)` gives these kernels on every backend (the emulator runs "
+            "numpy versions; GPU backends compile the same CUDA/HIP source). Each uses a "
+            "grid-stride loop, so any geometry covers all `n` elements. A launch is checked "
+            "against the table when its configuration is first seen: a wrong count or type "
+            "of arguments, or too little `shared_mem`, fails at `launch()` with "
+            "`hipErrorInvalidValue`, not at the next synchronize.",
+            "",
+            kernels_markdown_table(),
+            "",
+            "```python",
+            'k = gpu.builtin("reduce_sum_f32")',
+            "k.launch(grid=(8, 1, 1), block=(256, 1, 1), args=[out, x, np.uint64(n)],",
+            "         shared_mem=4 * 256)",
+            "```",
+            "",
+        ]
+    )
+
+
 GENERATED: dict[str, Callable[[], str]] = {
     "docs/cli.md": cli_markdown,
+    "docs/kernels.md": kernels_markdown,
     "docs/protocol.md": protocol_markdown,
     "docs/configuration.md": configuration_markdown,
     "docs/metrics.md": metrics_markdown,

@@ -25,6 +25,7 @@ from hipr.client.link import RequestLink
 from hipr.client.objects import DevicePtr, Event, Function, Graph, Module, Stream, handle_id
 from hipr.client.timeouts import with_timeouts
 from hipr.errors import HipError, ProtocolError, SessionLostError, invalid_value
+from hipr.kernels.builtins import BUILTINS
 from hipr.protocol.codec import DEFAULT_MAX_PAYLOAD
 from hipr.protocol.header import PROTOCOL_VERSION
 from hipr.protocol.opcodes import Opcode
@@ -285,9 +286,10 @@ class AsyncGpu:
 
     async def builtin(self, name: str) -> Function:
         """A built-in kernel (fill_f32, scale_f32, axpy_f32, vector_add_f32, reduce_sum_f32,
-        mixed_args_probe) that runs on every backend."""
+        mixed_args_probe) that runs on every backend; docs/kernels.md lists each one's
+        arguments. Its launches are checked against them at ``launch()``."""
         result = await self._call(Opcode.MODULE_BUILTIN, {"name": name})
-        return Function(self, result["function"], name)
+        return Function(self, result["function"], name, BUILTINS.get(name))
 
     async def graph_create(self) -> Graph:
         """An empty graph."""
