@@ -347,9 +347,7 @@ def cli_markdown() -> str:
     from hipr.cli.common import ExitCode
 
     parser = build_parser()
-    sub = next(
-        a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
-    )
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     helps = {choice.dest: choice.help or "" for choice in sub._choices_actions}
     lines = [
         "# The `hipr` command",

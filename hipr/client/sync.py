@@ -177,7 +177,7 @@ def add_sync_methods(cls: type[SyncProxy], async_cls: type) -> None:
             method.__module__ = cls.__module__
             method.__qualname__ = f"{cls.__qualname__}.{name}"
             method.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]
-            del method.__wrapped__  # else tools take it for the async method itself
+            del method.__wrapped__  # type: ignore[attr-defined]  # else tools take it for the async one
             setattr(cls, name, method)
 
 

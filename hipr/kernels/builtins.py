@@ -88,7 +88,7 @@ class BuiltinKernel:
             )
         if self.shared_bytes_per_thread:
             bx = _block_x(block)
-            need = self.shared_bytes_per_thread * bx
+            need = self.shared_bytes_per_thread * (bx or 0)
             if bx is not None and shared_mem < need:
                 raise invalid_value(
                     f"{self.name} needs shared_mem >= {self.shared_bytes_per_thread} * "

@@ -176,7 +176,7 @@ class WorkerConfig:
     emulator_fallback: bool = field(
         default=True,
         metadata=_doc(
-            "Whether `backend = \"auto\"` falls back to the emulator (with a warning) when "
+            'Whether `backend = "auto"` falls back to the emulator (with a warning) when '
             "neither `hip` nor `cuda` loads; false refuses to start instead, as on a GPU "
             "node (`--no-emulator-fallback`)."
         ),
