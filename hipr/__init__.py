@@ -33,12 +33,14 @@ from hipr.errors import (
     HipError,
     HipErrorCode,
     HipTimeoutError,
+    InvalidUrlError,
     ProtocolError,
     QuotaError,
     SessionLostError,
+    UsageError,
     VersionMismatchError,
 )
-from hipr.observability import log as _log  # noqa: F401  (logging that never raises, even unconfigured)
+from hipr.observability.log import log_to_stderr  # also: the library's quiet default
 
 __all__ = [
     "AsyncGpu",
@@ -56,16 +58,19 @@ __all__ = [
     "HipError",
     "HipErrorCode",
     "HipTimeoutError",
+    "InvalidUrlError",
     "Module",
     "MultiGpu",
     "ProtocolError",
     "QuotaError",
     "SessionLostError",
     "Stream",
+    "UsageError",
     "VersionMismatchError",
     "__version__",
     "aconnect",
     "apick_device",
     "connect",
+    "log_to_stderr",
     "pick_device",
 ]

@@ -2,4 +2,5 @@
 
 from hipr.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # imported (by documentation tools, say), it runs nothing
+    raise SystemExit(main())

@@ -155,6 +155,27 @@ class QuotaError(HipError):
     default_code = HipErrorCode.hipErrorOutOfMemory
 
 
+class UsageError(HipError, ValueError):
+    """The caller asked for something malformed: a bad URL, option or argument.
+
+    Also a :class:`ValueError`, which is what such mistakes raised before, so
+    ``except ValueError`` keeps working."""
+
+    kind = "usage"
+    default_code = HipErrorCode.hipErrorInvalidValue
+
+    def __str__(self) -> str:
+        # What is wrong and how to fix it; the HIP code is no help for a typo.
+        return self.message or super().__str__()
+
+
+class InvalidUrlError(UsageError):
+    """A worker URL that cannot be used: unknown scheme, no scheme, bad port, relative
+    unix path. The message names the URL and shows a well-formed one."""
+
+    kind = "invalid_url"
+
+
 class HipConnectionError(HipError):
     """The link to the worker failed: refused, reset, or closed mid-request."""
 
@@ -184,6 +205,8 @@ _KINDS: dict[str, type[HipError]] = {
         VersionMismatchError,
         AuthError,
         QuotaError,
+        UsageError,
+        InvalidUrlError,
         HipConnectionError,
         HipTimeoutError,
         SessionLostError,

@@ -310,7 +310,12 @@ def test_worker_bad_env_level(
 @pytest.mark.parametrize(
     ("exc", "code", "message"),
     [
-        (OSError(98, "Address already in use"), 1, "hipr: Address already in use\n"),
+        (
+            OSError(98, "Address already in use"),
+            5,
+            "hipr: Address already in use; stop the process listening there, or choose "
+            "another address (--listen, or listen / metrics_listen in the config)\n",
+        ),
         (
             ConfigError("refusing plaintext tokens", key="listen"),
             2,

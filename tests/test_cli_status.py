@@ -98,7 +98,7 @@ def test_status_with_a_wrong_admin_token(
     worker: Worker, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code = cli.main(["status", worker.bound_urls[0], "--admin-token", "nope"])
-    assert code == cli.EXIT_HIP_ERROR
+    assert code == cli.EXIT_AUTH  # a refused token, admin or tenant
     err = capsys.readouterr().err
     assert err.startswith("hipr: ") and "check the admin token" in err
     assert "HIPR_TOKEN or --token" not in err  # not the tenant token's hint
@@ -197,7 +197,7 @@ def test_human_duration() -> None:
 
 def test_tenant_auth_failure_names_the_token() -> None:
     text = cli.explain(AuthError(message="the token is not valid for this worker"))
-    assert text.endswith("check the token (HIPR_TOKEN or --token)")
+    assert text.endswith("check the token (HIPR_TOKEN, --token-file or --token)")
 
 
 def test_version_mismatch_says_upgrade_the_older_side() -> None:

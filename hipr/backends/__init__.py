@@ -13,6 +13,7 @@ from typing import Any
 import structlog
 
 from hipr.backends.base import Backend, BackendUnavailable
+from hipr.errors import HipErrorCode
 
 __all__ = ["BACKEND_NAMES", "BackendUnavailable", "load_backend"]
 
@@ -22,7 +23,7 @@ BACKEND_NAMES: tuple[str, ...] = ("hip", "cuda", "emulator", "auto")
 _log = structlog.get_logger("hipr.backends")
 
 
-def load_backend(name: str, /, **emulator_options: Any) -> Backend:
+def load_backend(name: str, /, *, fallback: bool = True, **emulator_options: Any) -> Backend:
     """The backend called ``name``: ``"hip"``, ``"cuda"``, ``"emulator"`` or ``"auto"``.
 
     ``"auto"`` tries hip, then cuda, then the emulator, returns the first that loads
@@ -31,6 +32,9 @@ def load_backend(name: str, /, **emulator_options: Any) -> Backend:
     ignored by the GPU backends, which describe the real device.
 
     ``name`` is positional-only because the emulator takes a ``name`` option too.
+    ``fallback=False`` makes ``"auto"`` raise :class:`BackendUnavailable` instead of
+    falling back to the emulator (a GPU node must not silently serve host memory); the
+    fallback itself is logged as a warning.
 
     Raises :class:`BackendUnavailable` when an explicitly named GPU backend cannot
     load, and ValueError for a name not in :data:`BACKEND_NAMES`.
@@ -55,8 +59,25 @@ def load_backend(name: str, /, **emulator_options: Any) -> Backend:
             continue
         _log.info("backend selected", backend=candidate, requested="auto", skipped=skipped)
         return backend
+    why = "; ".join(f"{k}: {v}" for k, v in skipped.items())
+    if not fallback:
+        raise BackendUnavailable(
+            HipErrorCode.hipErrorNoDevice,
+            f"--backend auto found no GPU runtime ({why}) and the emulator fallback is off: "
+            "install hipr[hip] or hipr[cuda] on a GPU node, or choose --backend emulator",
+        )
     backend = _load_emulator(emulator_options)
-    _log.info("backend selected", backend="emulator", requested="auto", skipped=skipped)
+    # A warning: on a GPU node without the extra a user would otherwise get host memory
+    # and numpy kernels without noticing.
+    _log.warning(
+        "backend selected",
+        backend="emulator",
+        requested="auto",
+        skipped=skipped,
+        fallback="no GPU runtime loaded: serving the EMULATOR (host memory, built-in "
+        "kernels only); install hipr[hip] or hipr[cuda], or refuse with "
+        "--no-emulator-fallback (emulator_fallback = false)",
+    )
     return backend
 
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import re
 import threading
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -335,8 +336,11 @@ class RuntimeBase:
 
     def could_not_load(self, exc: BaseException) -> BackendUnavailable:
         """BackendUnavailable for a native library that failed to load."""
+        # hip-python's loader quotes bytes reprs ("failed to dlopen 'b'libamdhip64.so''");
+        # people read this line, so it shows the names as text.
+        text = re.sub(r"b'([^']*)'", r"\1", str(exc))
         return self.unavailable(
-            E.hipErrorInsufficientDriver, f"could not load {self.library} ({exc})"
+            E.hipErrorInsufficientDriver, f"could not load {self.library} ({text})"
         )
 
     def no_device(self, vendor: str) -> BackendUnavailable:

@@ -4,4 +4,5 @@ import sys
 
 from hipr.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # imported (by documentation tools, say), it runs nothing
+    sys.exit(main())

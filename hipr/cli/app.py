@@ -1,14 +1,7 @@
 """The ``hipr`` command: run a worker, look at one, measure the link to it.
 
-Exit codes scripts can rely on:
-
-====  =========================================================
-0     success
-1     the worker answered with a HIP error (or the worker failed)
-2     usage or configuration error
-3     connection error: refused, reset, timed out, session lost
-130   interrupted (Ctrl-C)
-====  =========================================================
+Exit codes scripts can rely on are :class:`hipr.cli.common.ExitCode` (tabled in
+``docs/cli.md``, generated from it).
 
 Every failure prints one line, ``hipr: <what went wrong>``, on stderr; no traceback.
 """
@@ -16,6 +9,7 @@ Every failure prints one line, ``hipr: <what went wrong>``, on stderr; no traceb
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import statistics
 import sys
@@ -24,6 +18,8 @@ from typing import Any
 
 from hipr.cli.bench import add_bench_parser
 from hipr.cli.common import (
+    EXIT_ADDRESS_IN_USE,
+    EXIT_AUTH,
     EXIT_CONNECTION,
     EXIT_HIP_ERROR,
     EXIT_INTERRUPTED,
@@ -43,7 +39,7 @@ from hipr.cli.completion import add_completion_parser
 from hipr.cli.fleet import info_many, urls_of
 from hipr.cli.status_view import add_status_parser
 from hipr.cli.workers import add_workers_parser
-from hipr.errors import HipConnectionError, HipError
+from hipr.errors import AuthError, HipConnectionError, HipError, UsageError
 from hipr.protocol import version_text
 from hipr.worker.config import BACKENDS, LOG_FORMATS, LOG_LEVELS, ConfigError, load_config
 
@@ -57,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Use a remote GPU over HIP: run a worker on the GPU node, "
         "inspect it from anywhere.",
         epilog="Exit codes: 0 ok, 1 HIP error from the worker, 2 usage or configuration "
-        "error, 3 connection error.",
+        "error, 3 connection error, 4 token missing or refused, 5 address already in use "
+        "(docs/cli.md).",
     )
     parser.add_argument("--version", action="version", version=version_string())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -76,6 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
         "replaces the config file's list (default tcp://127.0.0.1:18515)",
     )
     w.add_argument("--backend", choices=BACKENDS, help="GPU runtime (default auto)")
+    w.add_argument(
+        "--no-emulator-fallback",
+        action="store_true",
+        default=None,
+        help="with --backend auto, refuse to start when neither hip nor cuda loads, instead "
+        "of serving the emulator (config: emulator_fallback = false)",
+    )
     w.add_argument("--config", metavar="FILE", help="worker TOML file (see config/worker.toml)")
     w.add_argument("--log-level", choices=LOG_LEVELS, help="default info, or HIPR_LOG_LEVEL")
     w.add_argument("--log-format", choices=LOG_FORMATS, help="default auto")
@@ -155,6 +159,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     overrides = {
         "listen": args.listen,
         "backend": args.backend,
+        "emulator_fallback": False if args.no_emulator_fallback else None,
         "log_level": args.log_level,
         "log_format": args.log_format,
     }
@@ -335,12 +340,20 @@ _SIZE_QUOTAS = frozenset({"max_device_memory", "max_inflight_bytes", "max_frame_
 def explain(exc: HipError) -> str:
     """The error's message with what to do about it: which token to check, which side to
     upgrade, which quota refused and its limit."""
-    from hipr.errors import AuthError, VersionMismatchError
+    from hipr.errors import VersionMismatchError
 
     text = str(exc)
     details = exc.details or {}
-    if isinstance(exc, AuthError) and not details.get("admin") and "--token" not in text:
-        return f"{text}; check the token (HIPR_TOKEN or --token)"
+    if isinstance(exc, AuthError) and not details.get("admin"):
+        if details.get("missing") or "requires a token" in exc.message:
+            # The worker's own hint speaks to API users (token=...); this is the CLI.
+            return (
+                "this worker requires a token and none was given: pass --token-file FILE "
+                "or --token TOKEN, or set HIPR_TOKEN (make one with `hipr token new NAME` "
+                "on the worker's host)"
+            )
+        if "--token" not in text:
+            return f"{text}; check the token (HIPR_TOKEN, --token-file or --token)"
     if isinstance(exc, VersionMismatchError):
         mine = f"this client is {version_string()}"
         if "upgrade the older side" not in text:
@@ -356,12 +369,20 @@ def explain(exc: HipError) -> str:
     return text
 
 
+_ADDRESS_IN_USE_FIX = (
+    "stop the process listening there, or choose another address "
+    "(--listen, or listen / metrics_listen in the config)"
+)
+
+
 def _exit_code(exc: BaseException, client: bool) -> int | None:
     """The exit code and message for a failure the user should see, or None to re-raise."""
     if isinstance(exc, KeyboardInterrupt):
         return EXIT_INTERRUPTED
-    if isinstance(exc, ConfigError):
+    if isinstance(exc, ConfigError | UsageError):
         return _fail(exc, EXIT_USAGE)
+    if isinstance(exc, AuthError):
+        return _fail(explain(exc), EXIT_AUTH)
     if isinstance(exc, HipConnectionError):
         return _fail(exc, EXIT_CONNECTION)
     if isinstance(exc, HipError):
@@ -372,6 +393,8 @@ def _exit_code(exc: BaseException, client: bool) -> int | None:
         detail = exc.strerror or str(exc) or type(exc).__name__
         if exc.filename:
             detail = f"{exc.filename}: {detail}"
+        if exc.errno == errno.EADDRINUSE and not client:
+            return _fail(f"{detail}; {_ADDRESS_IN_USE_FIX}", EXIT_ADDRESS_IN_USE)
         return _fail(detail, EXIT_CONNECTION if client else EXIT_HIP_ERROR)
     return None
 

@@ -37,6 +37,7 @@ from types import ModuleType
 from typing import Any
 
 from hipr.cli.common import positive_int
+from hipr.errors import UsageError
 
 LOOPS = ("trio", "asyncio")
 #: What the --local worker may run on: the client loops, and uvloop (hipr worker's default).
@@ -252,6 +253,13 @@ def _met_text(met: bool | None) -> str:
     return "" if met is None else ("met" if met else "MISSED")
 
 
+#: What ``--quick`` output says first: its counts are too small to mean anything.
+QUICK_NOTE = (
+    "quick run (--quick): tiny counts that check every benchmark runs; the figures "
+    "measure nothing, so no goal is judged"
+)
+
+
 def _run_title(run: Run) -> str:
     worker = f", worker {run.worker_loop}" if run.worker_loop else ""
     client = "sync client (blocking sockets)" if run.loop == BLOCKING else f"client {run.loop}"
@@ -272,6 +280,9 @@ def print_tables(runs: Sequence[Run], meta: dict[str, Any]) -> None:
         f"({meta['machine']['cpus']} CPUs), backend {meta.get('backend', '?')}"
         f"{' / ' + meta['device'] if meta.get('device') else ''}"
     )
+    quick = bool(meta.get("quick"))
+    if quick:
+        console.print(QUICK_NOTE)
     for run in runs:
         table = Table(title=_run_title(run), box=box.SIMPLE_HEAD, title_justify="left")
         table.add_column("benchmark", overflow="fold")
@@ -286,8 +297,8 @@ def print_tables(runs: Sequence[Run], meta: dict[str, Any]) -> None:
         table.add_column("goal", no_wrap=True)
         table.add_column("", no_wrap=True)
         for row in run.rows:
-            met = _met_text(row.met)
-            style = "red" if row.met is False else ("green" if row.met else "")
+            met = "" if quick else _met_text(row.met)
+            style = "" if quick else ("red" if row.met is False else ("green" if row.met else ""))
             cells = [
                 row.name,
                 _value_text(row.value, row.unit),
@@ -303,7 +314,7 @@ def print_tables(runs: Sequence[Run], meta: dict[str, Any]) -> None:
         for note in run.notes:
             console.print(f"  note: {note}")
     goals = [row.met for run in runs for row in run.rows if row.met is not None]
-    if goals:
+    if goals and not quick:
         console.print(f"goals met: {sum(goals)} of {len(goals)}")
 
 
@@ -330,6 +341,8 @@ def markdown(runs: Sequence[Run], meta: dict[str, Any]) -> str:
         "runtime for GPU-bound work), and `vs local` compares with the same work done by "
         "the runtime in-process.",
     ]
+    if meta.get("quick"):
+        lines += ["", f"**{QUICK_NOTE}.**"]
     for run in runs:
         local = _has_local(run)
         head = "| benchmark | hipr | baseline (same run) | baseline | ratio |"
@@ -347,7 +360,8 @@ def markdown(runs: Sequence[Run], meta: dict[str, Any]) -> str:
                 line += (
                     f" {_value_text(row.local_value, row.unit)} | {_ratio_text(row, local=True)} |"
                 )
-            lines.append(line + f" {row.goal} | {_met_text(row.met)} |")
+            verdict = "" if meta.get("quick") else _met_text(row.met)
+            lines.append(line + f" {row.goal} | {verdict} |")
         notes = [f"{row.name}: {row.note}" for row in run.rows if row.note] + run.notes
         if notes:
             lines += ["", *[f"- {note}" for note in notes]]
@@ -631,14 +645,15 @@ def run_bench(args: argparse.Namespace) -> tuple[list[Run], dict[str, Any]]:
     plan = build_plan(args, suite)
     loops = LOOPS if args.loop == "both" else (args.loop,)
     if not args.local and not args.urls:
-        raise ValueError("hipr bench needs a worker URL, or --local to start one")
+        raise UsageError(message="hipr bench needs a worker URL, or --local to start one")
     if args.local and args.urls:
-        raise ValueError("give worker URLs or --local, not both")
+        raise UsageError(message="give worker URLs or --local, not both")
     meta: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine_description(),
         "hipr_version": _version(),
         "command": _command_line(),
+        "quick": bool(args.quick),
     }
     import dataclasses
 

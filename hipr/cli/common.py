@@ -6,16 +6,42 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+from enum import IntEnum
 from typing import Any
 
 from hipr._version import __version__
 from hipr.protocol import PROTOCOL_VERSION, version_text
 
-EXIT_OK = 0
-EXIT_HIP_ERROR = 1
-EXIT_USAGE = 2
-EXIT_CONNECTION = 3
-EXIT_INTERRUPTED = 130
+
+class ExitCode(IntEnum):
+    """The ``hipr`` command's exit codes, the one source of ``docs/cli.md``'s table.
+
+    The ``#:`` comment above each member is its documentation there."""
+
+    #: Success.
+    OK = 0
+    #: The worker answered with a HIP error, or the worker failed while running.
+    HIP_ERROR = 1
+    #: Usage or configuration error: a bad flag, a malformed URL, a bad config file.
+    USAGE = 2
+    #: Connection error: refused, reset, timed out, session lost, not a hipr worker.
+    CONNECTION = 3
+    #: The worker refused the credentials: token missing, wrong or revoked.
+    AUTH = 4
+    #: ``hipr worker`` could not listen: the address is already in use.
+    ADDRESS_IN_USE = 5
+    #: Interrupted (Ctrl-C).
+    INTERRUPTED = 130
+
+
+EXIT_OK = ExitCode.OK
+EXIT_HIP_ERROR = ExitCode.HIP_ERROR
+EXIT_USAGE = ExitCode.USAGE
+EXIT_CONNECTION = ExitCode.CONNECTION
+EXIT_AUTH = ExitCode.AUTH
+EXIT_ADDRESS_IN_USE = ExitCode.ADDRESS_IN_USE
+EXIT_INTERRUPTED = ExitCode.INTERRUPTED
 
 
 def version_string() -> str:
@@ -53,10 +79,16 @@ def add_client_options(p: argparse.ArgumentParser, several: bool = False) -> Non
         )
     else:
         p.add_argument("url", help="worker URL, e.g. tcp://gpu-node:18515 or unix:///run/hipr.sock")
-    p.add_argument(
+    tokens = p.add_mutually_exclusive_group()
+    tokens.add_argument(
         "--token",
-        help="tenant token (prefer the HIPR_TOKEN environment variable: "
+        help="tenant token (prefer --token-file or the HIPR_TOKEN environment variable: "
         "a command line is visible to other users)",
+    )
+    tokens.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="read the tenant token from FILE (its first line)",
     )
     p.add_argument(
         "--timeout",
@@ -67,12 +99,33 @@ def add_client_options(p: argparse.ArgumentParser, several: bool = False) -> Non
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
+def token_from_args(args: argparse.Namespace) -> str | None:
+    """The token of ``--token`` or ``--token-file``; None leaves ``$HIPR_TOKEN`` to the client.
+
+    An unreadable or empty file is a usage error naming the file."""
+    from hipr.errors import UsageError
+
+    path = getattr(args, "token_file", None)
+    if path is None:
+        token: str | None = getattr(args, "token", None)
+        return token
+    try:
+        with open(os.path.expanduser(path), encoding="utf-8") as f:
+            token = f.readline().strip()
+    except OSError as exc:
+        raise UsageError(message=f"--token-file {path}: {exc.strerror or exc}") from None
+    if not token:
+        raise UsageError(message=f"--token-file {path}: the file is empty")
+    return token
+
+
 def connect_from_args(args: argparse.Namespace) -> Any:
     import hipr
 
     kwargs: dict[str, Any] = {}
-    if args.token is not None:
-        kwargs["token"] = args.token
+    token = token_from_args(args)
+    if token is not None:
+        kwargs["token"] = token
     if args.timeout is not None:
         kwargs["timeout"] = args.timeout
     return hipr.connect(args.url, **kwargs)  # type: ignore[attr-defined]

@@ -340,7 +340,84 @@ def hip_facade_markdown() -> str:
     return f"{title}\n\n{banner}\n{body}"
 
 
+def cli_markdown() -> str:
+    """``docs/cli.md``: the ``hipr`` subcommands and the exit codes, from the parser and
+    :class:`hipr.cli.common.ExitCode`."""
+    from hipr.cli.app import build_parser
+    from hipr.cli.common import ExitCode
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {choice.dest: choice.help or "" for choice in sub._choices_actions}
+    lines = [
+        "# The `hipr` command",
+        "",
+        BANNER.format(source="hipr/cli/app.py, hipr/cli/common.py"),
+        "",
+        "`hipr COMMAND --help` tells each command's flags.",
+        "",
+        "| command | what it does |",
+        "|---|---|",
+    ]
+    for name in sub.choices:
+        lines.append(f"| `hipr {name}` | {_cell(helps.get(name, ''))} |")
+    lines += [
+        "",
+        "## Errors and exit codes",
+        "",
+        "Every failure prints one line on stderr, `hipr: <what is wrong>; <how to fix it>`, "
+        "never a traceback, and exits with one of these codes (`hipr.cli.common.ExitCode`):",
+        "",
+        "| code | name | meaning |",
+        "|---|---|---|",
+    ]
+    notes = member_comments(ExitCode)
+    for member in ExitCode:
+        note = _cell(rst_to_markdown(notes.get(member.name, "")))
+        lines.append(f"| {member.value} | `{member.name}` | {note} |")
+    lines += [
+        "",
+        "A token is given with `--token-file FILE` (its first line), `--token TOKEN` (visible "
+        "to other users of the machine) or `$HIPR_TOKEN`. From Python, the same mistakes "
+        "raise `hipr.HipError` subclasses: `hipr.InvalidUrlError` (a `hipr.UsageError`, "
+        "also a `ValueError`), `hipr.AuthError`, `hipr.HipConnectionError`.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def kernels_markdown() -> str:
+    """``docs/kernels.md``: the built-in kernels, from their declarations and source."""
+    from hipr.kernels.builtins import kernels_markdown_table
+
+    return "\n".join(
+        [
+            "# Built-in kernels",
+            "",
+            BANNER.format(source="hipr/kernels/builtins.py"),
+            "",
+            "`gpu.builtin(name)` gives these kernels on every backend (the emulator runs "
+            "numpy versions; GPU backends compile the same CUDA/HIP source). Each uses a "
+            "grid-stride loop, so any geometry covers all `n` elements. A launch is checked "
+            "against the table when its configuration is first seen: a wrong count or type "
+            "of arguments, or too little `shared_mem`, fails at `launch()` with "
+            "`hipErrorInvalidValue`, not at the next synchronize.",
+            "",
+            kernels_markdown_table(),
+            "",
+            "```python",
+            'k = gpu.builtin("reduce_sum_f32")',
+            "k.launch(grid=(8, 1, 1), block=(256, 1, 1), args=[out, x, np.uint64(n)],",
+            "         shared_mem=4 * 256)",
+            "```",
+            "",
+        ]
+    )
+
+
 GENERATED: dict[str, Callable[[], str]] = {
+    "docs/cli.md": cli_markdown,
+    "docs/kernels.md": kernels_markdown,
     "docs/protocol.md": protocol_markdown,
     "docs/configuration.md": configuration_markdown,
     "docs/metrics.md": metrics_markdown,

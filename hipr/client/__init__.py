@@ -59,9 +59,16 @@ __all__ = [
 
 
 def _urls(url: str | Sequence[str] | None) -> list[str]:
+    """The worker URLs, each checked for shape and scheme before any is connected to, so
+    that a typo in the third of three is named at once (``InvalidUrlError``)."""
+    from hipr.transports import get_transport, parse_url
+
     if url is None:
         url = env_urls() or DEFAULT_URL
-    return split_urls(url)
+    urls = split_urls(url)
+    for one in urls:
+        get_transport(parse_url(one).scheme)
+    return urls
 
 
 def aconnect(

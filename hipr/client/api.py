@@ -25,6 +25,7 @@ from hipr.client.link import RequestLink
 from hipr.client.objects import DevicePtr, Event, Function, Graph, Module, Stream, handle_id
 from hipr.client.timeouts import with_timeouts
 from hipr.errors import HipError, ProtocolError, SessionLostError, invalid_value
+from hipr.kernels.builtins import BUILTINS
 from hipr.protocol.codec import DEFAULT_MAX_PAYLOAD
 from hipr.protocol.header import PROTOCOL_VERSION
 from hipr.protocol.opcodes import Opcode
@@ -118,8 +119,11 @@ class AsyncGpu:
 
     # --- memory --------------------------------------------------------------------
     async def malloc(self, size: int) -> DevicePtr:
-        """Allocate ``size`` bytes on the current device."""
+        """Allocate ``size`` bytes on the current device. ``malloc(0)`` returns the null
+        pointer (``DevicePtr(0, 0)``), as ``hipMalloc`` does; freeing it does nothing."""
         _check_size(size)
+        if size == 0:
+            return DevicePtr(0, 0)
         result = await self._call(Opcode.MALLOC, {"size": size})
         return DevicePtr(int(result["ptr"]), size)
 
@@ -197,7 +201,7 @@ class AsyncGpu:
             else:
                 raise invalid_value("memcpy_dtoh needs a size for a raw address")
         _check_size(size)
-        _check_fits(src, size)
+        _check_fits(src, size, "source")
         target = memoryview(bytearray(size)) if out is None else _bytes_view(out)
         if target.readonly or target.nbytes < size:
             raise invalid_value(f"out must be a writable buffer of at least {size} bytes")
@@ -214,8 +218,10 @@ class AsyncGpu:
     async def memcpy_dtod(
         self, dst: DevicePtr | int, src: DevicePtr | int, size: int, stream: Stream | None = None
     ) -> None:
-        """Copy between device ranges."""
+        """Copy ``size`` bytes from device range ``src`` to ``dst`` (both this session's)."""
         _check_size(size)
+        _check_fits(dst, size, "destination")
+        _check_fits(src, size, "source")
         await self._call(
             Opcode.MEMCPY_DTOD,
             {"dst": int(dst), "src": int(src), "size": size, "stream": handle_id(stream)},
@@ -280,9 +286,10 @@ class AsyncGpu:
 
     async def builtin(self, name: str) -> Function:
         """A built-in kernel (fill_f32, scale_f32, axpy_f32, vector_add_f32, reduce_sum_f32,
-        mixed_args_probe) that runs on every backend."""
+        mixed_args_probe) that runs on every backend; docs/kernels.md lists each one's
+        arguments. Its launches are checked against them at ``launch()``."""
         result = await self._call(Opcode.MODULE_BUILTIN, {"name": name})
-        return Function(self, result["function"], name)
+        return Function(self, result["function"], name, BUILTINS.get(name))
 
     async def graph_create(self) -> Graph:
         """An empty graph."""
@@ -353,9 +360,12 @@ def _check_size(size: object) -> None:
         raise invalid_value(f"size must be an int in [0, 2**63), got {size!r}")
 
 
-def _check_fits(ptr: DevicePtr | int, size: int) -> None:
+def _check_fits(ptr: DevicePtr | int, size: int, what: str = "destination") -> None:
     if isinstance(ptr, DevicePtr) and size > ptr.size:
-        raise invalid_value(f"{size} bytes do not fit in {ptr!r}")
+        raise invalid_value(
+            f"the copy of {size} bytes overruns the {what} allocation: {ptr!r} holds "
+            f"{ptr.size} bytes; copy at most {ptr.size}, or allocate more"
+        )
 
 
 def _host_source(dst: DevicePtr | int, src: Buffer, size: int | None) -> tuple[memoryview, int]:
@@ -372,7 +382,10 @@ def _host_source(dst: DevicePtr | int, src: Buffer, size: int | None) -> tuple[m
 def hello_args(token: str | None, version: str) -> dict[str, Any]:
     """The HELLO arguments: who we are and the token (default ``$HIPR_TOKEN``)."""
     token = token if token is not None else os.environ.get("HIPR_TOKEN")
-    args: dict[str, Any] = {"client": f"hipr-py/{version}"}
+    # "eol" ends the request of any line-based server reached by mistake (an HTTP
+    # metrics port waits for a blank line), so it answers at once and the handshake
+    # can say "not a hipr worker" instead of waiting out the connect timeout.
+    args: dict[str, Any] = {"client": f"hipr-py/{version}", "eol": "\r\n\r\n"}
     if token:
         args["token"] = token
     return args

@@ -39,6 +39,7 @@ from hipr.client.link import (
     ReplySink,
     Sent,
     byte_view,
+    check_first_bytes,
     handshake_reply,
     log,
 )
@@ -153,6 +154,7 @@ class BlockingConnection(LinkState):
         for part in encode_frame_parts(opcode, 0, Flags.NONE, args):
             stream.sendall(part)
         buffer = bytearray(_RECEIVE)
+        first = True
         while True:
             frame = decoder.next_frame()
             if frame is None:
@@ -167,6 +169,9 @@ class BlockingConnection(LinkState):
                     raise HipConnectionError(
                         message=f"{self.url} closed the connection during the handshake"
                     )
+                if first:
+                    check_first_bytes(self.url, memoryview(buffer)[:n])
+                    first = False
                 decoder.feed(memoryview(buffer)[:n])
                 continue
             reply = handshake_reply(frame, opcode, self.url)

@@ -28,6 +28,7 @@ from hipr.client.link import (
     ReplySink,
     Sent,
     byte_view,
+    check_first_bytes,
     handshake_reply,
     log,
 )
@@ -96,15 +97,20 @@ class ClientConnection(LinkState):
         decoder = FrameDecoder(self._max_payload)
         for part in encode_frame_parts(opcode, 0, Flags.NONE, args):
             await stream.send(part)  # type: ignore[arg-type]
+        first = True
         while True:
             frame = decoder.next_frame()
             if frame is None:
                 try:
-                    decoder.feed(await stream.receive(RECEIVE_SIZE))
+                    data = await stream.receive(RECEIVE_SIZE)
                 except anyio.EndOfStream:
                     raise HipConnectionError(
                         message=f"{self.url} closed the connection during the handshake"
                     ) from None
+                if first:
+                    check_first_bytes(self.url, data)
+                    first = False
+                decoder.feed(data)
                 continue
             reply = handshake_reply(frame, opcode, self.url)
             if reply is not None:

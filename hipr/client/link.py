@@ -27,9 +27,9 @@ from typing import Any, Protocol, runtime_checkable
 import structlog
 
 from hipr.cpus import auto_spin_wait
-from hipr.errors import HipError, ProtocolError, SessionLostError
+from hipr.errors import HipConnectionError, HipError, ProtocolError, SessionLostError
 from hipr.protocol.codec import Frame, encode_frame_parts
-from hipr.protocol.header import MAX_REQUEST_ID, Flags
+from hipr.protocol.header import MAGIC, MAX_REQUEST_ID, Flags
 from hipr.protocol.opcodes import Opcode
 
 log = structlog.get_logger("hipr.client")
@@ -255,6 +255,22 @@ class Handshake:
 
     reply: dict[str, Any]
     leftover: list[Frame] = field(default_factory=list)
+
+
+def check_first_bytes(url: str, data: bytes | bytearray | memoryview) -> None:
+    """Refuse a peer whose first bytes are not a frame's magic: it is no hipr worker.
+
+    ``data`` is what arrived first on the connection (any length); the error quotes it,
+    so that an HTTP server (the worker's metrics port) or an SSH banner is recognisable."""
+    head = bytes(data[: len(MAGIC)])
+    if head and not MAGIC.startswith(head):
+        said = bytes(data[:40]).split(b"\n", 1)[0].strip().decode("ascii", "replace")
+        web = said.startswith(("HTTP/", "<"))
+        hint = " (a web server: the worker's metrics port?)" if web else ""
+        raise HipConnectionError(
+            message=f"{url} is not a hipr worker: it answered {said!r}{hint}; "
+            "check the host and port (a worker listens on 18515 by default)"
+        )
 
 
 def handshake_reply(frame: Frame, opcode: int, url: str) -> dict[str, Any] | None:

@@ -14,6 +14,7 @@ from hipr.client.link import launch_key
 from hipr.client.timeouts import with_timeouts
 from hipr.errors import HipError, HipErrorCode, SessionLostError, invalid_value
 from hipr.kernels.args import pack_args, packer, register_pointer_type
+from hipr.kernels.builtins import BuiltinKernel
 from hipr.protocol.opcodes import Opcode
 
 
@@ -247,10 +248,16 @@ class Function(_Handle):
 
     kind = "function"
 
-    def __init__(self, gpu: AsyncGpu, handle_id: int, name: str) -> None:
+    def __init__(
+        self, gpu: AsyncGpu, handle_id: int, name: str, builtin: BuiltinKernel | None = None
+    ) -> None:
         super().__init__(gpu, handle_id)
         self.name = name
         self._plans: dict[tuple[Any, ...], LaunchPlan] = {}
+        #: A built-in kernel's declaration: its launches are checked against it when a
+        #: configuration is first seen (count, types, shared memory), so a mistake
+        #: fails at ``launch()``, not at the next synchronize.
+        self._builtin = builtin
 
     async def launch(
         self,
@@ -332,6 +339,8 @@ class Function(_Handle):
         stream: Stream | None,
     ) -> LaunchPlan:
         wire = launch_args(self, grid, block, args, shared_mem)
+        if self._builtin is not None:  # after the general checks, which say more of a bad value
+            self._builtin.check_launch(args, block, shared_mem)
         del wire["args"]
         wire["stream"] = handle_id(stream)
         return LaunchPlan(wire, grid, block, launch_key(wire), packer(tuple(map(type, args))))

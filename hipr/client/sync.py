@@ -97,16 +97,19 @@ _DIRECT = (("_POSTS", "post"), ("_WAITS", "wait_for_reply"), ("_LAUNCHES", "post
 class SyncProxy:
     """Wraps an async API object; its coroutine methods become blocking calls.
 
-    The blocking version of a method is made on first use and kept on the instance,
-    so later calls find it as a plain attribute (no ``__getattr__`` per call)."""
+    Each class of wrapped object has a sync class of its own (:func:`sync_class`), with
+    a real method per public method of the async class, carrying its name, signature and
+    docstring, so ``dir()``, ``help()`` and the API reference show them. On first use a
+    method makes the instance's blocking version (a direct send for launches and posts)
+    and keeps it on the instance, so later calls find it as a plain attribute."""
 
     def __init__(self, target: Any, runner: Runner) -> None:
         self._target = target
         self._runner = runner
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
+    def _bind(self, name: str) -> Any:
+        """The blocking version of the target's coroutine method ``name``, kept on the
+        instance; a plain attribute of the target as it is."""
         attr = getattr(self._target, name)
         if not inspect.iscoroutinefunction(attr):
             return attr
@@ -119,7 +122,9 @@ class SyncProxy:
             if kwargs:
                 kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
             result = runner(attr, args, kwargs)
-            return SyncProxy(result, runner) if isinstance(result, _Handle) else result
+            return (
+                sync_class(type(result))(result, runner) if isinstance(result, _Handle) else result
+            )
 
         method: Callable[..., Any] = call
         if runner is run_inline:
@@ -131,6 +136,15 @@ class SyncProxy:
         self.__dict__[name] = method
         return method
 
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self._bind(name)
+
+    def __dir__(self) -> list[str]:
+        public = (n for n in dir(self._target) if not n.startswith("_"))
+        return sorted(set(super().__dir__()) | set(public))
+
     def __repr__(self) -> str:
         return repr(self._target)
 
@@ -139,6 +153,54 @@ class SyncProxy:
 
     def __hash__(self) -> int:
         return hash(self._target)
+
+
+def _sync_method(name: str, coroutine_function: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(coroutine_function)
+    def method(self: SyncProxy, *args: Any, **kwargs: Any) -> Any:
+        return self._bind(name)(*args, **kwargs)
+
+    method.__doc__ = (inspect.getdoc(coroutine_function) or "") + (
+        "\n\nBlocking: the coroutine of the async API, run in the caller's thread."
+    )
+    return method
+
+
+def add_sync_methods(cls: type[SyncProxy], async_cls: type) -> None:
+    """Give ``cls`` a blocking method for each public coroutine method of ``async_cls``
+    that ``cls`` does not define itself."""
+    for name, fn in inspect.getmembers(async_cls, inspect.iscoroutinefunction):
+        if not name.startswith("_") and name not in cls.__dict__:
+            method = _sync_method(name, fn)
+            # Its own class's method (for help(), pickling's names and the reference),
+            # not the async one's, whose name functools.wraps copied.
+            method.__module__ = cls.__module__
+            method.__qualname__ = f"{cls.__qualname__}.{name}"
+            method.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]
+            del method.__wrapped__  # type: ignore[attr-defined]  # else tools take it for the async one
+            setattr(cls, name, method)
+
+
+_SYNC_CLASSES: dict[type, type[SyncProxy]] = {}
+
+
+def sync_class(async_cls: type) -> type[SyncProxy]:
+    """The sync class for objects of ``async_cls`` (``Stream`` -> ``SyncStream``), made
+    once: the async class's docstring and its methods, blocking."""
+    cls = _SYNC_CLASSES.get(async_cls)
+    if cls is None:
+        doc = (async_cls.__doc__ or "").rstrip() + (
+            f"\n\nThe synchronous client's {async_cls.__name__}: the methods of "
+            f":class:`hipr.{async_cls.__name__}`, blocking."
+        )
+        cls = type(
+            f"Sync{async_cls.__name__}",
+            (SyncProxy,),
+            {"__doc__": doc, "__module__": __name__, "__slots__": ()},
+        )
+        add_sync_methods(cls, async_cls)
+        _SYNC_CLASSES[async_cls] = cls
+    return cls
 
 
 class Gpu(SyncProxy):
@@ -223,6 +285,9 @@ class Gpu(SyncProxy):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+add_sync_methods(Gpu, AsyncGpu)
 
 
 def connect(url: str = DEFAULT_URL, **options: Any) -> Gpu:

@@ -125,7 +125,7 @@ def coverage_markdown() -> str:
         "# `hipr.hip` and `hipr.hiprtc`: coverage of hip-python",
         "",
         "`from hipr import hip, hiprtc` gives hip-python's names, enums and calling convention "
-        'over a hipr worker (see the README, "Running hip-python programs remotely"). This '
+        'over a hipr worker (see docs/guide.md, "Running hip-python programs remotely"). This '
         "page lists every function of hip-python's `hip` and `hiprtc` modules and whether "
         "hipr serves it. A function not served exists all the same: it returns "
         "`hipErrorNotSupported` (its other results None), warns once with its name, and "

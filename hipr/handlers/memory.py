@@ -41,10 +41,11 @@ def _host_buffer(size: int) -> memoryview:
 
 @handler(Opcode.MALLOC)
 async def malloc(session: Session, request: Request) -> Any:
-    """``{size}`` -> ``{ptr}``: allocate on the current device."""
+    """``{size}`` -> ``{ptr}``: allocate on the current device. Size 0 gives the null
+    pointer (``ptr`` 0) and allocates nothing, as ``hipMalloc`` does."""
     size = request.args.size("size")
     if size == 0:
-        raise invalid_value("MALLOC: size must be at least 1 byte")
+        return {"ptr": 0}
     with session.gate.reserve_memory(size):
         ptr = await session.gpu_create(session.backend.malloc, size)
         session.allocations.add(Allocation(ptr, size, session.device))
@@ -53,8 +54,11 @@ async def malloc(session: Session, request: Request) -> Any:
 
 @handler(Opcode.FREE, fire_and_forget=True)
 async def free(session: Session, request: Request) -> Any:
-    """``{ptr}``: free an allocation of this session (its start address)."""
+    """``{ptr}``: free an allocation of this session (its start address). The null
+    pointer is freed as a no-op, as ``hipFree(nullptr)`` is."""
     ptr = request.args.address("ptr")
+    if ptr == 0:
+        return {}
     allocation = session.allocations.remove(ptr)
     try:
         await session.gpu(session._free_on, allocation)

@@ -16,11 +16,14 @@ OPCODE_RANGE = OpcodeRange.SESSION
 
 @handler(Opcode.HELLO)
 async def hello_again(session: Session, request: Request) -> Any:
-    """The first frame of a connection: ``{client, token?}`` (request id 0) ->
+    """The first frame of a connection: ``{client, token?, eol?}`` (request id 0) ->
     ``{protocol, worker_version, backend, session_id, tenant, max_frame_bytes,
     chunk_bytes, heartbeat_interval, resume_token}``. A client of another major protocol
-    version gets a ``version`` error; a bad token an ``auth`` error. Answered by the
-    connection; this handler refuses a second HELLO on the same connection."""
+    version gets a ``version`` error; a bad token an ``auth`` error. ``eol`` (the Python
+    client sends ``"\\r\\n\\r\\n"``) is ignored: it makes a line-based server reached
+    by mistake (an HTTP metrics port) answer at once, so the client can say it is not a
+    worker. Answered by the connection; this handler refuses a second HELLO on the same
+    connection."""
     raise ProtocolError(message="HELLO was already exchanged on this connection")
 
 

@@ -221,15 +221,53 @@ class SafePrintLogger(structlog.PrintLogger):
     fatal = failure = err = error = critical = exception = msg
 
 
-def install_safe_default() -> None:
-    """Until the program configures structlog, log as its default does (to stdout) but
-    through :class:`SafePrintLogger`. The stdlib handlers of :func:`configure_logging`
-    are safe already: ``logging`` reports a failed write and goes on."""
+def _event_and_fields(logger: WrappedLogger, method_name: str, event_dict: EventDict) -> str:
+    """The last processor of the library default: ``event key=value ...``, one string for
+    the stdlib record's message, whatever handler the program installed renders it."""
+    event = str(event_dict.pop("event", ""))
+    fields = " ".join(f"{k}={v!r}" for k, v in event_dict.items())
+    return f"{event} {fields}" if fields else event
+
+
+#: The stdlib logger above all of hipr's: it holds the library's NullHandler.
+LIBRARY_LOGGER = "hipr"
+
+
+def install_library_default() -> None:
+    """Until a program configures logging, hipr logs as a library should: through the
+    stdlib's ``logging`` under the ``hipr`` logger, which has only a
+    :class:`logging.NullHandler`. Nothing is written unless the program adds a handler
+    (``logging.basicConfig()``, :func:`hipr.log_to_stderr`), and Python's last-resort
+    handler stays quiet too. The worker's CLI replaces this with
+    :func:`configure_logging`. A program that configured structlog itself keeps its
+    set-up."""
+    library = logging.getLogger(LIBRARY_LOGGER)
+    if not any(isinstance(h, logging.NullHandler) for h in library.handlers):
+        library.addHandler(logging.NullHandler())
     if not structlog.is_configured():
-        structlog.configure(logger_factory=lambda *args: SafePrintLogger())
+        structlog.configure(
+            processors=[
+                structlog.stdlib.filter_by_level,
+                structlog.stdlib.PositionalArgumentsFormatter(),
+                redact_secrets,
+                structlog.processors.format_exc_info,
+                _event_and_fields,
+            ],
+            logger_factory=structlog.stdlib.LoggerFactory(),
+            wrapper_class=structlog.stdlib.BoundLogger,
+            cache_logger_on_first_use=False,
+        )
 
 
-install_safe_default()
+install_library_default()
+
+
+def log_to_stderr(level: str = "info", fmt: str = "console") -> None:
+    """Opt in to hipr's log lines on stderr (the library writes none by default):
+    ``hipr.log_to_stderr("debug")`` shows reconnects, resumes and lost sessions as they
+    happen. ``fmt`` is ``console`` or ``json``. The same set-up the worker uses
+    (:func:`configure_logging`), so it also routes other libraries' records there."""
+    configure_logging(level, fmt, stream=sys.stderr)
 
 
 _FIRST = ("timestamp", "level", "logger", "event")

@@ -29,7 +29,7 @@ from anyio.abc import ByteStream, Listener, SocketAttribute
 from anyio.streams.stapled import MultiListener
 from anyio.streams.tls import TLSAttribute
 
-from hipr.errors import HipConnectionError
+from hipr.errors import HipConnectionError, InvalidUrlError
 from hipr.transports.base import (
     BlockingStream,
     BlockingTransport,
@@ -110,7 +110,10 @@ def get_transport(scheme: str) -> Transport:
     target = eps[key].value if key in eps else _BUILTINS.get(key)
     if target is None:
         known = ", ".join(available_transports())
-        raise ValueError(f"unknown transport scheme {scheme!r}; known schemes: {known}")
+        raise InvalidUrlError(
+            message=f"unknown transport scheme {scheme!r}; known schemes: {known} "
+            "(e.g. tcp://HOST:PORT or unix:///PATH)"
+        )
     cached = _instances.get((key, target))
     if cached is not None:
         return cached

@@ -17,7 +17,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from anyio import BrokenResourceError, TypedAttributeSet, typed_attribute
 from anyio.abc import ByteStream, Listener
 
-from hipr.errors import HipConnectionError
+from hipr.errors import HipConnectionError, InvalidUrlError
 
 __all__ = [
     "BlockingStream",
@@ -68,17 +68,19 @@ def parse_url(url: str) -> TransportUrl:
     fragment); each transport checks what it needs of host and path itself.
     """
     if not isinstance(url, str):
-        raise ValueError(f"a transport URL must be a string, not {type(url).__name__}")
+        raise InvalidUrlError(message=f"a transport URL must be a string, not {type(url).__name__}")
     text = url.strip()
     if "://" not in text:
-        raise ValueError(
-            f"malformed transport URL {url!r}: expected scheme://..., "
+        raise InvalidUrlError(
+            message=f"malformed transport URL {url!r}: expected scheme://..., "
             "e.g. tcp://127.0.0.1:18515, unix:///run/hipr/worker.sock, tls://gpu01:18516 "
             "or ssh://user@gpu01/run/hipr/worker.sock"
         )
     scheme_text = text.split("://", 1)[0]
     if not _SCHEME.match(scheme_text):
-        raise ValueError(f"malformed transport URL {url!r}: bad scheme {scheme_text!r}")
+        raise InvalidUrlError(
+            message=f"malformed transport URL {url!r}: bad scheme {scheme_text!r}"
+        )
     try:
         parts = urlsplit(text)
         port = parts.port
@@ -86,25 +88,27 @@ def parse_url(url: str) -> TransportUrl:
     except ValueError as exc:
         # urllib's own messages ("Port out of range 0-65535", "Invalid IPv6 URL") are
         # clear enough once they name the URL they are about.
-        raise ValueError(f"malformed transport URL {url!r}: {exc}") from None
+        raise InvalidUrlError(message=f"malformed transport URL {url!r}: {exc}") from None
     if parts.password is not None:
-        raise ValueError(
-            f"malformed transport URL {url!r}: passwords do not belong in URLs "
+        raise InvalidUrlError(
+            message=f"malformed transport URL {url!r}: passwords do not belong in URLs "
             "(they end up in logs); use keys, certificates or tokens"
         )
     if parts.fragment:
-        raise ValueError(f"malformed transport URL {url!r}: unexpected '#{parts.fragment}'")
+        raise InvalidUrlError(
+            message=f"malformed transport URL {url!r}: unexpected '#{parts.fragment}'"
+        )
     netloc_host = parts.netloc.rpartition("@")[2]
     if netloc_host.startswith("[") and not netloc_host.partition("]")[0][1:]:
-        raise ValueError(f"malformed transport URL {url!r}: empty IPv6 address")
+        raise InvalidUrlError(message=f"malformed transport URL {url!r}: empty IPv6 address")
     if parts.netloc.endswith(":"):
-        raise ValueError(f"malformed transport URL {url!r}: empty port")
+        raise InvalidUrlError(message=f"malformed transport URL {url!r}: empty port")
     try:
         query_pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=True)
     except ValueError:
         if parts.query:
-            raise ValueError(
-                f"malformed transport URL {url!r}: bad query {parts.query!r}, "
+            raise InvalidUrlError(
+                message=f"malformed transport URL {url!r}: bad query {parts.query!r}, "
                 "expected key=value&key=value"
             ) from None
         query_pairs = []

@@ -16,6 +16,7 @@ import anyio
 from anyio.abc import ByteStream, Listener, SocketAttribute, SocketStream
 from anyio.streams.stapled import MultiListener
 
+from hipr.errors import InvalidUrlError
 from hipr.transports._common import (
     BlockingSocket,
     connect_errors,
@@ -43,8 +44,8 @@ _CONNECT_OPTIONS = frozenset({"connect_timeout"})
 def check_no_path(url: TransportUrl) -> None:
     """TCP-based URLs name a host and port only; a path is most likely a typo."""
     if url.path not in ("", "/"):
-        raise ValueError(
-            f"{url.raw!r}: {url.scheme}:// URLs take no path (did you mean unix://{url.path}?)"
+        raise InvalidUrlError(
+            message=f"{url.raw!r}: {url.scheme}:// URLs take no path (did you mean unix://{url.path}?)"
         )
 
 

@@ -31,6 +31,7 @@ import anyio.lowlevel
 import sniffio
 from anyio.abc import ByteStream, Listener
 
+from hipr.errors import InvalidUrlError
 from hipr.transports._common import (
     BlockingSocket,
     connect_errors,
@@ -63,12 +64,12 @@ def socket_path(url: TransportUrl) -> Path:
     """The absolute socket path of a ``unix://`` URL (``unix:///run/hipr/worker.sock``)."""
     if url.host not in ("", "localhost"):
         # unix://run/x parses "run" as a host: the usual slip of two slashes for three.
-        raise ValueError(
-            f"{url.raw!r}: a unix:// URL needs an absolute path after the scheme, "
+        raise InvalidUrlError(
+            message=f"{url.raw!r}: a unix:// URL needs an absolute path after the scheme, "
             f"e.g. unix:///{url.host}{url.path}"
         )
     if not url.path.startswith("/"):
-        raise ValueError(f"{url.raw!r}: a unix:// URL needs an absolute path")
+        raise InvalidUrlError(message=f"{url.raw!r}: a unix:// URL needs an absolute path")
     return Path(url.path)
 
 

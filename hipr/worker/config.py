@@ -173,6 +173,14 @@ class WorkerConfig:
             choices=BACKENDS,
         ),
     )
+    emulator_fallback: bool = field(
+        default=True,
+        metadata=_doc(
+            'Whether `backend = "auto"` falls back to the emulator (with a warning) when '
+            "neither `hip` nor `cuda` loads; false refuses to start instead, as on a GPU "
+            "node (`--no-emulator-fallback`)."
+        ),
+    )
     max_frame_bytes: int = field(
         default=64 * MiB,
         metadata=_doc(

@@ -78,9 +78,19 @@ class AllocationTable:
         if allocation is None and size == 0 and address:
             # A zero-byte range may sit exactly at the end of an allocation.
             allocation = self.containing(address - 1)
-        if allocation is None or address + size > allocation.end:
+        if allocation is None:
             raise invalid_value(
                 f"{what} 0x{address:x}..+{size} is not inside an allocation of this session"
+            )
+        if address + size > allocation.end:
+            # The session's own allocation: saying how it is overrun reveals nothing of
+            # anyone else's memory, and names the mistake (a size or an offset).
+            offset = address - allocation.base
+            raise invalid_value(
+                f"{what} 0x{address:x}..+{size} overruns its allocation: the allocation at "
+                f"0x{allocation.base:x} holds {allocation.size} bytes, the range starts at "
+                f"offset {offset} and needs {size} ({address + size - allocation.end} bytes "
+                "too many)"
             )
         return allocation
 

@@ -485,7 +485,7 @@ def load_configured_backend(config: WorkerConfig) -> Backend:
         "total_memory": config.emulator.total_memory,
         "name": config.emulator.device_name,
     }
-    return load_backend(config.backend, **emulator_options)
+    return load_backend(config.backend, fallback=config.emulator_fallback, **emulator_options)
 
 
 async def run_worker(config: WorkerConfig, config_path: Path | None = None) -> None:

@@ -134,7 +134,9 @@ class TenantRegistry:
             if cert_subject is not None and cert_subject in tenant.cert_subjects:
                 return tenant
         raise AuthError(
-            message="this worker requires a token: pass token=... to hipr.connect or set HIPR_TOKEN"
+            message="this worker requires a token: pass token=... to hipr.connect "
+            "or set HIPR_TOKEN",
+            missing=True,
         )
 
     def get(self, name: str) -> Tenant | None:

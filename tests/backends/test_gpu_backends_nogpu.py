@@ -642,15 +642,26 @@ def test_cuda_backend_unavailable_without_cuda_bindings(monkeypatch: pytest.Monk
     assert "cuda-bindings package is not installed" in _one_line(err)
 
 
-def test_cuda_bindings_that_fail_to_import_name_libcuda(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("as_on_a_gpu_host", [False, True])
+def test_cuda_bindings_that_fail_to_import_name_libcuda(
+    monkeypatch: pytest.MonkeyPatch, as_on_a_gpu_host: bool
+) -> None:
     # Installed but broken (a module of the package raising ImportError) is the driver
     # library's fault on CUDA...
     from hipr.backends.cuda import CudaBackend
+
+    if as_on_a_gpu_host:  # working bindings imported by an earlier test, as on the H100
+        for name in ("cuda.bindings.driver", "cuda.bindings.nvrtc"):
+            monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
 
     package = types.ModuleType("cuda.bindings")
     package.__path__ = []
     monkeypatch.setitem(sys.modules, "cuda", types.ModuleType("cuda"))
     monkeypatch.setitem(sys.modules, "cuda.bindings", package)
+    # Where cuda-bindings works (a GPU host), earlier tests left its modules imported,
+    # and ``from cuda.bindings import driver`` would find them: hide them too, so the
+    # broken package is all there is, on every host.
+    _hide_modules(monkeypatch, "cuda.bindings.")
     with pytest.raises(BackendUnavailable) as info:
         CudaBackend()
     assert info.value.library == "libcuda.so.1"
@@ -681,6 +692,23 @@ def test_cuda_backend_driver_present_but_no_device() -> None:
     assert info.value.code == E.hipErrorInsufficientDriver
 
 
+def test_a_missing_libamdhip64_reads_as_text_not_bytes() -> None:
+    from hipr.backends.hip import HipBackend
+
+    def fails() -> tuple[int, int]:
+        # hip-python's loader quotes bytes reprs, as seen on a host without ROCm.
+        raise OSError(
+            "failed to dlopen 'b'libamdhip64.so'': b'libamdhip64.so: cannot open shared "
+            "object file: No such file or directory'"
+        )
+
+    with pytest.raises(BackendUnavailable) as info:
+        HipBackend(_hip=SimpleNamespace(hipGetDeviceCount=fails), _hiprtc=None)
+    text = _one_line(info.value)
+    assert "failed to dlopen 'libamdhip64.so': libamdhip64.so: cannot open" in text
+    assert "'b'" not in text and "b'" not in text
+
+
 def test_hip_backend_runtime_present_but_no_device() -> None:
     from hipr.backends.hip import HipBackend
 
@@ -702,7 +730,22 @@ def test_backend_unavailable_message_is_one_line() -> None:
 # === load_backend ===========================================================================
 
 
-def test_auto_falls_back_to_emulator_and_says_why() -> None:
+def _hide_modules(monkeypatch: pytest.MonkeyPatch, prefix: str) -> None:
+    for name in [n for n in sys.modules if n.startswith(prefix)]:
+        monkeypatch.delitem(sys.modules, name)
+
+
+@pytest.fixture
+def no_gpu_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Neither hip-python nor cuda-bindings importable, as on a machine without them,
+    whatever this host has: "auto" must then fall back (or refuse) on a GPU host too."""
+    for prefix in ("hip.", "cuda."):
+        _hide_modules(monkeypatch, prefix)
+    for name in ("hip", "cuda", "cuda.bindings"):
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def test_auto_falls_back_to_emulator_and_says_why(no_gpu_runtime: None) -> None:
     with structlog.testing.capture_logs() as logs:
         backend = load_backend("auto", device_count=2, total_memory=1 << 24, name="Test GPU")
     try:
@@ -715,9 +758,18 @@ def test_auto_falls_back_to_emulator_and_says_why() -> None:
     assert len(chosen) == 1
     entry = chosen[0]
     assert entry["backend"] == "emulator" and entry["requested"] == "auto"
+    assert entry["log_level"] == "warning" and "--no-emulator-fallback" in entry["fallback"]
     assert set(entry["skipped"]) == {"hip", "cuda"}
     assert "hip backend unavailable" in entry["skipped"]["hip"]
     assert "cuda backend unavailable" in entry["skipped"]["cuda"]
+
+
+def test_auto_without_fallback_refuses_and_says_why(no_gpu_runtime: None) -> None:
+    with pytest.raises(BackendUnavailable) as refused:
+        load_backend("auto", fallback=False)
+    message = refused.value.message
+    assert "emulator fallback is off" in message and "hipr[cuda]" in message
+    assert "hip:" in message and "cuda:" in message
 
 
 def test_explicit_emulator_gets_its_options() -> None:

@@ -15,7 +15,7 @@ import structlog
 import hipr
 from hipr.backends.emulator import EmulatorBackend
 from hipr.errors import HipError, HipErrorCode
-from hipr.observability.log import SafePrintLogger, configure_logging, install_safe_default
+from hipr.observability.log import SafePrintLogger, configure_logging, install_library_default
 from hipr.protocol import Flags, Opcode
 from hipr.testing import LogWatch, leaks, wait_for_no_sessions
 from hipr.testing.harness import RawClient
@@ -194,7 +194,7 @@ async def test_disk_full_for_logs_with_logging_left_unconfigured(
     the connection task died, then the listener, then the worker."""
     old = structlog.get_config()
     structlog.reset_defaults()
-    install_safe_default()
+    install_library_default()
     monkeypatch.setattr("sys.stdout", _FullDisk())
     try:
         backend = EmulatorBackend()

@@ -88,7 +88,7 @@ def test_status_of_several_workers(
     code, _, err = run(capsys, "status", *urls, "--watch")
     assert code == 2 and "--watch" in err
     code, out, _ = run(capsys, "status", urls[0], "--admin-token", "wrong", "--json")
-    assert code == 1  # one URL: the single-worker command, unchanged
+    assert code == 4  # one URL: the single-worker command (a refused token: ExitCode.AUTH)
 
 
 # --- workers ------------------------------------------------------------------------
