@@ -333,9 +333,7 @@ class TenantProcesses:
             for s, t in self.session_tenants.items()
             if self.session_children.get(s) != child.url
         }
-        self.session_children = {
-            s: u for s, u in self.session_children.items() if u != child.url
-        }
+        self.session_children = {s: u for s, u in self.session_children.items() if u != child.url}
         if child.process.returncode is None:
             # It removed its socket: a kernel fault; it exits once its sessions know.
             self.resets[child.tenant] = self.resets.get(child.tenant, 0) + 1

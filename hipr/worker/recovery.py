@@ -50,6 +50,7 @@ class LosingSession(Protocol):
     def tenant(self) -> str: ...
     @property
     def closed(self) -> bool: ...
+
     connection: object | None
 
 

@@ -134,6 +134,15 @@ class Worker:
         count = 0 if self.tenants.anonymous else len(self.tenants.tenants)
         return count if self.isolation is None and count > 1 else 0
 
+    def context_resets(self) -> dict[str, int]:
+        """GPU contexts rebuilt here, and tenant processes retired, after kernel faults,
+        by the tenant whose kernel faulted."""
+        resets = dict(self.recovery.resets)
+        if self.isolation is not None:
+            for tenant, count in self.isolation.resets.items():
+                resets[tenant] = resets.get(tenant, 0) + count
+        return resets
+
     def spawn(self, fn: Any, *args: Any) -> bool:
         """Run ``fn(*args)`` as a task of the worker; False when it is not serving."""
         if self._task_group is None:

@@ -13,14 +13,9 @@ from __future__ import annotations
 
 import structlog
 
-log = structlog.get_logger("hipr.isolation")
+from hipr.observability.isolation import SHARED_RISK
 
-#: What a shared process does not protect, for logs, ``hipr status`` and the docs.
-SHARED_RISK = (
-    "tenants share one GPU context: a tenant's kernel can read and write any other "
-    "tenant's device memory (a kernel may use any address), and one faulting kernel "
-    'breaks every session on the device; set isolation = "auto" or "process"'
-)
+log = structlog.get_logger("hipr.isolation")
 
 
 def resolve_isolation(configured: str, tenants: int) -> str:

@@ -192,3 +192,32 @@ async def test_session_isolation_keeps_a_fault_to_its_session(
                 assert os.getpid() not in pids
         finally:
             await isolation.aclose()
+
+
+async def test_opting_out_with_several_tenants_is_flagged(shared_worker: Worker) -> None:
+    from prometheus_client import generate_latest
+
+    from hipr.cli.status_view import render_status
+    from hipr.handlers.admin import worker_status
+    from hipr.observability.metrics import PrometheusObserver
+
+    status = worker_status(shared_worker, None)
+    assert status["isolation"] == "none" and status["shared_tenants"] == 2
+    assert "read and write any other tenant's device memory" in status["isolation_warning"]
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(render_status(status, "tcp://x"))
+    assert "WARNING" in console.export_text()
+    shared_worker.recovery.resets["bob"] += 1
+    text = generate_latest(PrometheusObserver(shared_worker, telemetry=False).registry).decode()
+    assert "hipr_tenants_sharing_process 2.0" in text
+    assert 'hipr_context_resets_total{tenant="bob"} 1.0' in text
+
+
+async def test_isolated_workers_are_not_flagged(default_worker: Worker) -> None:
+    from hipr.handlers.admin import worker_status
+
+    status = worker_status(default_worker, None)
+    assert status["isolation"] == "process"
+    assert status["shared_tenants"] == 0 and status["isolation_warning"] is None
