@@ -45,6 +45,7 @@ import structlog
 
 from hipr.errors import HipError, HipErrorCode, SessionLostError
 from hipr.worker.config import WorkerConfig
+from hipr.worker.recovery import FAULT_MARK
 from hipr.worker.tenants import Quotas, Tenant, new_token, token_hash
 
 log = structlog.get_logger("hipr.isolation")
@@ -335,10 +336,13 @@ class TenantProcesses:
         }
         self.session_children = {s: u for s, u in self.session_children.items() if u != child.url}
         if child.process.returncode is None:
-            # It removed its socket: a kernel fault; it exits once its sessions know.
+            self._retiring.append(child)  # reaped once it exits
+        mark = Path(child.url[len("unix://") :] + FAULT_MARK)
+        if mark.exists():
+            # It retired after a kernel fault poisoned its context (hipr.worker.recovery).
+            mark.unlink(missing_ok=True)
             self.resets[child.tenant] = self.resets.get(child.tenant, 0) + 1
-            self._retiring.append(child)
-            log.warning("tenant worker retiring after a kernel fault", tenant=child.tenant)
+            log.warning("tenant worker retired after a kernel fault", tenant=child.tenant)
         elif not self.per_session:
             log.warning("tenant worker exited; starting a new one", tenant=child.tenant)
 

@@ -39,6 +39,8 @@ log = structlog.get_logger("hipr.recovery")
 #: Longest wait for the sessions of a poisoned context to end before it is rebuilt
 #: anyway (a session stuck in a call of the dead context must not block everyone).
 DRAIN_TIMEOUT = 5.0
+#: A retiring child creates ``<its socket><FAULT_MARK>`` before removing its socket.
+FAULT_MARK = ".fault"
 
 
 class LosingSession(Protocol):
@@ -178,7 +180,10 @@ class ContextRecovery:
         (the listener itself stays until exit; nobody can connect to it any more)."""
         for url in getattr(getattr(self._host, "config", None), "listen", ()):
             if url.startswith("unix://"):
-                Path(url[len("unix://") :]).unlink(missing_ok=True)
+                path = Path(url[len("unix://") :])
+                # The mark first: the parent counts a retirement, not a plain exit.
+                Path(f"{path}{FAULT_MARK}").touch()
+                path.unlink(missing_ok=True)
 
     async def _recover(self, incident: Incident) -> None:
         host = self._host
