@@ -158,11 +158,6 @@ class Runtime(Protocol):
         """Give back what :meth:`open` and :meth:`bind` took (at backend close)."""
         ...
 
-    def reset(self, devices: Sequence[int]) -> None:
-        """Destroy the context of each of ``devices`` after a sticky fault; the next
-        :meth:`bind` makes a fresh one (``hipr.backends.sticky``)."""
-        ...
-
     def read_properties(self, device: int) -> DeviceProperties:
         """Read ``device``'s properties from the runtime (the backend caches them)."""
         ...
@@ -1352,33 +1347,6 @@ class GpuBackend:
     def stats(self) -> BackendStats:
         """Live resources created through this backend (built-in modules not counted)."""
         return self._ledger.stats()
-
-    def reset_context(self) -> None:
-        """Rebuild the contexts after a fault poisoned them (``hipr.worker.recovery``
-        calls this once every session is gone). The runtime destroys each context with
-        everything in it: allocations, streams, modules, and the page-locked host memory
-        of the staging and payload pools. The books forget all of it without freeing
-        (a free in a poisoned context fails, and the memory is gone anyway), then the
-        payload buffers are pinned again in the fresh context."""
-        payload = self._payloads.figures()
-        devices = sorted(self._bound_devices)
-        self._builtin.clear()
-        self._param_sizes.clear()
-        self._orphan_refs.clear()
-        self._ledger = Ledger()
-        self._staging = PinnedStaging(self)
-        self._payloads = PinnedPayloads(self)
-        self._lanes = _ThreadLanes()
-        self._loop_ctx = threading.local()
-        self._launch_extras = threading.local()
-        with self._ledger.lock:
-            self._bound_devices.clear()
-        self._rt.reset(devices)
-        # A sanity check of the fresh context, and its payload buffers again.
-        self.bind_thread(devices[0] if devices else 0)
-        self.free(self.malloc(1))
-        if payload["held"]:
-            self.reserve_payload_buffers(payload["held"], payload["bytes"] // payload["held"])
 
     def close(self) -> None:
         """Free staging memory and the built-in modules, then give back what the runtime

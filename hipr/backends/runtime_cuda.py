@@ -255,15 +255,6 @@ class CudaRuntime(RuntimeBase):
         for device in devices:
             self.raw("cuDevicePrimaryCtxRelease", self._devices[device])
 
-    def reset(self, devices: Sequence[int]) -> None:
-        """Release each device's primary context (its last reference: the driver
-        destroys it) and reset it; :meth:`bind` retains a fresh one."""
-        with self._lock:
-            for device in devices:
-                if self._contexts.pop(device, None) is not None:
-                    self.raw("cuDevicePrimaryCtxRelease", self._devices[device])
-                self.call("cuDevicePrimaryCtxReset", self._devices[device])
-
     def read_properties(self, device: int) -> DeviceProperties:
         """From device attributes; ``arch`` is ``sm_<major><minor>``."""
         dev = self._devices[device]

@@ -127,13 +127,6 @@ class HipRuntime(RuntimeBase):
     def release(self) -> None:
         """Nothing: HIP's per-device state needs no release."""
 
-    def reset(self, devices: Sequence[int]) -> None:
-        """hipDeviceReset on each device: its context and everything in it go; the next
-        call makes a fresh one."""
-        for device in devices:
-            self.call("hipSetDevice", device)
-            self.call("hipDeviceReset")
-
     def read_properties(self, device: int) -> DeviceProperties:
         """From hipDeviceProp_t; ``arch`` is its gcnArchName (``gfx942:sramecc+:...``)."""
         p = self.call("hipGetDeviceProperties", device)

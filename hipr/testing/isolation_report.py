@@ -103,7 +103,7 @@ async def _probe(url: str, token: str) -> str:
 
 
 async def measure_mode(
-    mode: str, config: WorkerConfig, directory: Path, compiled: bool
+    mode: str, config: WorkerConfig, directory: Path, compiled: bool, service: bool = False
 ) -> ModeReport:
     """Start a worker of ``mode`` and run the measurements against it."""
     alice_token, bob_token = new_token(), new_token()
@@ -122,6 +122,9 @@ async def measure_mode(
     )
     report = ModeReport(mode)
     url = f"unix://{directory}/{mode}.sock"
+    if service:
+        await _measure_service(config, directory, url, alice_token, bob_token, report, compiled)
+        return report
     rss_before = process_rss(os.getpid())
     backend = load_configured_backend(config)
     async with running_worker(config, backend, [url]) as worker:
@@ -136,13 +139,14 @@ async def measure_mode(
 
 
 async def _measure(
-    worker: Worker,
+    worker: Worker | None,
     url: str,
     alice_token: str,
     bob_token: str,
     report: ModeReport,
     compiled: bool,
     rss_before: int,
+    service_pids: list[int] | None = None,
 ) -> None:
     async with contextlib.AsyncExitStack() as stack:
         started = time.perf_counter()
@@ -167,7 +171,10 @@ async def _measure(
                 )
             except hipr.HipError as exc:
                 report.pointer_attack = "refused: " + _outcome(exc)
-        if worker.isolation is not None:
+        if worker is None:
+            pid = (service_pids or [0])[-1]
+            report.rss_bytes = {f"worker[{pid}]": process_rss(pid)}
+        elif worker.isolation is not None:
             statuses = await worker.isolation.poll()
             report.rss_bytes = {f"{s.tenant}[{s.pid}]": s.rss for s in statuses}
         else:
@@ -195,7 +202,62 @@ async def _measure(
         report.recovery_s = time.perf_counter() - faulted if outcome == "works" else None
         report.bob_next_session_after_fault = outcome
         report.alice_new_session_after_fault = await _probe(url, alice_token)
-        report.context_resets = worker.context_resets()
+        if worker is not None:
+            report.context_resets = worker.context_resets()
+
+
+async def _measure_service(
+    config: WorkerConfig,
+    directory: Path,
+    url: str,
+    alice_token: str,
+    bob_token: str,
+    report: ModeReport,
+    compiled: bool,
+) -> None:
+    """The worker as a service runs it: ``hipr worker`` in a process of its own, started
+    again whenever it exits with a failure (systemd's Restart=on-failure, without its
+    RestartSec=2 delay, which adds to the recovery time measured here)."""
+    path = directory / f"{report.mode}.worker.toml"
+    path.write_text(
+        f'listen = ["{url}"]\nbackend = "{config.backend}"\nisolation = "{config.isolation}"\n'
+        f'tenants_file = "{config.tenants_file}"\nlog_level = "warning"\n'
+        "pinned_payload_bytes = 0\n"
+    )
+    exits: list[int] = []
+    stop = anyio.Event()
+    pids: list[int] = []
+
+    async def supervise() -> None:
+        while not stop.is_set():
+            process = await anyio.open_process(
+                [sys.executable, "-m", "hipr", "worker", "--config", str(path)],
+                stdin=None,
+                stdout=None,
+                stderr=None,
+            )
+            pids.append(process.pid)
+            try:
+                with anyio.CancelScope(shield=True):
+                    while process.returncode is None and not stop.is_set():
+                        with anyio.move_on_after(0.05):
+                            await process.wait()
+                    if process.returncode is None:
+                        process.terminate()
+                        await process.wait()
+            finally:
+                exits.append(int(process.returncode or 0))
+            if exits[-1] == 0:
+                return
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(supervise)
+        with anyio.fail_after(120):
+            while await _probe(url, alice_token) != "works":
+                await anyio.sleep(0.05)
+        await _measure(None, url, alice_token, bob_token, report, compiled, 0, pids)
+        stop.set()
+    report.context_resets = {"worker exits": len(exits) - 1, "exit statuses": exits}  # type: ignore[dict-item]
 
 
 def per_session_costs(reports: list[ModeReport]) -> dict[str, Any]:
@@ -221,12 +283,18 @@ def main(argv: list[str] | None = None) -> int:
         "--compiled", action="store_true", help="read through a kernel compiled at run time"
     )
     parser.add_argument("--json", type=Path, help="also write the JSON report here")
+    parser.add_argument(
+        "--service",
+        action="store_true",
+        help="run isolation = none as `hipr worker` in its own process, restarted on failure",
+    )
     args = parser.parse_args(argv)
     config = WorkerConfig(backend=args.backend, log_level="error")
     reports: list[ModeReport] = []
     with tempfile.TemporaryDirectory(prefix="hipr-iso-", dir="/tmp") as tmp:
         for mode in args.modes.split(","):
-            report = anyio.run(measure_mode, mode, config, Path(tmp), args.compiled)
+            service = args.service and mode == "none"
+            report = anyio.run(measure_mode, mode, config, Path(tmp), args.compiled, service)
             reports.append(report)
             print(f"== isolation = {mode!r}")
             for key, value in asdict(report).items():

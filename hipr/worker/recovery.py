@@ -39,6 +39,8 @@ log = structlog.get_logger("hipr.recovery")
 #: Longest wait for the sessions of a poisoned context to end before it is rebuilt
 #: anyway (a session stuck in a call of the dead context must not block everyone).
 DRAIN_TIMEOUT = 5.0
+#: The worker's exit status when it ends to get a fresh context (EX_TEMPFAIL).
+RESTART_EXIT_STATUS = 75
 #: A retiring child creates ``<its socket><FAULT_MARK>`` before removing its socket.
 FAULT_MARK = ".fault"
 
@@ -61,6 +63,8 @@ class ContextHost(Protocol):
 
     backend: Any
     sessions: dict[str, Any]
+    #: Set to exit with this status (run_worker) when the context cannot be rebuilt.
+    exit_status: int
 
     @property
     def retires_on_fault(self) -> bool: ...
@@ -226,18 +230,35 @@ class ContextRecovery:
             incident.done.set()
 
     async def _reset(self) -> None:
-        reset = getattr(self._host.backend, "reset_context", None)
+        host = self._host
+        reset = getattr(host.backend, "reset_context", None)
         if reset is None:
+            # CUDA's driver documents sticky errors as needing the process to end, and
+            # so it proved on an H200 (cuDevicePrimaryCtxReset, then the retain of a
+            # fresh context failed with CUDA_ERROR_ILLEGAL_ADDRESS): GPU backends have
+            # no reset_context, and their worker restarts instead.
             self.broken = HipError(
                 HipErrorCode.hipErrorNotSupported,
-                f"the {self._host.backend.name} backend cannot rebuild its context",
+                f"the {host.backend.name} runtime cannot rebuild a context in this process",
             )
         else:
             try:
                 await anyio.to_thread.run_sync(reset)
             except HipError as exc:
                 self.broken = exc
-        if self.broken is not None:
+        if self.broken is None:
+            return
+        if getattr(host, "restart_on_failure", False):
+            # Every session has been told; a service manager restarts the worker
+            # (the units say Restart=on-failure) with a fresh process and context.
+            log.critical(
+                "the GPU context cannot be rebuilt in this process; exiting to be restarted",
+                error=str(self.broken),
+                exit_status=RESTART_EXIT_STATUS,
+            )
+            host.exit_status = RESTART_EXIT_STATUS
+            os.kill(os.getpid(), signal.SIGTERM)
+        else:
             log.critical("the GPU context could not be rebuilt", error=str(self.broken))
 
 

@@ -91,6 +91,11 @@ class Worker:
         )
         #: Notices kernel faults that poison the GPU context, and rebuilds it.
         self.recovery = ContextRecovery(self)
+        #: Exit (to be restarted) when a poisoned context cannot be rebuilt here: set by
+        #: run_worker, so that tests' in-process workers only refuse new sessions.
+        self.restart_on_failure = False
+        #: The process's exit status that run_worker ends with (0: a normal stop).
+        self.exit_status = 0
         #: Unix time the worker was made (uptime on status pages and metrics).
         self.started_at = time.time()
         #: Set when this worker is a tenant's child (``isolation = "process"`` above it).
@@ -554,6 +559,7 @@ async def run_worker(config: WorkerConfig, config_path: Path | None = None) -> N
     metrics: MetricsServer | None = None
     worker = Worker(config, backend)
     worker.child_link = ChildLink.from_env()
+    worker.restart_on_failure = True
     check_token_exposure(config, worker.tenants.anonymous, config.listen)
     try:
         async with anyio.create_task_group() as tg:
@@ -587,6 +593,8 @@ async def run_worker(config: WorkerConfig, config_path: Path | None = None) -> N
             metrics.close()
         backend.close()
         log.info("stopped")
+    if worker.exit_status:
+        raise SystemExit(worker.exit_status)
 
 
 async def _watchdog(interval: float) -> None:
