@@ -221,3 +221,27 @@ async def test_isolated_workers_are_not_flagged(default_worker: Worker) -> None:
     status = worker_status(default_worker, None)
     assert status["isolation"] == "process"
     assert status["shared_tenants"] == 0 and status["isolation_warning"] is None
+
+
+async def test_the_blocking_client_surfaces_context_loss(shared_worker: Worker) -> None:
+    url = shared_worker.bound_urls[0]
+
+    def bob_faults() -> tuple[str, str]:
+        with hipr.connect(url, token=BOB, link=LINK) as gpu:
+            out = gpu.malloc(16)
+            kernel = gpu.builtin("copy_from_address_u8")
+            kernel.launch((1,), (64,), [out, np.uint64(0x10), np.uint64(16)])
+            with pytest.raises(hipr.ContextLostError) as first:
+                gpu.synchronize()
+            with pytest.raises(hipr.ContextLostError) as later:
+                gpu.malloc(16)
+            return first.value.message, later.value.message
+
+    def alice_works() -> bytes:
+        with hipr.connect(url, token=ALICE, link=LINK) as gpu:
+            return bytes(gpu.memcpy_dtoh(gpu.malloc_htod(b"sync"), 4))
+
+    with anyio.fail_after(30):
+        first, later = await anyio.to_thread.run_sync(bob_faults)
+        assert "a kernel of this session failed" in first and later == first
+        assert await anyio.to_thread.run_sync(alice_works) == b"sync"
