@@ -29,6 +29,7 @@ from hipr.client import (
 )
 from hipr.errors import (
     AuthError,
+    ContextLostError,
     HipConnectionError,
     HipError,
     HipErrorCode,
@@ -46,6 +47,7 @@ __all__ = [
     "AsyncGpu",
     "AsyncMultiGpu",
     "AuthError",
+    "ContextLostError",
     "DeviceLoad",
     "DevicePtr",
     "Event",

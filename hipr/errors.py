@@ -197,6 +197,20 @@ class SessionLostError(HipConnectionError):
     default_code = HipErrorCode.hipErrorContextIsDestroyed
 
 
+class ContextLostError(SessionLostError):
+    """A kernel's fault poisoned the GPU context this session ran in (an illegal address,
+    a launch failure, a hardware exception): everything the session held on the device
+    is gone. ``code`` is the fault's own ``hipError_t`` (e.g. hipErrorIllegalAddress);
+    ``details["cause"]`` is the runtime's message. The link is fine and a new session
+    works: the worker rebuilt the context, or restarted the tenant's process.
+
+    A subclass of :class:`SessionLostError` (the session is gone, its handles are
+    invalid, reconnecting cannot resume it), told apart from a lost link by its type."""
+
+    kind = "context_lost"
+    default_code = HipErrorCode.hipErrorIllegalAddress
+
+
 _KINDS: dict[str, type[HipError]] = {
     cls.kind: cls
     for cls in (
@@ -210,6 +224,7 @@ _KINDS: dict[str, type[HipError]] = {
         HipConnectionError,
         HipTimeoutError,
         SessionLostError,
+        ContextLostError,
     )
 }
 

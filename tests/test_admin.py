@@ -51,7 +51,10 @@ def tenants_file(tmp_path: Path) -> Path:
 @pytest.fixture
 async def worker(anyio_backend: str, tenants_file: Path) -> AsyncIterator[Worker]:
     config = WorkerConfig(
-        tenants_file=tenants_file, admin_token_sha256=token_hash(ADMIN), max_clients=10
+        tenants_file=tenants_file,
+        admin_token_sha256=token_hash(ADMIN),
+        max_clients=10,
+        isolation="none",  # status of sessions in this process
     )
     backend = EmulatorBackend(device_count=2, total_memory=64 * MiB)
     async with running_worker(config, backend, ["tcp://127.0.0.1:0"]) as running:

@@ -125,7 +125,7 @@ def tenants_file(tmp_path: Path) -> Path:
 async def observed(
     anyio_backend: str, tenants_file: Path
 ) -> AsyncIterator[tuple[Worker, PrometheusObserver]]:
-    config = WorkerConfig(tenants_file=tenants_file, max_frame_bytes=8 * MiB)
+    config = WorkerConfig(tenants_file=tenants_file, max_frame_bytes=8 * MiB, isolation="none")
     backend = EmulatorBackend(device_count=2, total_memory=64 * MiB)
     async with running_worker(config, backend, ["tcp://127.0.0.1:0"]) as worker:
         observer = PrometheusObserver(worker)

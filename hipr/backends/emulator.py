@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hipr.backends.base import BackendStats, DeviceProperties, Dim3, Handle
+from hipr.backends.sticky import mark_sticky
 from hipr.errors import HipError, HipErrorCode
 from hipr.kernels.builtins import BUILTINS, BuiltinKernel
 
@@ -282,6 +283,11 @@ class _Fault(Exception):
     submission) or a pending hipErrorIllegalAddress (found while executing)."""
 
 
+class _StickyFault(_Fault):
+    """A fault that poisons the emulated context, as an illegal address does on a GPU:
+    every later call fails until :meth:`EmulatorBackend.reset_context`."""
+
+
 @dataclass(slots=True)
 class _Arena:
     start: int
@@ -383,6 +389,22 @@ def _k_mixed_args_probe(
         np.add(base, np.arange(n, dtype=np.float64), out=out)
 
 
+def _k_copy_from_address_u8(
+    view: _View, args: tuple[Any, ...], grid: Dim3, block: Dim3, shm: int
+) -> None:
+    out_ptr, address, n = args
+    if not n:
+        return
+    out = view(out_ptr, np.uint8, n)
+    try:
+        # Any live allocation of this process, whoever made it: a kernel's raw read is
+        # not bound by the worker's pointer checks (that is what this kernel shows).
+        source = view(address, np.uint8, n)
+    except _Fault as fault:
+        raise _StickyFault(f"raw read of {n} bytes at {address:#x}: {fault}") from None
+    out[...] = source
+
+
 _KERNELS: Final[dict[str, _KernelImpl]] = {
     "fill_f32": _k_fill_f32,
     "scale_f32": _k_scale_f32,
@@ -390,6 +412,7 @@ _KERNELS: Final[dict[str, _KernelImpl]] = {
     "vector_add_f32": _k_vector_add_f32,
     "reduce_sum_f32": _k_reduce_sum_f32,
     "mixed_args_probe": _k_mixed_args_probe,
+    "copy_from_address_u8": _k_copy_from_address_u8,
 }
 
 
@@ -529,6 +552,8 @@ class EmulatorBackend:
         self._graphs: set[_Graph] = set()
         self._graph_execs: set[_GraphExec] = set()
         self._pending: dict[int, HipError] = {}
+        #: Set by a sticky fault: every later call fails with it until reset_context().
+        self._poisoned: HipError | None = None
         #: One built-in module per device, shared by every session as on a GPU backend.
         self._builtin: dict[int, _Module] = {}
 
@@ -544,6 +569,12 @@ class EmulatorBackend:
     def _check_open(self) -> None:
         if self._closed:
             raise _fail(_E.hipErrorDeinitialized, "the emulator backend has been closed")
+        self._check_poisoned()
+
+    def _check_poisoned(self) -> None:
+        poisoned = self._poisoned
+        if poisoned is not None:
+            raise mark_sticky(HipError(poisoned.code, poisoned.message))
 
     def _check_device(self, device: int) -> int:
         if isinstance(device, bool) or not isinstance(device, int):
@@ -635,6 +666,7 @@ class EmulatorBackend:
             self._pending.setdefault(device, error)
 
     def _raise_pending(self, device: int) -> None:
+        self._check_poisoned()
         with self._lock:
             error = self._pending.pop(device, None)
         if error is not None:
@@ -1062,8 +1094,11 @@ class EmulatorBackend:
         if s is not None and s.capture is not None:
             s.capture.append(op)
             return
+        self._check_poisoned()
         try:
             self._run_kernel(op, device)
+        except _StickyFault as fault:
+            self._poison(f"kernel {op.function.kernel.name}: {fault}")
         except _Fault as fault:
             self._set_pending(
                 device,
@@ -1240,22 +1275,44 @@ class EmulatorBackend:
                 graph_execs=len(self._graph_execs),
             )
 
+    def _poison(self, message: str) -> None:
+        with self._lock:
+            if self._poisoned is None:
+                self._poisoned = mark_sticky(
+                    _fail(
+                        _E.hipErrorIllegalAddress,
+                        f"{message}; the context is unusable until it is reset",
+                    )
+                )
+
+    def reset_context(self) -> None:
+        """Destroy everything every session held and clear a sticky fault, as
+        ``cuDevicePrimaryCtxReset`` / ``hipDeviceReset`` do on a GPU. Addresses keep
+        advancing, so a stale pointer of the old context faults instead of reaching the
+        new one's data."""
+        with self._lock:
+            self._clear()
+            self._poisoned = None
+
+    def _clear(self) -> None:
+        self._allocations.clear()
+        self._bases.clear()
+        self._allocated_bytes = 0
+        for arena in self._arenas:
+            arena.used = 0
+        self._streams.clear()
+        self._events.clear()
+        self._modules.clear()
+        self._graphs.clear()
+        self._graph_execs.clear()
+        self._pending.clear()
+        self._builtin.clear()
+
     def close(self) -> None:
         """Free everything; later calls that create resources raise hipErrorDeinitialized."""
         with self._lock:
             self._closed = True
-            self._allocations.clear()
-            self._bases.clear()
-            self._allocated_bytes = 0
-            for arena in self._arenas:
-                arena.used = 0
-            self._streams.clear()
-            self._events.clear()
-            self._modules.clear()
-            self._graphs.clear()
-            self._graph_execs.clear()
-            self._pending.clear()
-            self._builtin.clear()
+            self._clear()
 
 
 if TYPE_CHECKING:

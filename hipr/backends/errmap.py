@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from hipr.backends.sticky import STICKY_CU_RESULTS, mark_sticky
 from hipr.errors import HipError, HipErrorCode, error_name
 
 E = HipErrorCode
@@ -208,7 +209,8 @@ def cu_error(code: int, call: str, detail: str = "") -> HipError:
         msg += f" [{hip_error_name(hip_code)}]"
     if detail:
         msg += f": {detail}"
-    return HipError(hip_code, msg, cuda_result=code)
+    error = HipError(hip_code, msg, cuda_result=code)
+    return mark_sticky(error) if code in STICKY_CU_RESULTS else error
 
 
 def rtc_result_name(code: int) -> str:

@@ -23,6 +23,7 @@ from hipr.backends.callmap import HIP_CALLS, HIPRTC_CALLS, RuntimeConstants, res
 from hipr.backends.errmap import hip_error_name
 from hipr.backends.gpu import RuntimeBase, import_bindings
 from hipr.backends.hipprops import struct_hip_props
+from hipr.backends.sticky import STICKY_HIP_CODES, mark_sticky
 from hipr.errors import HipError, HipErrorCode
 
 __all__ = ["LIBHIP", "HipRuntime", "hiprtc_options"]
@@ -92,7 +93,8 @@ class HipRuntime(RuntimeBase):
 
     def error(self, code: int, call: str) -> HipError:
         """The HipError for hipError_t ``code``: the same code, HIP's name for it."""
-        return HipError(code, f"{call} failed: {hip_error_name(code)} ({code})")
+        error = HipError(code, f"{call} failed: {hip_error_name(code)} ({code})")
+        return mark_sticky(error) if code in STICKY_HIP_CODES else error
 
     def open(self) -> int:
         """The device count; BackendUnavailable when the library or a device is missing."""

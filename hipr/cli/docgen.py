@@ -266,6 +266,10 @@ class _StubWorker:
     def quotas_of(self, tenant: str) -> Any:
         return self._quotas
 
+    def context_resets(self) -> dict[str, int]:
+        """One reset, so that the counter shows its label."""
+        return {"example": 1}
+
     def child_statuses(self) -> list[Any]:
         """One tenant child worker, so that its gauges show their labels."""
         from hipr.worker.isolation import ChildStatus

@@ -90,6 +90,15 @@ def render_status(status: dict[str, Any], url: str, footer: str = "") -> Rendera
             f"{pinned.get('in_use', '?')} / {pinned.get('held', '?')} in use "
             f"({human_size(int(pinned.get('bytes', 0)))} page-locked)",
         )
+    isolation = status.get("isolation")
+    if isolation:
+        summary.add_row("isolation", str(isolation))
+    resets = status.get("context_resets")
+    if isinstance(resets, dict) and resets:
+        summary.add_row("context resets", ", ".join(f"{t}: {n}" for t, n in sorted(resets.items())))
+    warning = status.get("isolation_warning")
+    if warning:
+        summary.add_row("[bold red]WARNING[/]", f"[red]{warning}[/]")
     parts: list[RenderableType] = [summary]
 
     devices = list(status.get("devices") or [])

@@ -21,6 +21,7 @@ from hipr._version import __version__
 from hipr.errors import AuthError, HipError, HipErrorCode
 from hipr.handlers.context import Request
 from hipr.handlers.registry import handler
+from hipr.observability.isolation import isolation_figures
 from hipr.observability.metrics import (
     HANDLE_KINDS,
     ChildFigures,
@@ -141,6 +142,7 @@ def worker_status(
         "pinned_payload_buffers": pinned_payload_figures(worker.backend),
         # The event loop's spin window in force ("auto" resolved for this machine).
         "spin_wait": worker.busy_poll.seconds,
+        **isolation_figures(worker),
     }
 
 

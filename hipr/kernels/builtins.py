@@ -163,6 +163,14 @@ BUILTINS: dict[str, BuiltinKernel] = {
             "out[i] = a8 + a32 + f + d + a16 + s.a + s.b + s.c + i for i < n "
             "(float64 out; proves every argument width and alignment arrives intact)",
         ),
+        BuiltinKernel(
+            "copy_from_address_u8",
+            ("ptr", "u64", "u64"),
+            "out[i] = ((const uint8_t*)address)[i] for i < n: a raw read of an address "
+            "passed as a plain integer, which the worker cannot check (a kernel may compute "
+            "any address); an address outside every allocation of the process faults and "
+            "poisons the context, on a GPU and on the emulator alike",
+        ),
     )
 }
 
@@ -246,6 +254,11 @@ extern "C" __global__ void reduce_sum_f32(float* out, const float* x, unsigned l
     __syncthreads();
   }
   if (hipThreadIdx_x == 0) atomicAdd(out, partial[0]);
+}
+
+extern "C" __global__ void copy_from_address_u8(unsigned char* out, unsigned long long address,
+                                                unsigned long long n) {
+  HIPR_GRID_STRIDE(i, n) out[i] = ((const unsigned char*)address)[i];
 }
 
 extern "C" __global__ void mixed_args_probe(double* out, signed char a8, int a32, float f,

@@ -625,7 +625,11 @@ async def run_fuzz_campaign(
     with tempfile.TemporaryDirectory(prefix="hipr-fuzz-") as tmp:
         tenants = write_tenants(Path(tmp))
         config = WorkerConfig(
-            max_frame_bytes=FUZZ_MAX_FRAME, tenants_file=tenants.path, resume_grace=0.0
+            max_frame_bytes=FUZZ_MAX_FRAME,
+            tenants_file=tenants.path,
+            resume_grace=0.0,
+            # The fuzzers aim at this process's own connection, session and backend code.
+            isolation="none",
         )
         campaign = FuzzCampaign(options, (tenants.fuzz_token, tenants.good_token))
         if options.seconds is not None:

@@ -48,7 +48,7 @@ SIZE_UNITS: dict[str, int] = {
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("auto", "console", "json")
 BACKENDS = ("auto", "emulator", "cuda", "hip")
-ISOLATION_MODES = ("none", "process")
+ISOLATION_MODES = ("auto", "none", "process", "session")
 #: The longest ``spin_wait``: a second of a busy core per request is never what was meant.
 MAX_SPIN_WAIT = 1.0
 
@@ -242,11 +242,19 @@ class WorkerConfig:
         ),
     )
     isolation: str = field(
-        default="none",
+        default="auto",
         metadata=_doc(
-            "`none`: all sessions share the worker process. `process`: each tenant's sessions "
-            "run in a worker process of their own, so one tenant's kernels cannot touch "
-            "another's memory or crash another's sessions.",
+            "`auto`: `process` when the tenants file names more than one tenant, else "
+            "`none`. `process`: each tenant's sessions run in a worker process of their "
+            "own, so one tenant's kernels cannot read another's memory, and a kernel "
+            "fault (illegal address) loses only that tenant's sessions while its process "
+            "restarts. `session`: a process per session, so a fault loses only the "
+            "faulting session (costs a process start, ~0.5-1 s, and its memory per "
+            "session; see docs/operations.md). `none`: all sessions share one process "
+            "and GPU context: any tenant's kernel can read every other tenant's device "
+            "memory, and one fault fails every session on the device (the worker then "
+            "rebuilds the context); with several tenants the worker warns at start, in "
+            "`hipr status` and in `/metrics`.",
             choices=ISOLATION_MODES,
         ),
     )

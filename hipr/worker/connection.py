@@ -57,6 +57,7 @@ from hipr.transports.thread_writes import ThreadWritable
 from hipr.worker.config import WorkerConfig
 from hipr.worker.isolation import TenantProcesses
 from hipr.worker.payloads import PayloadBuffers, Placements
+from hipr.worker.recovery import ContextRecovery
 from hipr.worker.replay import MAX_ONE_REPLY
 from hipr.worker.session import DeferredError, Session, as_hip_error
 from hipr.worker.spin import BusyPoll
@@ -71,6 +72,7 @@ class Worker(Protocol):
     backend: Backend
     observer: WorkerObserver
     isolation: TenantProcesses | None
+    recovery: ContextRecovery
     tenants: TenantRegistry
     chunk_bytes: int
     handshake_timeout: float
@@ -282,6 +284,8 @@ class WorkerConnection:
         #: True when the session must be freed at the end, not kept for a RESUME.
         self._ends_session = False
         self._draining = False
+        #: Set when a kernel fault poisoned the context: told to the client, then closed.
+        self._lost: HipError | None = None
         self._streamed_reply = False
         #: (request id, reply bytes) of a reply the session's GPU thread sent itself
         #: (``answer_from_gpu_thread``); written by that thread, taken by the executor.
@@ -462,9 +466,12 @@ class WorkerConnection:
             if self._draining:
                 self._ends_session = True
                 with anyio.move_on_after(2), contextlib.suppress(*_LINK_ERRORS):
-                    await self.send(
-                        Opcode.GOODBYE, 0, Flags.NONE, {"reason": "the worker is shutting down"}
-                    )
+                    if self._lost is not None:
+                        await self.send_error(0, 0, self._lost)
+                    else:
+                        await self.send(
+                            Opcode.GOODBYE, 0, Flags.NONE, {"reason": "the worker is shutting down"}
+                        )
         except TimeoutError:
             self._log.info("handshake timed out")
         except _LINK_ERRORS as exc:
@@ -518,6 +525,12 @@ class WorkerConnection:
         once the session is free."""
         await anyio.aclose_forcefully(self.stream)
         await self._done.wait()
+
+    def lose_context(self, error: HipError) -> None:
+        """A kernel fault poisoned the context (``hipr.worker.recovery``): finish the
+        request under way, tell the client ``error``, end the session and close."""
+        self._lost = error
+        self.drain()
 
     def drain(self) -> None:
         """Worker shutdown: finish the request under way, then say goodbye and close."""
@@ -599,6 +612,7 @@ class WorkerConnection:
                 )
                 await self._relay(child.url, first, tenant.name)
                 return None
+            await self.worker.recovery.admit()
             session = self.worker.open_session(tenant, self.peer)
         except HipError as exc:
             self._log.warning("handshake refused", error=str(exc))
@@ -962,6 +976,8 @@ class WorkerConnection:
                 ms=round(elapsed * 1000, 3),
             )
         if error is not None:
+            # A fault that poisoned the context becomes ContextLostError (and recovery).
+            error = self.worker.recovery.check(session, error)
             quota = error.details.get("quota")
             if quota:
                 observer.quota_rejected(session.tenant, str(quota))
@@ -1135,7 +1151,7 @@ class WorkerConnection:
                 message=f"session {session_id} no longer exists on this worker: the worker "
                 "or its tenant process restarted"
             )
-        child = await isolation.child_for(tenant)
+        child = await isolation.child_holding(session_id, tenant)
         first = encode_frame(
             Opcode.RESUME, frame.request_id, Flags.NONE, frame.args, version=frame.header.version
         )
@@ -1159,7 +1175,7 @@ class WorkerConnection:
                 reply = replies.next_frame()
             if Flags.ERROR not in reply.flags and isinstance(reply.args, dict):
                 session_id = str(reply.args.get("session_id", ""))
-                isolation.session_tenants[session_id] = tenant
+                isolation.note_session(session_id, tenant, url)
                 self._log.info("relaying to the tenant's process", session=session_id)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_pump, self.stream, upstream, tg.cancel_scope)

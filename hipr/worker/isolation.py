@@ -43,8 +43,9 @@ import anyio
 import anyio.abc
 import structlog
 
-from hipr.errors import HipError, HipErrorCode
+from hipr.errors import HipError, HipErrorCode, SessionLostError
 from hipr.worker.config import WorkerConfig
+from hipr.worker.recovery import FAULT_MARK
 from hipr.worker.tenants import Quotas, Tenant, new_token, token_hash
 
 log = structlog.get_logger("hipr.isolation")
@@ -64,6 +65,8 @@ UNLOCKED_AGE = 60.0
 STATUS_SOCKET_ENV = "HIPR_STATUS_SOCKET"
 #: A child asks the parent for the whole worker's status on this Unix socket.
 PARENT_STATUS_ENV = "HIPR_PARENT_STATUS"
+#: Set for a child of ``isolation = "session"``: it serves one session, then exits.
+ONE_SESSION_ENV = "HIPR_ONE_SESSION"
 #: The parent's status socket, in the private directory.
 PARENT_SOCKET_NAME = "parent.sock"
 #: Largest status document read from a peer (thousands of sessions fit).
@@ -221,6 +224,15 @@ class TenantProcess:
     token: str
     #: The Unix socket where the child lists its sessions.
     status_path: str = ""
+    #: The child's name among the parent's children: the tenant's, or with
+    #: ``isolation = "session"`` one per session.
+    key: str = ""
+
+    @property
+    def serving(self) -> bool:
+        """Running and listening: a child that retires after a kernel fault removes its
+        socket at once (``hipr.worker.recovery``) and exits once its sessions are told."""
+        return self.process.returncode is None and os.path.exists(self.url[len("unix://") :])
 
 
 def _toml_value(value: object) -> str:
@@ -242,8 +254,19 @@ def _quota_lines(quotas: Quotas) -> list[str]:
 class TenantProcesses:
     """Starts, finds and stops the per-tenant child workers."""
 
-    def __init__(self, config: WorkerConfig, base: Path | None = None) -> None:
+    def __init__(
+        self, config: WorkerConfig, base: Path | None = None, *, per_session: bool = False
+    ) -> None:
         self.config = config
+        #: ``isolation = "session"``: a fresh child for every session.
+        self.per_session = per_session
+        self._started = 0
+        #: Children that retired after a kernel fault, until they exit.
+        self._retiring: list[TenantProcess] = []
+        #: Context losses (children retired after a kernel fault), by tenant.
+        self.resets: dict[str, int] = {}
+        #: Which child holds each session (its url), for routing RESUME.
+        self.session_children: dict[str, str] = {}
         base = runtime_base() if base is None else base
         remove_stale_dirs(base)
         self._dir = Path(tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-", dir=base))
@@ -269,18 +292,66 @@ class TenantProcesses:
         return None if child is None or child.process.returncode is not None else child.process.pid
 
     async def child_for(self, tenant: Tenant) -> TenantProcess:
-        """``tenant``'s worker process, started if it is not running."""
+        """``tenant``'s worker process, started if it is not running (with
+        ``per_session``, a new process every time)."""
         async with self._lock:
+            self._reap()
+            if self.per_session:
+                fresh = await self._start(tenant)
+                self._children[fresh.key] = fresh
+                return fresh
             child = self._children.get(tenant.name)
-            if child is None or child.process.returncode is not None:
+            if child is None or not child.serving:
                 if child is not None:
-                    log.warning("tenant worker exited; starting a new one", tenant=tenant.name)
-                    self.session_tenants = {
-                        s: t for s, t in self.session_tenants.items() if t != tenant.name
-                    }
+                    self._drop(child)
                 child = await self._start(tenant)
                 self._children[tenant.name] = child
             return child
+
+    def note_session(self, session_id: str, tenant: str, url: str) -> None:
+        """The child at ``url`` opened ``session_id`` of ``tenant`` (for RESUME)."""
+        self.session_tenants[session_id] = tenant
+        self.session_children[session_id] = url
+
+    async def child_holding(self, session_id: str, tenant: Tenant) -> TenantProcess:
+        """The child that holds ``session_id``: its own, while it serves; else the
+        tenant's current child (which answers that the session is gone)."""
+        url = self.session_children.get(session_id)
+        for child in self._children.values():
+            if child.url == url and child.serving:
+                return child
+        if self.per_session:
+            raise SessionLostError(
+                message=f"session {session_id} no longer exists: its worker process ended"
+            )
+        return await self.child_for(tenant)
+
+    def _drop(self, child: TenantProcess) -> None:
+        """Forget a child that retired or died (a retiring one is kept to be reaped)."""
+        self._children.pop(child.key, None)
+        self.session_tenants = {
+            s: t
+            for s, t in self.session_tenants.items()
+            if self.session_children.get(s) != child.url
+        }
+        self.session_children = {s: u for s, u in self.session_children.items() if u != child.url}
+        if child.process.returncode is None:
+            self._retiring.append(child)  # reaped once it exits
+        mark = Path(child.url[len("unix://") :] + FAULT_MARK)
+        if mark.exists():
+            # It retired after a kernel fault poisoned its context (hipr.worker.recovery).
+            mark.unlink(missing_ok=True)
+            self.resets[child.tenant] = self.resets.get(child.tenant, 0) + 1
+            log.warning("tenant worker retired after a kernel fault", tenant=child.tenant)
+        elif not self.per_session:
+            log.warning("tenant worker exited; starting a new one", tenant=child.tenant)
+
+    def _reap(self) -> None:
+        """Drop children that stopped serving, and forget retired ones that exited."""
+        for child in list(self._children.values()):
+            if not child.serving:
+                self._drop(child)
+        self._retiring = [c for c in self._retiring if c.process.returncode is None]
 
     @property
     def parent_socket(self) -> Path:
@@ -289,7 +360,7 @@ class TenantProcesses:
 
     def _write_config(self, tenant: Tenant, token: str, socket_path: Path) -> Path:
         config = self.config
-        tenants_path = self._dir / f"{tenant.name}.tenants.toml"
+        tenants_path = self._dir / f"{tenant.name}.{self._started}.tenants.toml"
         tenants_path.write_text(
             "\n".join(
                 [
@@ -300,7 +371,7 @@ class TenantProcesses:
             )
             + "\n"
         )
-        worker_path = self._dir / f"{tenant.name}.worker.toml"
+        worker_path = self._dir / f"{tenant.name}.{self._started}.worker.toml"
         lines = [
             f"listen = [{_toml_value('unix://' + str(socket_path))}]",
             f"backend = {_toml_value(config.backend)}",
@@ -310,6 +381,7 @@ class TenantProcesses:
             f"resume_grace = {config.resume_grace!r}",
             f"shutdown_timeout = {config.shutdown_timeout!r}",
             f"tenants_file = {_toml_value(tenants_path)}",
+            'isolation = "none"',  # one tenant here: the parent keeps tenants apart
             f"log_level = {_toml_value(config.log_level)}",
             f"log_format = {_toml_value(config.log_format)}",
             # The operator's admin token works in the child: `hipr status` lands there.
@@ -328,8 +400,11 @@ class TenantProcesses:
 
     async def _start(self, tenant: Tenant) -> TenantProcess:
         token = new_token()
-        socket_path = self._dir / f"{tenant.name}.sock"
-        status_path = self._dir / f"{tenant.name}.status.sock"
+        self._started += 1
+        # A new name for each child: a retiring one may still hold its old socket.
+        key = f"{tenant.name}.{self._started}" if self.per_session else tenant.name
+        socket_path = self._dir / f"{tenant.name}.{self._started}.sock"
+        status_path = self._dir / f"{tenant.name}.{self._started}.status.sock"
         for stale in (socket_path, status_path):
             stale.unlink(missing_ok=True)
         config_path = self._write_config(tenant, token, socket_path)
@@ -343,6 +418,7 @@ class TenantProcesses:
                 PARENT_PID_ENV: str(os.getpid()),
                 STATUS_SOCKET_ENV: str(status_path),
                 PARENT_STATUS_ENV: str(self.parent_socket),
+                **({ONE_SESSION_ENV: "1"} if self.per_session else {}),
             },
         )
         listening = False
@@ -363,20 +439,23 @@ class TenantProcesses:
                 f"(exit status {process.returncode}); see the worker's log",
             )
         log.info("tenant worker started", tenant=tenant.name, pid=process.pid)
-        return TenantProcess(tenant.name, process, f"unix://{socket_path}", token, str(status_path))
+        return TenantProcess(
+            tenant.name, process, f"unix://{socket_path}", token, str(status_path), key
+        )
 
     async def poll(self) -> list[ChildStatus]:
         """Ask every running child for its sessions (and read its RSS); the answers, also
         kept in :attr:`statuses`. A child that does not answer keeps its last figures,
         with the error."""
+        self._reap()
         children = [c for c in self._children.values() if c.process.returncode is None]
-        for name in set(self.statuses) - {c.tenant for c in children}:
+        for name in set(self.statuses) - {c.key for c in children}:
             del self.statuses[name]
 
         async def one(child: TenantProcess) -> None:
-            status = self.statuses.get(child.tenant)
+            status = self.statuses.get(child.key)
             if status is None or status.pid != child.process.pid:
-                status = self.statuses[child.tenant] = ChildStatus(child.tenant, child.process.pid)
+                status = self.statuses[child.key] = ChildStatus(child.tenant, child.process.pid)
             status.rss = process_rss(child.process.pid)
             try:
                 reply = await fetch_json(child.status_path)
@@ -391,7 +470,7 @@ class TenantProcesses:
         async with anyio.create_task_group() as tg:
             for child in children:
                 tg.start_soon(one, child)
-        return [self.statuses[c.tenant] for c in children if c.tenant in self.statuses]
+        return [self.statuses[c.key] for c in children if c.key in self.statuses]
 
     async def poll_forever(self, interval: float = POLL_INTERVAL) -> None:
         """Refresh :attr:`statuses` every ``interval`` seconds (for ``/metrics``, which
@@ -403,8 +482,9 @@ class TenantProcesses:
 
     async def aclose(self) -> None:
         """Stop every child (SIGTERM: they drain and tell their clients), then clean up."""
-        children = list(self._children.values())
+        children = [*self._children.values(), *self._retiring]
         self._children.clear()
+        self._retiring.clear()
         for child in children:
             if child.process.returncode is None:
                 child.process.send_signal(signal.SIGTERM)
@@ -482,6 +562,8 @@ class ChildLink:
     status_socket: Path
     #: Where the parent serves the whole worker's status.
     parent_status: Path
+    #: ``isolation = "session"``: this child serves one session, then exits.
+    one_session: bool = False
 
     @classmethod
     def from_env(cls) -> ChildLink | None:
@@ -489,4 +571,4 @@ class ChildLink:
         status, parent = os.environ.get(STATUS_SOCKET_ENV), os.environ.get(PARENT_STATUS_ENV)
         if not status or not parent:
             return None
-        return cls(Path(status), Path(parent))
+        return cls(Path(status), Path(parent), os.environ.get(ONE_SESSION_ENV) == "1")

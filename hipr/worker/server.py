@@ -6,6 +6,7 @@ import dataclasses
 import gc
 import hmac
 import ipaddress
+import os
 import signal
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -42,7 +43,9 @@ from hipr.worker.isolation import (
 )
 from hipr.worker.memory import trim_heap
 from hipr.worker.quotas import QuotaGate, TenantState
+from hipr.worker.recovery import ContextRecovery
 from hipr.worker.session import Session
+from hipr.worker.sharing import resolve_isolation, warn_if_shared
 from hipr.worker.spin import BusyPoll
 from hipr.worker.tenants import Quotas, Tenant, load_tenants
 
@@ -78,8 +81,21 @@ class Worker:
         self.draining = False
         self._task_group: anyio.abc.TaskGroup | None = None
         self._listen_scope: anyio.CancelScope | None = None
-        #: Per-tenant child workers when ``isolation = "process"``.
-        self.isolation = TenantProcesses(config) if config.isolation == "process" else None
+        #: ``process`` or ``session`` (child workers), or ``none``: ``auto`` resolved.
+        self.isolation_mode = resolve_isolation(config.isolation, len(self.tenants.tenants))
+        #: Per-tenant (or per-session) child workers unless ``isolation_mode`` is none.
+        self.isolation = (
+            TenantProcesses(config, per_session=self.isolation_mode == "session")
+            if self.isolation_mode != "none"
+            else None
+        )
+        #: Notices kernel faults that poison the GPU context, and rebuilds it.
+        self.recovery = ContextRecovery(self)
+        #: Exit (to be restarted) when a poisoned context cannot be rebuilt here: set by
+        #: run_worker, so that tests' in-process workers only refuse new sessions.
+        self.restart_on_failure = False
+        #: The process's exit status that run_worker ends with (0: a normal stop).
+        self.exit_status = 0
         #: Unix time the worker was made (uptime on status pages and metrics).
         self.started_at = time.time()
         #: Set when this worker is a tenant's child (``isolation = "process"`` above it).
@@ -109,6 +125,39 @@ class Worker:
         log.info("pinned payload buffers", buffers=held, bytes=held * block_bytes)
         if held < count:
             log.warning("fewer pinned payload buffers than configured", wanted=count, held=held)
+
+    @property
+    def retires_on_fault(self) -> bool:
+        """A tenant's child worker exits after a context-poisoning fault (its parent
+        starts a fresh one); a worker of its own rebuilds the context instead."""
+        return self.child_link is not None
+
+    @property
+    def shared_tenants(self) -> int:
+        """How many tenants share this process's GPU context: 0 when tenants are apart
+        (process isolation, or at most one tenant)."""
+        count = 0 if self.tenants.anonymous else len(self.tenants.tenants)
+        return count if self.isolation is None and count > 1 else 0
+
+    def context_resets(self) -> dict[str, int]:
+        """GPU contexts rebuilt here, and tenant processes retired, after kernel faults,
+        by the tenant whose kernel faulted."""
+        resets = dict(self.recovery.resets)
+        if self.isolation is not None:
+            for tenant, count in self.isolation.resets.items():
+                resets[tenant] = resets.get(tenant, 0) + count
+        return resets
+
+    def spawn(self, fn: Any, *args: Any) -> bool:
+        """Run ``fn(*args)`` as a task of the worker; False when it is not serving."""
+        if self._task_group is None:
+            return False
+        self._task_group.start_soon(fn, *args)
+        return True
+
+    async def end_session(self, session: Session) -> None:
+        """Close a session and drop it from the registry."""
+        await self._close_session(session)
 
     def _gpu_threads_busy(self) -> bool:
         """True while any session's GPU thread has work (it then needs the interpreter
@@ -209,6 +258,7 @@ class Worker:
         for session in self.sessions.values():
             session.gate.refresh()
         log.info("tenants reloaded", tenants=sorted(self.tenants.tenants))
+        warn_if_shared(self.shared_tenants)
 
     def detach(self, session: Session) -> None:
         """The session's link dropped: keep it ``resume_grace`` seconds for a RESUME."""
@@ -315,6 +365,9 @@ class Worker:
         """Drop a closed session from the registry."""
         if self.sessions.pop(session.id, None) is not None:
             self.observer.session_closed(session.tenant)
+        if self.child_link is not None and self.child_link.one_session and not self.sessions:
+            # isolation = "session": this process served its one session.
+            os.kill(os.getpid(), signal.SIGTERM)
         if not self.sessions and not self._trim_pending and self._task_group is not None:
             self._trim_pending = True
             self._task_group.start_soon(self._trim_when_idle)
@@ -388,6 +441,7 @@ class Worker:
         listeners: list[anyio.abc.Listener[Any]],
         task_status: anyio.abc.TaskStatus[list[str]],
     ) -> None:
+        warn_if_shared(self.shared_tenants)
         await self._reserve_payload_buffers()
         for url in self.bound_urls:
             log.info(
@@ -505,6 +559,7 @@ async def run_worker(config: WorkerConfig, config_path: Path | None = None) -> N
     metrics: MetricsServer | None = None
     worker = Worker(config, backend)
     worker.child_link = ChildLink.from_env()
+    worker.restart_on_failure = True
     check_token_exposure(config, worker.tenants.anonymous, config.listen)
     try:
         async with anyio.create_task_group() as tg:
@@ -538,6 +593,8 @@ async def run_worker(config: WorkerConfig, config_path: Path | None = None) -> N
             metrics.close()
         backend.close()
         log.info("stopped")
+    if worker.exit_status:
+        raise SystemExit(worker.exit_status)
 
 
 async def _watchdog(interval: float) -> None:

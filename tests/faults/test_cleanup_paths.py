@@ -193,7 +193,7 @@ async def test_quota_refusals_leave_nothing_behind(anyio_backend: str, tmp_path:
         "max_graphs = 1\nmax_sessions = 1\nmax_request_rate = 1\nmax_request_burst = 30\n",
     )
     backend = EmulatorBackend(total_memory=64 << 20)
-    config = WorkerConfig(resume_grace=0.0, tenants_file=tenants.path)
+    config = WorkerConfig(resume_grace=0.0, tenants_file=tenants.path, isolation="none")
     watch = LogWatch()
     with watch.installed():
         async with running_worker(config, backend, ["tcp://127.0.0.1:0"]) as worker:

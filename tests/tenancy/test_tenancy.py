@@ -59,7 +59,7 @@ async def tenant_worker(
     anyio_backend: str, short_tmp: Path, tenants_file: Path
 ) -> AsyncIterator[tuple[Worker, EmulatorBackend]]:
     backend = EmulatorBackend(device_count=1, total_memory=64 * MiB)
-    config = WorkerConfig(tenants_file=tenants_file, resume_grace=0.0)
+    config = WorkerConfig(tenants_file=tenants_file, resume_grace=0.0, isolation="none")
     async with running_worker(config, backend, [f"unix://{short_tmp}/t.sock"]) as worker:
         yield worker, backend
 
@@ -273,7 +273,7 @@ async def test_reload_applies_new_quotas_without_dropping_sessions(
 async def test_plaintext_tokens_off_loopback_are_refused(
     short_tmp: Path, tenants_file: Path
 ) -> None:
-    config = WorkerConfig(tenants_file=tenants_file)
+    config = WorkerConfig(tenants_file=tenants_file, isolation="none")
     with pytest.raises(ConfigError, match="plain text"):
         async with running_worker(config, EmulatorBackend(), ["tcp://0.0.0.0:0"]):
             pass
