@@ -165,7 +165,7 @@ BUILTINS: dict[str, BuiltinKernel] = {
         ),
         BuiltinKernel(
             "copy_from_address_u8",
-            ("ptr", "u64", "u64"),
+            (("out", "ptr"), ("address", "u64"), ("n", "u64")),
             "out[i] = ((const uint8_t*)address)[i] for i < n: a raw read of an address "
             "passed as a plain integer, which the worker cannot check (a kernel may compute "
             "any address); an address outside every allocation of the process faults and "
