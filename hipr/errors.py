@@ -176,6 +176,16 @@ class SessionLostError(HipConnectionError):
     default_code = HipErrorCode.hipErrorContextIsDestroyed
 
 
+class RunawayKernelError(QuotaError, SessionLostError):
+    """The worker stopped the session's GPU work for running past a time limit (the
+    ``max_kernel_seconds`` quota, named with its limit in ``details``), by tearing down
+    the context that ran it: the session is gone, as after any :class:`SessionLostError`;
+    a new session of the tenant works."""
+
+    kind = "runaway"
+    default_code = HipErrorCode.hipErrorLaunchTimeOut
+
+
 _KINDS: dict[str, type[HipError]] = {
     cls.kind: cls
     for cls in (
@@ -187,6 +197,7 @@ _KINDS: dict[str, type[HipError]] = {
         HipConnectionError,
         HipTimeoutError,
         SessionLostError,
+        RunawayKernelError,
     )
 }
 

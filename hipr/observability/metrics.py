@@ -34,6 +34,7 @@ from prometheus_client.registry import Collector
 from hipr._version import __version__
 from hipr.backends.base import Backend
 from hipr.observability.observer import WorkerObserver
+from hipr.observability.runaway_metrics import runaway_metrics
 from hipr.observability.telemetry import DeviceTelemetry, device_telemetry
 from hipr.protocol.header import PROTOCOL_VERSION, version_text
 
@@ -323,6 +324,7 @@ class WorkerCollector(Collector):
             value=self.started_at,
         )
         yield from self._tenant_metrics()
+        yield from runaway_metrics(worker)
         figures = pinned_payload_figures(worker.backend)
         if figures is not None:
             pinned = GaugeMetricFamily(

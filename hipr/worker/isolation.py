@@ -268,6 +268,14 @@ class TenantProcesses:
         child = self._children.get(tenant)
         return None if child is None or child.process.returncode is not None else child.process.pid
 
+    def child_pids(self) -> dict[str, int]:
+        """The pid of each tenant's worker process still running."""
+        return {
+            name: child.process.pid
+            for name, child in self._children.items()
+            if child.process.returncode is None
+        }
+
     async def child_for(self, tenant: Tenant) -> TenantProcess:
         """``tenant``'s worker process, started if it is not running."""
         async with self._lock:
@@ -309,6 +317,7 @@ class TenantProcesses:
             f"heartbeat_timeout = {config.heartbeat_timeout!r}",
             f"resume_grace = {config.resume_grace!r}",
             f"shutdown_timeout = {config.shutdown_timeout!r}",
+            f"runaway_grace = {config.runaway_grace!r}",
             f"tenants_file = {_toml_value(tenants_path)}",
             f"log_level = {_toml_value(config.log_level)}",
             f"log_format = {_toml_value(config.log_format)}",
@@ -401,8 +410,9 @@ class TenantProcesses:
                 await self.poll()
             await anyio.sleep(interval)
 
-    async def aclose(self) -> None:
-        """Stop every child (SIGTERM: they drain and tell their clients), then clean up."""
+    async def aclose(self) -> dict[str, int | None]:
+        """Stop every child (SIGTERM: they drain and tell their clients), then clean up;
+        each child's exit status (non-zero: its work was cut short, or it was killed)."""
         children = list(self._children.values())
         self._children.clear()
         for child in children:
@@ -419,6 +429,7 @@ class TenantProcesses:
         shutil.rmtree(self._dir, ignore_errors=True)
         with contextlib.suppress(OSError):
             os.close(self._dir_lock)
+        return {child.tenant: child.process.returncode for child in children}
 
 
 async def _accepts(path: Path) -> bool:

@@ -32,6 +32,7 @@ from hipr.transports.base import TransportConfig
 from hipr.worker import systemd
 from hipr.worker.config import ConfigError, WorkerConfig, load_config, spin_seconds
 from hipr.worker.connection import WorkerConnection
+from hipr.worker.deadline import EXIT_MARGIN, ShutdownDeadline, exit_now
 from hipr.worker.isolation import (
     ChildLink,
     ChildStatus,
@@ -42,6 +43,7 @@ from hipr.worker.isolation import (
 )
 from hipr.worker.memory import trim_heap
 from hipr.worker.quotas import QuotaGate, TenantState
+from hipr.worker.runaway import RunawayLedger, RunawayWatch, collect_forever
 from hipr.worker.session import Session
 from hipr.worker.spin import BusyPoll
 from hipr.worker.tenants import Quotas, Tenant, load_tenants
@@ -56,6 +58,8 @@ FRAME_HEADROOM = 64 << 10
 #: Seconds without a session before freed memory goes back to the OS: long enough that
 #: a client reconnecting at once does not pay for it, short enough to follow a burst.
 IDLE_TRIM_DELAY = 1.0
+#: Seconds a stop waits for detached sessions to be freed once the drain is over.
+CLOSE_WAIT = 2.0
 
 
 class Worker:
@@ -87,6 +91,44 @@ class Worker:
         self._trim_pending = False
         #: Busy polling of the event loop (``spin_wait``, "auto" resolved); disabled at 0.
         self.busy_poll = BusyPoll(spin_seconds(config), self._gpu_threads_busy)
+        #: Runaway GPU work seen and stopped (hipr/worker/runaway.py).
+        self.runaways = RunawayLedger()
+        #: Each tenant process's exit status once a stop has ended them.
+        self.children_exits: dict[str, int | None] = {}
+
+    def runaway_watch(self) -> RunawayWatch:
+        """The watch that applies ``runaway_grace`` and ``max_kernel_seconds`` here: it
+        ends the process to stop work only in a tenant's child worker."""
+        link = self.child_link
+        return RunawayWatch(
+            sessions=lambda: self.sessions.values(),
+            quotas_of=self.quotas_of,
+            grace=lambda: self.config.runaway_grace,
+            ledger=self.runaways,
+            retire=link is not None,
+            records=None if link is None else link.status_socket.parent,
+        )
+
+    def runaway_status(self) -> dict[str, Any]:
+        """Status's ``runaway`` section: work running past its rules, and what ended."""
+        return self.runaways.to_wire()
+
+    def under_way(self) -> dict[str, Any]:
+        """What a stop now would cut short (read only: the shutdown deadline's thread
+        calls it)."""
+        now = time.monotonic()
+        rows = [
+            {
+                "tenant": s.tenant,
+                "session": s.id,
+                "closing_for_s": None
+                if s.closing_since is None
+                else round(now - s.closing_since, 1),
+                "gpu_busy": s.gpu_busy,
+            }
+            for s in list(self.sessions.values())
+        ]
+        return {"sessions": rows, "runaway": self.runaways.to_wire()["active"]}
 
     async def _reserve_payload_buffers(self) -> None:
         """Pin the ``pinned_payload_bytes`` buffers, in chunks, on a GPU backend (see
@@ -265,16 +307,36 @@ class Worker:
             self._listen_scope.cancel()
         if self.isolation is not None:
             # The children drain their sessions and tell their clients, through the relays.
-            await self.isolation.aclose()
+            self.children_exits = await self.isolation.aclose()
         with anyio.move_on_after(self.config.shutdown_timeout if timeout is None else timeout):
             draining = list(self.connections)
             for connection in draining:
                 connection.drain()
             for connection in draining:
                 await connection.finished.wait()
-        for session in list(self.sessions.values()):
-            if session.connection is None:
-                await self._close_session(session)
+        # Detached sessions are freed, in the background: a close that waits for a
+        # kernel that never ends must not hold the stop (run_worker exits past it).
+        # (A session whose connection is closing it already counts as attached: a second
+        # close would return at once and drop it from the registry while it still runs.)
+        detached = [
+            s for s in self.sessions.values() if s.connection is None and s.closing_since is None
+        ]
+        if detached and self._task_group is not None:
+            closed = anyio.Event()
+            left = [len(detached)]
+
+            async def close_one(session: Session) -> None:
+                try:
+                    await self._close_session(session)
+                finally:
+                    left[0] -= 1
+                    if not left[0]:
+                        closed.set()
+
+            for session in detached:
+                self._task_group.start_soon(close_one, session)
+            with anyio.move_on_after(CLOSE_WAIT):
+                await closed.wait()
 
     def reload(self, config_path: Path | None) -> None:
         """SIGHUP: re-read the tenants (and, from ``config_path``, the settings that can
@@ -400,8 +462,10 @@ class Worker:
             async with anyio.create_task_group() as tg:
                 self._task_group = tg
                 self.busy_poll.attach(tg.start_soon)
+                tg.start_soon(self.runaway_watch().run)
                 if self.isolation is not None:
                     tg.start_soon(self.isolation.poll_forever)
+                    tg.start_soon(collect_forever, self.isolation.directory, self.runaways)
                     await tg.start(serve_json, self.isolation.parent_socket, self.whole_status)
                 if self.child_link is not None:
                     await tg.start(serve_json, self.child_link.status_socket, self.local_sessions)
@@ -530,7 +594,7 @@ async def run_worker(config: WorkerConfig, config_path: Path | None = None) -> N
                         continue
                     log.info("stopping", signal=signal.Signals(signum).name)
                     systemd.notify("STOPPING=1\nSTATUS=draining")
-                    await worker.shutdown()
+                    await _stop(worker)
                     tg.cancel_scope.cancel()
                     break
     finally:
@@ -538,6 +602,35 @@ async def run_worker(config: WorkerConfig, config_path: Path | None = None) -> N
             metrics.close()
         backend.close()
         log.info("stopped")
+
+
+def _tenant_pids(worker: Worker) -> dict[str, int]:
+    return {} if worker.isolation is None else worker.isolation.child_pids()
+
+
+async def _stop(worker: Worker) -> None:
+    """Drain within ``shutdown_timeout``; then exit at once (EXIT_CUT_SHORT) if work is
+    still under way, which only a kernel that does not end can cause. A thread exits
+    the process ``EXIT_MARGIN`` seconds later still, should the event loop be stuck."""
+    pids = _tenant_pids(worker)
+    deadline = ShutdownDeadline(
+        worker.config.shutdown_timeout + EXIT_MARGIN,
+        worker.under_way,
+        lambda: {**pids, **_tenant_pids(worker)},
+    )
+    deadline.arm()
+    await worker.shutdown()
+    left = worker.under_way()
+    # Only those running when the stop began (one that retired itself earlier is not).
+    cut = {t: rc for t, rc in worker.children_exits.items() if rc != 0 and t in pids}
+    if left["sessions"] or cut:
+        exit_now(
+            {**left, "tenant_processes_cut_short": cut},
+            {**pids, **_tenant_pids(worker)},
+            because=f"work still running after shutdown_timeout "
+            f"({worker.config.shutdown_timeout:g} s)",
+        )
+    deadline.disarm()
 
 
 async def _watchdog(interval: float) -> None:
