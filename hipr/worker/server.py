@@ -627,8 +627,8 @@ async def _stop(worker: Worker) -> None:
         exit_now(
             {**left, "tenant_processes_cut_short": cut},
             {**pids, **_tenant_pids(worker)},
-            because=f"work still running after shutdown_timeout "
-            f"({worker.config.shutdown_timeout:g} s)",
+            because="work still running when the drain ended (shutdown_timeout "
+            f"{worker.config.shutdown_timeout:g} s; a tenant process ended early counts)",
         )
     deadline.disarm()
 
