@@ -72,6 +72,8 @@ MAX_STATUS_BYTES = 64 << 20
 POLL_INTERVAL = 5.0
 #: Bound on one status exchange with a child.
 STATUS_TIMEOUT = 5.0
+#: How long a child that removed its socket (it is exiting) is waited for before a kill.
+STOP_WAIT = 5.0
 _PR_SET_PDEATHSIG = 1
 
 
@@ -280,6 +282,14 @@ class TenantProcesses:
         """``tenant``'s worker process, started if it is not running."""
         async with self._lock:
             child = self._children.get(tenant.name)
+            if child is not None and child.process.returncode is None and not _listening(child):
+                # Exiting (a child stopping runaway work removes its socket first), and
+                # not reaped yet: wait for it, then start a fresh one.
+                with anyio.move_on_after(STOP_WAIT):
+                    await child.process.wait()
+                if child.process.returncode is None:
+                    child.process.kill()
+                    await child.process.wait()
             if child is None or child.process.returncode is not None:
                 if child is not None:
                     log.warning("tenant worker exited; starting a new one", tenant=tenant.name)
@@ -430,6 +440,11 @@ class TenantProcesses:
         with contextlib.suppress(OSError):
             os.close(self._dir_lock)
         return {child.tenant: child.process.returncode for child in children}
+
+
+def _listening(child: TenantProcess) -> bool:
+    """False once the child has removed its listening socket (it is on its way out)."""
+    return not child.url.startswith("unix://") or os.path.exists(child.url[len("unix://") :])
 
 
 async def _accepts(path: Path) -> bool:

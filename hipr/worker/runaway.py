@@ -153,6 +153,7 @@ class RunawayWatch:
         ledger: RunawayLedger,
         retire: bool,
         records: Path | None = None,
+        on_retire: Callable[[], object] | None = None,
         exit: Callable[[int], object] = os._exit,
     ) -> None:
         self._sessions = sessions
@@ -162,6 +163,9 @@ class RunawayWatch:
         self._retire = retire
         self._records = records
         self._exit = exit
+        #: Runs first when the process retires (the child removes its listening socket,
+        #: so that the parent sends the tenant's next connection to a fresh process).
+        self._on_retire = on_retire
         #: Session id -> ``time.monotonic()`` its current busy stretch began.
         self._busy_since: dict[str, float] = {}
         self._retiring = False
@@ -271,6 +275,11 @@ class RunawayWatch:
         """End this tenant's worker process: every session of it is told, the parent
         gets a record, then the process exits (the driver frees its GPU context)."""
         self._retiring = True
+        if self._on_retire is not None:
+            try:
+                self._on_retire()
+            except Exception:
+                log.exception("preparing to retire failed; retiring anyway")
         lost = SessionLostError(
             message=f"the tenant's worker process ended to stop runaway GPU work "
             f"(session {work.session}: {work.reason}); this session is gone, a new one works"

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import hmac
 import ipaddress
+import os
 import signal
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -107,7 +109,16 @@ class Worker:
             ledger=self.runaways,
             retire=link is not None,
             records=None if link is None else link.status_socket.parent,
+            on_retire=self._stop_listening_now,
         )
+
+    def _stop_listening_now(self) -> None:
+        """Remove this worker's Unix listening sockets: a tenant's child that is about to
+        exit tells its parent so (``TenantProcesses.child_for`` starts a fresh one)."""
+        for url in self.config.listen:
+            if url.startswith("unix://"):
+                with contextlib.suppress(OSError):
+                    os.unlink(url[len("unix://") :])
 
     def runaway_status(self) -> dict[str, Any]:
         """Status's ``runaway`` section: work running past its rules, and what ended."""
