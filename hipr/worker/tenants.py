@@ -20,6 +20,7 @@ max_request_rate = 2000                     # requests per second, token bucket 
 max_request_burst = 4000                    # ... with this burst (default: 2 s worth)
 max_inflight_bytes = "256MiB"
 max_frame_bytes = "64MiB"
+max_kernel_seconds = 600                    # GPU work running longer is stopped
 ```
 """
 
