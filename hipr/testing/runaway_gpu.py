@@ -184,10 +184,15 @@ def runaway_metrics(worker: RunningWorker) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("hipr_runaway")]
 
 
-def sigterm(worker: RunningWorker, shutdown_timeout: float, emulated: bool) -> None:
-    """SIGTERM with bob's endless kernel running: how long until the worker is gone."""
-    bob = hipr.connect(worker.url, token=TOKENS["bob"])
-    launch_endless(bob, emulated)
+def sigterm(worker: RunningWorker, shutdown_timeout: float, emulated: bool, relaunch: bool) -> None:
+    """SIGTERM with bob's endless kernel running: how long until the worker is gone.
+    ``relaunch``: bob launches a new one first (under process isolation his first was
+    stopped); in a shared process his first still runs, and a new call could block on
+    the context it holds."""
+    bob = None
+    if relaunch:
+        bob = hipr.connect(worker.url, token=TOKENS["bob"])
+        launch_endless(bob, emulated)
     sent = time.monotonic()
     worker.process.send_signal(signal.SIGTERM)
     try:
@@ -204,7 +209,8 @@ def sigterm(worker: RunningWorker, shutdown_timeout: float, emulated: bool) -> N
     )
     for line in worker.log_lines("cut short"):
         say("  log:", _short(line))
-    threading.Thread(target=bob.close, daemon=True).start()
+    if bob is not None:
+        threading.Thread(target=bob.close, daemon=True).start()
 
 
 def _short(line: str) -> str:
@@ -262,7 +268,7 @@ def scenario(backend: str, isolation: str, where: Path, args: argparse.Namespace
             say("  (alice is blocked: her client is left behind)")
         else:
             alice_gpu.close()
-        sigterm(worker, args.shutdown_timeout, emulated)
+        sigterm(worker, args.shutdown_timeout, emulated, relaunch=isolation == "process")
     finally:
         if worker.process.poll() is None:
             worker.process.kill()
