@@ -345,3 +345,46 @@ def test_the_deadline_thread_ends_a_process_whose_event_loop_is_stuck() -> None:
     assert done.returncode == EXIT_CUT_SHORT
     assert time.monotonic() - started < 20
     assert b"exiting with work cut short" in done.stdout + done.stderr
+
+
+def test_hipr_status_shows_runaway_work() -> None:
+    from rich.console import Console
+
+    from hipr.cli.status_view import render_status
+
+    status = {
+        "backend": "emulator",
+        "sessions": [],
+        "runaway": {
+            "active": [
+                {
+                    "tenant": "bob",
+                    "session": "ab12",
+                    "reason": SESSION_ENDED,
+                    "seconds": 12.5,
+                    "action": "reported (shared process)",
+                }
+            ],
+            "stopped": [
+                {
+                    "tenant": "carol",
+                    "session": "cd34",
+                    "reason": MAX_KERNEL_SECONDS,
+                    "seconds": 2.0,
+                    "ended": 0.0,
+                    "how": "tenant process ended",
+                }
+            ],
+            "stopped_total": [],
+        },
+    }
+    console = Console(width=160, record=True)
+    console.print(render_status(status, "tcp://x"))
+    text = console.export_text()
+    assert "runaway GPU work" in text
+    assert "bob" in text and "12.5 s" in text and "running: reported" in text
+    assert "carol" in text and "over: tenant process ended" in text
+    # Nothing to show: no table.
+    console = Console(width=160, record=True)
+    console.print(render_status({"sessions": []}, "tcp://x"))
+    assert "runaway" not in console.export_text()
