@@ -211,6 +211,16 @@ class ContextLostError(SessionLostError):
     default_code = HipErrorCode.hipErrorIllegalAddress
 
 
+class RunawayKernelError(QuotaError, SessionLostError):
+    """The worker stopped the session's GPU work for running past a time limit (the
+    ``max_kernel_seconds`` quota, named with its limit in ``details``), by tearing down
+    the context that ran it: the session is gone, as after any :class:`SessionLostError`;
+    a new session of the tenant works."""
+
+    kind = "runaway"
+    default_code = HipErrorCode.hipErrorLaunchTimeOut
+
+
 _KINDS: dict[str, type[HipError]] = {
     cls.kind: cls
     for cls in (
@@ -225,6 +235,7 @@ _KINDS: dict[str, type[HipError]] = {
         HipTimeoutError,
         SessionLostError,
         ContextLostError,
+        RunawayKernelError,
     )
 }
 

@@ -135,3 +135,14 @@ def test_token_bucket_burst_then_refill() -> None:
     assert [bucket.take() for _ in range(6)] == [True] * 5 + [False]
     time.sleep(0.01)
     assert bucket.take()
+
+
+def test_max_kernel_seconds_is_a_positive_number(tmp_path: Path) -> None:
+    from hipr.worker.tenants import load_tenants
+
+    path = tmp_path / "t.toml"
+    path.write_text("[tenants.a]\ntokens = []\nmax_kernel_seconds = 2.5\n")
+    assert load_tenants(path).tenants["a"].quotas.max_kernel_seconds == 2.5
+    path.write_text("[tenants.a]\ntokens = []\nmax_kernel_seconds = 0\n")
+    with pytest.raises(ConfigError, match="max_kernel_seconds"):
+        load_tenants(path)

@@ -29,6 +29,7 @@ from hipr.backends.base import BackendStats, DeviceProperties, Dim3, Handle
 from hipr.backends.sticky import mark_sticky
 from hipr.errors import HipError, HipErrorCode
 from hipr.kernels.builtins import BUILTINS, BuiltinKernel
+from hipr.kernels.spin import SPIN_KERNEL
 
 if TYPE_CHECKING:
     from hipr.backends.base import Backend
@@ -405,6 +406,17 @@ def _k_copy_from_address_u8(
     out[...] = source
 
 
+def spin_until_flag(view: _View, args: tuple[Any, ...], stopped: Callable[[], bool]) -> None:
+    """The emulator's ``spin_until_flag``: polls the flag (sleeping between looks, so a
+    spinning session leaves the interpreter to the others, as a GPU kernel leaves the
+    host CPU) until it is set or ``stopped()`` says the context is gone."""
+    while not stopped():
+        if int(view(args[0], np.uint32, 1)[0]) != 0:
+            return
+        time.sleep(0.002)
+    raise _Fault("the context was torn down while the kernel ran")
+
+
 _KERNELS: Final[dict[str, _KernelImpl]] = {
     "fill_f32": _k_fill_f32,
     "scale_f32": _k_scale_f32,
@@ -464,6 +476,11 @@ class EmulatorBackend:
             "event_elapsed_ms",
         }
     )
+
+    #: Every call runs its work before it returns: a session whose GPU thread is idle
+    #: has nothing running (the runaway watch asks no device query, which here would
+    #: take a pending kernel fault).
+    runs_work_at_submission: bool = True
 
     #: A launch whose thread and element counts are both at most this runs inline on
     #: the worker's loop (numpy over a few thousand floats: microseconds); a larger one
@@ -1031,7 +1048,8 @@ class EmulatorBackend:
             self._check_open()
             module = self._builtin.get(device)
             if module is None or module not in self._modules:
-                module = self._builtin[device] = _Module(device, dict(BUILTINS))
+                kernels = {**BUILTINS, SPIN_KERNEL.name: SPIN_KERNEL}
+                module = self._builtin[device] = _Module(device, kernels)
                 self._modules.add(module)
         return module
 
@@ -1075,6 +1093,11 @@ class EmulatorBackend:
             alloc, offset = self._find(ptr, count * itemsize, device)
             return alloc.buf[offset : offset + count * itemsize].view(dtype)
 
+        if op.function.kernel is SPIN_KERNEL:
+            # Runs until its flag is set or the backend closes (the emulated context's
+            # teardown; a process that ends takes it along), as a spinning GPU kernel.
+            spin_until_flag(view, op.values, lambda: self._closed)
+            return
         _KERNELS[op.function.kernel.name](view, op.values, op.grid, op.block, op.shared_mem)
 
     def launch(

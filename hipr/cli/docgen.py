@@ -270,6 +270,15 @@ class _StubWorker:
         """One reset, so that the counter shows its label."""
         return {"example": 1}
 
+    def runaway_status(self) -> dict[str, Any]:
+        """One runaway and one stopped, so that their gauges show their labels."""
+        row = {"tenant": "example", "reason": "session ended", "seconds": 1.0}
+        return {
+            "active": [row],
+            "stopped": [],
+            "stopped_total": [{**row, "how": "tenant process ended", "count": 1}],
+        }
+
     def child_statuses(self) -> list[Any]:
         """One tenant child worker, so that its gauges show their labels."""
         from hipr.worker.isolation import ChildStatus

@@ -28,6 +28,7 @@ from hipr.cli.common import (
     positive_int,
 )
 from hipr.cli.fleet import status_many, urls_of
+from hipr.cli.runaway_view import runaway_table
 from hipr.errors import HipConnectionError
 from hipr.protocol.header import version_text
 from hipr.worker.config import ConfigError
@@ -159,6 +160,10 @@ def render_status(status: dict[str, Any], url: str, footer: str = "") -> Rendera
                 f"not answering: {c['error']}" if c.get("error") else "ok",
             )
         parts.append(table)
+
+    runaway = runaway_table(status)
+    if runaway is not None:
+        parts.append(runaway)
 
     table = Table(title="sessions", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     # Ids and numbers are never cut; tenant and peer fold onto a second line if need be.

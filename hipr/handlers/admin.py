@@ -91,6 +91,8 @@ def session_status(session: Session, caller: Session | None) -> dict[str, Any]:
         "allocations": len(session.allocations),
         "handles": {kind: len(getattr(session, kind)) for kind in HANDLE_KINDS},
         "current": session is caller,
+        # Work running past its rules (hipr/worker/runaway.py), else None.
+        "runaway": session.runaway,
     }
 
 
@@ -143,7 +145,15 @@ def worker_status(
         # The event loop's spin window in force ("auto" resolved for this machine).
         "spin_wait": worker.busy_poll.seconds,
         **isolation_figures(worker),
+        "runaway": runaway_status(worker),
     }
+
+
+def runaway_status(worker: object) -> dict[str, Any]:
+    """Runaway GPU work: running past its rules now, and over (see
+    hipr/worker/runaway.py); empty for a worker that does not watch."""
+    status = getattr(worker, "runaway_status", None)
+    return status() if status is not None else {"active": [], "stopped": [], "stopped_total": []}
 
 
 async def _whole_status_from_parent(worker: Worker, caller: Session) -> dict[str, Any] | None:

@@ -35,6 +35,7 @@ from hipr._version import __version__
 from hipr.backends.base import Backend
 from hipr.observability.isolation import isolation_metrics
 from hipr.observability.observer import WorkerObserver
+from hipr.observability.runaway_metrics import runaway_metrics
 from hipr.observability.telemetry import DeviceTelemetry, device_telemetry
 from hipr.protocol.header import PROTOCOL_VERSION, version_text
 
@@ -325,6 +326,7 @@ class WorkerCollector(Collector):
         )
         yield from self._tenant_metrics()
         yield from isolation_metrics(worker)
+        yield from runaway_metrics(worker)
         figures = pinned_payload_figures(worker.backend)
         if figures is not None:
             pinned = GaugeMetricFamily(

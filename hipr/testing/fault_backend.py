@@ -162,6 +162,11 @@ class FaultBackend:
         self.crash_count = 0
         self.by_method: Counter[str] = Counter()
 
+    @property
+    def runs_work_at_submission(self) -> bool:
+        """The inner backend's answer (the emulator's work is done when a call returns)."""
+        return bool(getattr(self.inner, "runs_work_at_submission", False))
+
     # --- control ---------------------------------------------------------------------------
     def fail_next(self, method: str, *, crash: bool = False, times: int = 1) -> None:
         """Make the next ``times`` calls of ``method`` fail (a crash when ``crash``),

@@ -233,7 +233,20 @@ class WorkerConfig:
     )
     shutdown_timeout: float = field(
         default=10.0,
-        metadata=_doc("Seconds SIGTERM waits for sessions to finish before closing them."),
+        metadata=_doc(
+            "Seconds SIGTERM waits for sessions to finish before closing them. The worker "
+            "exits at most 5 s later whatever still runs (a kernel that never ends "
+            "included): tenant processes are killed, and the exit status is 124."
+        ),
+    )
+    runaway_grace: float = field(
+        default=5.0,
+        metadata=_doc(
+            "Seconds GPU work may run on after its session ended (goodbye, or a dropped "
+            "link past `resume_grace`) before the worker stops it by ending the tenant's "
+            'process (`isolation = "process"`); a shared process (`none`) can only report '
+            "it, in its log, metrics and status."
+        ),
     )
     tenants_file: Path | None = field(
         default=None,
@@ -545,7 +558,7 @@ def _check(config: WorkerConfig, b: _Builder) -> None:
             )
     if config.max_clients is not None and config.max_clients <= 0:
         raise b.error("max_clients", f"must be positive, got {config.max_clients}")
-    for name in ("heartbeat_interval", "heartbeat_timeout", "shutdown_timeout"):
+    for name in ("heartbeat_interval", "heartbeat_timeout", "shutdown_timeout", "runaway_grace"):
         if getattr(config, name) <= 0:
             raise b.error(name, f"must be positive, got {getattr(config, name)}")
     if config.spin_wait is not None and not 0 <= config.spin_wait <= MAX_SPIN_WAIT:

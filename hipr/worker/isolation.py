@@ -34,6 +34,7 @@ import stat
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -45,7 +46,7 @@ import structlog
 
 from hipr.errors import HipError, HipErrorCode, SessionLostError
 from hipr.worker.config import WorkerConfig
-from hipr.worker.recovery import FAULT_MARK
+from hipr.worker.retirement import CONTEXT_LOST, Retirement, take_record
 from hipr.worker.tenants import Quotas, Tenant, new_token, token_hash
 
 log = structlog.get_logger("hipr.isolation")
@@ -75,6 +76,9 @@ MAX_STATUS_BYTES = 64 << 20
 POLL_INTERVAL = 5.0
 #: Bound on one status exchange with a child.
 STATUS_TIMEOUT = 5.0
+#: How often the parent looks for children that retired (their records: status and
+#: metrics show a retirement within this).
+REAP_INTERVAL = 0.25
 _PR_SET_PDEATHSIG = 1
 
 
@@ -229,10 +233,16 @@ class TenantProcess:
     key: str = ""
 
     @property
+    def socket_path(self) -> str:
+        """The child's listening Unix socket."""
+        return self.url[len("unix://") :]
+
+    @property
     def serving(self) -> bool:
-        """Running and listening: a child that retires after a kernel fault removes its
-        socket at once (``hipr.worker.recovery``) and exits once its sessions are told."""
-        return self.process.returncode is None and os.path.exists(self.url[len("unix://") :])
+        """Running and listening: a child that retires (``hipr.worker.retirement``: a
+        kernel fault, or runaway work) removes its socket at once and exits once its
+        sessions are told."""
+        return self.process.returncode is None and os.path.exists(self.socket_path)
 
 
 def _toml_value(value: object) -> str:
@@ -255,16 +265,24 @@ class TenantProcesses:
     """Starts, finds and stops the per-tenant child workers."""
 
     def __init__(
-        self, config: WorkerConfig, base: Path | None = None, *, per_session: bool = False
+        self,
+        config: WorkerConfig,
+        base: Path | None = None,
+        *,
+        per_session: bool = False,
+        on_retired: Callable[[Retirement], object] | None = None,
     ) -> None:
         self.config = config
         #: ``isolation = "session"``: a fresh child for every session.
         self.per_session = per_session
         self._started = 0
-        #: Children that retired after a kernel fault, until they exit.
+        #: Children that retired (or stopped serving), until they exit.
         self._retiring: list[TenantProcess] = []
-        #: Context losses (children retired after a kernel fault), by tenant.
-        self.resets: dict[str, int] = {}
+        #: Children that retired themselves, by (tenant, reason).
+        self.retirements: Counter[tuple[str, str]] = Counter()
+        #: Told of each retirement once its record is read (the worker notes runaway
+        #: work stopped in its ledger).
+        self.on_retired = on_retired
         #: Which child holds each session (its url), for routing RESUME.
         self.session_children: dict[str, str] = {}
         base = runtime_base() if base is None else base
@@ -290,6 +308,20 @@ class TenantProcesses:
         """The pid of ``tenant``'s worker process, if one runs."""
         child = self._children.get(tenant)
         return None if child is None or child.process.returncode is not None else child.process.pid
+
+    @property
+    def resets(self) -> dict[str, int]:
+        """Context losses (children retired after a kernel fault), by tenant."""
+        return {t: n for (t, reason), n in self.retirements.items() if reason == CONTEXT_LOST}
+
+    def child_pids(self) -> dict[str, int]:
+        """The pid of each tenant's (with ``per_session``, each session's) worker
+        process still running, by its key."""
+        return {
+            name: child.process.pid
+            for name, child in self._children.items()
+            if child.process.returncode is None
+        }
 
     async def child_for(self, tenant: Tenant) -> TenantProcess:
         """``tenant``'s worker process, started if it is not running (with
@@ -337,14 +369,19 @@ class TenantProcesses:
         self.session_children = {s: u for s, u in self.session_children.items() if u != child.url}
         if child.process.returncode is None:
             self._retiring.append(child)  # reaped once it exits
-        mark = Path(child.url[len("unix://") :] + FAULT_MARK)
-        if mark.exists():
-            # It retired after a kernel fault poisoned its context (hipr.worker.recovery).
-            mark.unlink(missing_ok=True)
-            self.resets[child.tenant] = self.resets.get(child.tenant, 0) + 1
-            log.warning("tenant worker retired after a kernel fault", tenant=child.tenant)
-        elif not self.per_session:
-            log.warning("tenant worker exited; starting a new one", tenant=child.tenant)
+        retirement = take_record(child.socket_path)
+        if retirement is None:
+            if not self.per_session:
+                log.warning("tenant worker exited; starting a new one", tenant=child.tenant)
+            return
+        # The child's own tenant: a record cannot speak for another.
+        self.retirements[(child.tenant, retirement.reason)] += 1
+        log.warning("tenant worker retired", tenant=child.tenant, reason=retirement.reason)
+        if self.on_retired is not None:
+            try:
+                self.on_retired(Retirement(child.tenant, retirement.reason, retirement.details))
+            except Exception:
+                log.exception("noting a retirement failed", tenant=child.tenant)
 
     def _reap(self) -> None:
         """Drop children that stopped serving, and forget retired ones that exited."""
@@ -380,6 +417,7 @@ class TenantProcesses:
             f"heartbeat_timeout = {config.heartbeat_timeout!r}",
             f"resume_grace = {config.resume_grace!r}",
             f"shutdown_timeout = {config.shutdown_timeout!r}",
+            f"runaway_grace = {config.runaway_grace!r}",
             f"tenants_file = {_toml_value(tenants_path)}",
             'isolation = "none"',  # one tenant here: the parent keeps tenants apart
             f"log_level = {_toml_value(config.log_level)}",
@@ -472,6 +510,14 @@ class TenantProcesses:
                 tg.start_soon(one, child)
         return [self.statuses[c.key] for c in children if c.key in self.statuses]
 
+    async def reap_forever(self, interval: float = REAP_INTERVAL) -> None:
+        """Notice children that retired or died every ``interval`` seconds (their
+        records counted at once, not only at the tenant's next connection)."""
+        while True:
+            async with self._lock:
+                self._reap()
+            await anyio.sleep(interval)
+
     async def poll_forever(self, interval: float = POLL_INTERVAL) -> None:
         """Refresh :attr:`statuses` every ``interval`` seconds (for ``/metrics``, which
         is served from another thread and cannot ask the children itself)."""
@@ -480,8 +526,11 @@ class TenantProcesses:
                 await self.poll()
             await anyio.sleep(interval)
 
-    async def aclose(self) -> None:
-        """Stop every child (SIGTERM: they drain and tell their clients), then clean up."""
+    async def aclose(self) -> dict[str, int | None]:
+        """Stop every child (SIGTERM: they drain and tell their clients), then clean up;
+        each serving child's exit status, by its key (non-zero: its work was cut short,
+        or it was killed; children already retiring are not counted)."""
+        serving = list(self._children.items())
         children = [*self._children.values(), *self._retiring]
         self._children.clear()
         self._retiring.clear()
@@ -499,6 +548,7 @@ class TenantProcesses:
         shutil.rmtree(self._dir, ignore_errors=True)
         with contextlib.suppress(OSError):
             os.close(self._dir_lock)
+        return {key: child.process.returncode for key, child in serving}
 
 
 async def _accepts(path: Path) -> bool:

@@ -9,9 +9,10 @@ worker therefore, on the first such error:
    through a worker-initiated error frame; each of those sessions then ends;
 2. rebuilds the context once they have all gone (``backend.reset_context()``, on a
    worker thread), so that the next session works; or, in a tenant's child worker
-   (``isolation = "process"`` or ``"session"``), retires the process: it stops
-   listening at once, so the parent starts a fresh child for the next connection, and
-   exits once its sessions have been told.
+   (``isolation = "process"`` or ``"session"``), retires the process
+   (``hipr.worker.retirement``, reason "context lost"): it stops listening at once, so
+   the parent starts a fresh child for the next connection (and counts the reset), and
+   exits with status 75 once its sessions have been told.
 
 New sessions wait for the rebuild (a fraction of a second); a child that retires refuses
 them, and its parent sends them to the fresh child instead.
@@ -25,7 +26,6 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 import anyio
@@ -33,16 +33,21 @@ import structlog
 
 from hipr.backends.sticky import poisons_context
 from hipr.errors import ContextLostError, HipError, HipErrorCode
+from hipr.worker.retirement import (
+    CONTEXT_LOST,
+    RETIRE_EXIT_STATUS,
+    Retirement,
+    retire_listeners,
+)
 
 log = structlog.get_logger("hipr.recovery")
 
 #: Longest wait for the sessions of a poisoned context to end before it is rebuilt
 #: anyway (a session stuck in a call of the dead context must not block everyone).
 DRAIN_TIMEOUT = 5.0
-#: The worker's exit status when it ends to get a fresh context (EX_TEMPFAIL).
-RESTART_EXIT_STATUS = 75
-#: A retiring child creates ``<its socket><FAULT_MARK>`` before removing its socket.
-FAULT_MARK = ".fault"
+#: The worker's exit status when it ends to get a fresh context (EX_TEMPFAIL), as a
+#: retiring tenant child's.
+RESTART_EXIT_STATUS = RETIRE_EXIT_STATUS
 
 
 class LosingSession(Protocol):
@@ -174,20 +179,17 @@ class ContextRecovery:
         )
         if self._host.retires_on_fault:
             self.retiring = True
-            self._stop_listening()
+            self._stop_listening(incident)
         if not self._host.spawn(self._recover, incident):
             incident.done.set()  # no task group (a worker not serving): nothing to wait on
         return incident
 
-    def _stop_listening(self) -> None:
-        """A retiring child: remove its socket, which tells the parent to start another
-        (the listener itself stays until exit; nobody can connect to it any more)."""
-        for url in getattr(getattr(self._host, "config", None), "listen", ()):
-            if url.startswith("unix://"):
-                path = Path(url[len("unix://") :])
-                # The mark first: the parent counts a retirement, not a plain exit.
-                Path(f"{path}{FAULT_MARK}").touch()
-                path.unlink(missing_ok=True)
+    def _stop_listening(self, incident: Incident) -> None:
+        """A retiring child: leave the parent its record and remove its socket, which
+        tells the parent to start another (``hipr.worker.retirement``)."""
+        listen = getattr(getattr(self._host, "config", None), "listen", ())
+        details = {"session": incident.session, "cause": incident.cause.message}
+        retire_listeners(listen, Retirement(incident.tenant, CONTEXT_LOST, details))
 
     async def _recover(self, incident: Incident) -> None:
         host = self._host
@@ -214,7 +216,12 @@ class ContextRecovery:
                 log.warning("sessions still open after the context was lost; rebuilding anyway")
             self.resets[incident.tenant] += 1
             if self.retiring:
-                log.warning("tenant worker retiring after a kernel fault", tenant=incident.tenant)
+                log.warning(
+                    "tenant worker retiring after a kernel fault",
+                    tenant=incident.tenant,
+                    exit_status=RETIRE_EXIT_STATUS,
+                )
+                host.exit_status = RETIRE_EXIT_STATUS
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
             await self._reset()

@@ -33,6 +33,7 @@ from hipr.transports.base import TransportConfig
 from hipr.worker import systemd
 from hipr.worker.config import ConfigError, WorkerConfig, load_config, spin_seconds
 from hipr.worker.connection import WorkerConnection
+from hipr.worker.deadline import EXIT_MARGIN, ShutdownDeadline, exit_now
 from hipr.worker.isolation import (
     ChildLink,
     ChildStatus,
@@ -44,6 +45,8 @@ from hipr.worker.isolation import (
 from hipr.worker.memory import trim_heap
 from hipr.worker.quotas import QuotaGate, TenantState
 from hipr.worker.recovery import ContextRecovery
+from hipr.worker.retirement import RUNAWAY, Retirement, retire_listeners
+from hipr.worker.runaway import RunawayLedger, RunawayWatch, StoppedWork, stopped_from_wire
 from hipr.worker.session import Session
 from hipr.worker.sharing import resolve_isolation, warn_if_shared
 from hipr.worker.spin import BusyPoll
@@ -59,6 +62,8 @@ FRAME_HEADROOM = 64 << 10
 #: Seconds without a session before freed memory goes back to the OS: long enough that
 #: a client reconnecting at once does not pay for it, short enough to follow a burst.
 IDLE_TRIM_DELAY = 1.0
+#: Seconds a stop waits for detached sessions to be freed once the drain is over.
+CLOSE_WAIT = 2.0
 
 
 class Worker:
@@ -85,7 +90,11 @@ class Worker:
         self.isolation_mode = resolve_isolation(config.isolation, len(self.tenants.tenants))
         #: Per-tenant (or per-session) child workers unless ``isolation_mode`` is none.
         self.isolation = (
-            TenantProcesses(config, per_session=self.isolation_mode == "session")
+            TenantProcesses(
+                config,
+                per_session=self.isolation_mode == "session",
+                on_retired=self._child_retired,
+            )
             if self.isolation_mode != "none"
             else None
         )
@@ -103,6 +112,67 @@ class Worker:
         self._trim_pending = False
         #: Busy polling of the event loop (``spin_wait``, "auto" resolved); disabled at 0.
         self.busy_poll = BusyPoll(spin_seconds(config), self._gpu_threads_busy)
+        #: Runaway GPU work seen and stopped (hipr/worker/runaway.py).
+        self.runaways = RunawayLedger()
+        #: Each tenant process's exit status once a stop has ended them.
+        self.children_exits: dict[str, int | None] = {}
+
+    def runaway_watch(self) -> RunawayWatch:
+        """The watch that applies ``runaway_grace`` and ``max_kernel_seconds`` here: it
+        ends the process to stop work only in a tenant's child worker."""
+        return RunawayWatch(
+            sessions=lambda: self.sessions.values(),
+            quotas_of=self.quotas_of,
+            grace=lambda: self.config.runaway_grace,
+            ledger=self.runaways,
+            retire=self.child_link is not None,
+            on_retire=self._retire_for_runaway,
+        )
+
+    def _retire_for_runaway(self, done: StoppedWork) -> None:
+        """A tenant's child about to exit to stop runaway work: its record for the
+        parent, and its socket removed (``hipr.worker.retirement``)."""
+        retire_listeners(self.config.listen, Retirement(done.tenant, RUNAWAY, done.to_wire()))
+
+    def _child_retired(self, retirement: Retirement) -> None:
+        """The parent: a tenant's child retired (``TenantProcesses`` counted it); runaway
+        work it stopped goes into this worker's ledger, for status and metrics."""
+        if retirement.reason != RUNAWAY:
+            return
+        try:
+            done = stopped_from_wire(retirement.details)
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("unreadable runaway retirement", tenant=retirement.tenant, error=str(exc))
+            return
+        self.runaways.record(done)
+        log.warning(
+            "a tenant's worker process ended to stop runaway GPU work",
+            tenant=done.tenant,
+            session=done.session,
+            reason=done.reason,
+            seconds=round(done.seconds, 1),
+        )
+
+    def runaway_status(self) -> dict[str, Any]:
+        """Status's ``runaway`` section: work running past its rules, and what ended."""
+        return self.runaways.to_wire()
+
+    def under_way(self) -> dict[str, Any]:
+        """What a stop now would cut short (read only: the shutdown deadline's thread
+        calls it)."""
+        now = time.monotonic()
+        rows = [
+            {
+                "tenant": s.tenant,
+                "session": s.id,
+                "closing_for_s": None
+                if s.closing_since is None
+                else round(now - s.closing_since, 1),
+                "gpu_busy": s.gpu_busy,
+            }
+            for s in list(self.sessions.values())
+        ]
+        return {"sessions": rows, "runaway": self.runaways.to_wire()["active"]}
 
     async def _reserve_payload_buffers(self) -> None:
         """Pin the ``pinned_payload_bytes`` buffers, in chunks, on a GPU backend (see
@@ -315,16 +385,36 @@ class Worker:
             self._listen_scope.cancel()
         if self.isolation is not None:
             # The children drain their sessions and tell their clients, through the relays.
-            await self.isolation.aclose()
+            self.children_exits = await self.isolation.aclose()
         with anyio.move_on_after(self.config.shutdown_timeout if timeout is None else timeout):
             draining = list(self.connections)
             for connection in draining:
                 connection.drain()
             for connection in draining:
                 await connection.finished.wait()
-        for session in list(self.sessions.values()):
-            if session.connection is None:
-                await self._close_session(session)
+        # Detached sessions are freed, in the background: a close that waits for a
+        # kernel that never ends must not hold the stop (run_worker exits past it).
+        # (A session whose connection is closing it already counts as attached: a second
+        # close would return at once and drop it from the registry while it still runs.)
+        detached = [
+            s for s in self.sessions.values() if s.connection is None and s.closing_since is None
+        ]
+        if detached and self._task_group is not None:
+            closed = anyio.Event()
+            left = [len(detached)]
+
+            async def close_one(session: Session) -> None:
+                try:
+                    await self._close_session(session)
+                finally:
+                    left[0] -= 1
+                    if not left[0]:
+                        closed.set()
+
+            for session in detached:
+                self._task_group.start_soon(close_one, session)
+            with anyio.move_on_after(CLOSE_WAIT):
+                await closed.wait()
 
     def reload(self, config_path: Path | None) -> None:
         """SIGHUP: re-read the tenants (and, from ``config_path``, the settings that can
@@ -454,8 +544,10 @@ class Worker:
             async with anyio.create_task_group() as tg:
                 self._task_group = tg
                 self.busy_poll.attach(tg.start_soon)
+                tg.start_soon(self.runaway_watch().run)
                 if self.isolation is not None:
                     tg.start_soon(self.isolation.poll_forever)
+                    tg.start_soon(self.isolation.reap_forever)
                     await tg.start(serve_json, self.isolation.parent_socket, self.whole_status)
                 if self.child_link is not None:
                     await tg.start(serve_json, self.child_link.status_socket, self.local_sessions)
@@ -585,7 +677,7 @@ async def run_worker(config: WorkerConfig, config_path: Path | None = None) -> N
                         continue
                     log.info("stopping", signal=signal.Signals(signum).name)
                     systemd.notify("STOPPING=1\nSTATUS=draining")
-                    await worker.shutdown()
+                    await _stop(worker)
                     tg.cancel_scope.cancel()
                     break
     finally:
@@ -595,6 +687,35 @@ async def run_worker(config: WorkerConfig, config_path: Path | None = None) -> N
         log.info("stopped")
     if worker.exit_status:
         raise SystemExit(worker.exit_status)
+
+
+def _tenant_pids(worker: Worker) -> dict[str, int]:
+    return {} if worker.isolation is None else worker.isolation.child_pids()
+
+
+async def _stop(worker: Worker) -> None:
+    """Drain within ``shutdown_timeout``; then exit at once (EXIT_CUT_SHORT) if work is
+    still under way, which only a kernel that does not end can cause. A thread exits
+    the process ``EXIT_MARGIN`` seconds later still, should the event loop be stuck."""
+    pids = _tenant_pids(worker)
+    deadline = ShutdownDeadline(
+        worker.config.shutdown_timeout + EXIT_MARGIN,
+        worker.under_way,
+        lambda: {**pids, **_tenant_pids(worker)},
+    )
+    deadline.arm()
+    await worker.shutdown()
+    left = worker.under_way()
+    # Only those running when the stop began (one that retired itself earlier is not).
+    cut = {t: rc for t, rc in worker.children_exits.items() if rc != 0 and t in pids}
+    if left["sessions"] or cut:
+        exit_now(
+            {**left, "tenant_processes_cut_short": cut},
+            {**pids, **_tenant_pids(worker)},
+            because="work still running when the drain ended (shutdown_timeout "
+            f"{worker.config.shutdown_timeout:g} s; a tenant process ended early counts)",
+        )
+    deadline.disarm()
 
 
 async def _watchdog(interval: float) -> None:

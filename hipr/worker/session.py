@@ -129,6 +129,12 @@ class Session:
         #: Fire-and-forget calls may still be queued (the bind above is one).
         self._unsettled = True
         self._closed = False
+        #: ``time.monotonic()`` when :meth:`close` began: work still running a while
+        #: after it has outlived its session (see hipr/worker/runaway.py).
+        self.closing_since: float | None = None
+        #: Set by the runaway watch while this session's GPU work runs past its rules
+        #: (``reason``, ``started`` in Unix time); shown by status.
+        self.runaway: dict[str, Any] | None = None
 
     # --- running work on the session's GPU thread --------------------------------------
     def _bind_first(self) -> None:
@@ -207,6 +213,22 @@ class Session:
             return False
         streams = self.streams.objects()
         return self._poll(lambda: bool(self._run_here(probe, streams)))
+
+    def device_busy(self) -> bool:
+        """True while the session has GPU work queued or running: on its thread, or (on a
+        backend whose work runs on after the call returns) on the device. Asked without
+        waiting and without taking a pending error (a failed kernel has finished)."""
+        if not self._gpu.idle:
+            return True
+        if self._closed or getattr(self.backend, "runs_work_at_submission", False):
+            return False
+        probe = getattr(self.backend, "work_done", None)
+        if probe is None or (self._uses_lanes and self._lane is None):
+            return False
+        try:
+            return not self._run_here(probe, self.streams.objects())
+        except HipError:
+            return False
 
     @property
     def gpu_busy(self) -> bool:
@@ -336,6 +358,7 @@ class Session:
         if self._closed:
             return
         self._closed = True
+        self.closing_since = time.monotonic()
         try:
             await self._gpu.call(self._release_all)
         finally:
@@ -343,7 +366,13 @@ class Session:
 
     def _release_all(self) -> None:
         backend = self.backend
+        # Waits for the session's work first: on a backend whose kernels run on after
+        # their launch, a kernel that never ends keeps the close from finishing, which
+        # is how the runaway watch tells work that outlives its session.
         steps: list[tuple[str, Callable[[], object]]] = []
+        if not getattr(backend, "runs_work_at_submission", False):
+            waits = [h for i, h in self.streams.items() if i not in self.capturing_streams]
+            steps.append(("synchronize", partial(self._wait_quietly, [*waits, None])))
         steps += [
             ("graph exec", partial(backend.graph_exec_destroy, h))
             for _, h in self.graph_execs.items()
@@ -390,6 +419,15 @@ class Session:
         for allocation in self.allocations:
             self.allocations.remove(allocation.base)
         self.capturing_streams.clear()
+
+    def _wait_quietly(self, streams: list[Any]) -> None:
+        """Wait for ``streams`` (None: the thread's default stream); a failed kernel's
+        error is nobody's to report any more."""
+        for stream in streams:
+            try:
+                self.backend.stream_synchronize(stream)
+            except HipError:
+                pass
 
     def _free_on(self, allocation: Allocation) -> None:
         if allocation.device != self.device:

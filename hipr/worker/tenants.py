@@ -20,6 +20,7 @@ max_request_rate = 2000                     # requests per second, token bucket 
 max_request_burst = 4000                    # ... with this burst (default: 2 s worth)
 max_inflight_bytes = "256MiB"
 max_frame_bytes = "64MiB"
+max_kernel_seconds = 600                    # GPU work running longer is stopped
 ```
 """
 
@@ -69,10 +70,14 @@ class Quotas:
     max_request_burst: float | None = None
     max_inflight_bytes: int | None = None
     max_frame_bytes: int | None = None
+    #: Longest a session's GPU work may run without its device queue draining (one
+    #: kernel, or kernels queued back to back): past it the work is stopped by tearing
+    #: down its context, and the session ends with a RunawayKernelError naming this quota.
+    max_kernel_seconds: float | None = None
 
 
 _SIZE_QUOTAS = {"max_device_memory", "max_inflight_bytes", "max_frame_bytes"}
-_FLOAT_QUOTAS = {"max_request_rate", "max_request_burst"}
+_FLOAT_QUOTAS = {"max_request_rate", "max_request_burst", "max_kernel_seconds"}
 _QUOTA_KEYS = {f.name for f in fields(Quotas)}
 
 
