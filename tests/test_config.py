@@ -103,7 +103,7 @@ def test_config_is_frozen() -> None:
 
 def test_every_schema_field_has_a_doc() -> None:
     keys = list(iter_keys())
-    assert len(keys) == 26
+    assert len(keys) == 27  # isolation (issue 35) and runaway_grace (issue 36) among them
     for k in keys:
         assert k.doc, f"{k.key} has no doc"
 
@@ -411,3 +411,11 @@ def test_reference_markdown_lists_every_key() -> None:
     assert '`"64MiB"`' in md
     assert '| `emulator.total_memory` | size | `"8GiB"` |' in md
     assert "| `max_clients` | integer (optional) | unset |" in md
+
+
+def test_runaway_grace_is_read_and_must_be_positive(tmp_path: Path) -> None:
+    assert load_config(None).runaway_grace == 5.0
+    assert load_config(write(tmp_path, "runaway_grace = 0.5")).runaway_grace == 0.5
+    for bad in ("0", "-1"):
+        with pytest.raises(ConfigError, match="runaway_grace"):
+            load_config(write(tmp_path, f"runaway_grace = {bad}"))
