@@ -103,7 +103,7 @@ def test_config_is_frozen() -> None:
 
 def test_every_schema_field_has_a_doc() -> None:
     keys = list(iter_keys())
-    assert len(keys) == 25
+    assert len(keys) == 33
     for k in keys:
         assert k.doc, f"{k.key} has no doc"
 

@@ -30,6 +30,14 @@ from hipr.transports import listen as transport_listen
 from hipr.transports import peer_certificate_subject, peer_description, peer_uid
 from hipr.transports.base import TransportConfig
 from hipr.worker import systemd
+from hipr.worker.admission import (
+    Admission,
+    AuthBackoff,
+    PendingCaps,
+    open_file_limit,
+    raise_open_file_limit,
+    source_of,
+)
 from hipr.worker.config import ConfigError, WorkerConfig, load_config, spin_seconds
 from hipr.worker.connection import WorkerConnection
 from hipr.worker.isolation import (
@@ -67,7 +75,16 @@ class Worker:
         self.sessions: dict[str, Session] = {}
         self.tenants = load_tenants(config.tenants_file)
         self._tenant_state: dict[str, TenantState] = {}
-        self.handshake_timeout = 10.0
+        self.handshake_timeout = config.handshake_timeout
+        #: Unfinished handshakes, capped in all and per source (hipr.worker.admission).
+        self.admission = Admission(
+            PendingCaps.derive(
+                config.max_pending_handshakes,
+                config.max_pending_handshakes_per_peer,
+                open_file_limit(),
+            )
+        )
+        self.auth_backoff = AuthBackoff(config.auth_failure_delay, config.auth_failure_max_delay)
         self.chunk_bytes = max(
             4096, min(DEFAULT_CHUNK_BYTES, config.max_frame_bytes - FRAME_HEADROOM)
         )
@@ -122,6 +139,21 @@ class Worker:
             unix_uid=peer_uid(stream),
             cert_subject=_common_name(peer_certificate_subject(stream)),
         )
+
+    async def handshake_refused(self, peer: str, error: HipError) -> None:
+        """Count a refused HELLO or RESUME; a wrong credential waits its source's
+        backoff delay (``auth_failure_delay``) before the answer goes, so a guesser is
+        slowed to its pending-handshake cap over that delay; other sources are not."""
+        source = source_of(peer)
+        if isinstance(error, AuthError):
+            self.observer.refused("auth", str(error.details.get("tenant") or source))
+            delay = self.auth_backoff.failed(source)
+            if delay > 0:
+                await anyio.sleep(delay)
+        elif isinstance(error, QuotaError):
+            quota = str(error.details.get("quota", ""))
+            if quota in ("max_clients", "max_sessions"):
+                self.observer.refused(quota, source)
 
     def check_max_clients(self) -> None:
         """Refuse one more client over the worker-wide max_clients."""
@@ -343,13 +375,23 @@ class Worker:
         if self.draining:
             await anyio.aclose_forcefully(stream)
             return
+        source = source_of(peer)
+        ticket = self.admission.admit(source)
+        if isinstance(ticket, str):
+            # Closed before anything is read or allocated for it.
+            self.observer.refused(ticket, source)
+            log.warning("connection refused before its handshake", reason=ticket, peer=peer)
+            await anyio.aclose_forcefully(stream)
+            return
         connection = WorkerConnection(self, stream, peer)
+        connection.on_handshake_over = ticket.release
         self.connections.add(connection)
         try:
             await connection.run()
         except Exception:  # one connection's failure never reaches the listener
             log.exception("connection task failed", peer=peer)
         finally:
+            ticket.release()
             self.connections.discard(connection)
 
     async def serve(
@@ -496,6 +538,8 @@ async def run_worker(config: WorkerConfig, config_path: Path | None = None) -> N
     """
     # A tenant's child worker: die with the parent (first, before the slow backend load).
     die_with_parent()
+    # Every client and every unfinished handshake holds a descriptor: take all we may.
+    open_files = raise_open_file_limit()
     try:
         backend = load_configured_backend(config)
     except HipError as exc:
@@ -504,6 +548,13 @@ async def run_worker(config: WorkerConfig, config_path: Path | None = None) -> N
     log.info("backend selected", backend=backend.name, devices=backend.device_count())
     metrics: MetricsServer | None = None
     worker = Worker(config, backend)
+    caps = worker.admission.caps
+    log.info(
+        "connection limits",
+        open_files=open_files,
+        max_pending_handshakes=caps.total,
+        max_pending_handshakes_per_peer=caps.per_source,
+    )
     worker.child_link = ChildLink.from_env()
     check_token_exposure(config, worker.tenants.anonymous, config.listen)
     try:
