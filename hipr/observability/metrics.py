@@ -209,8 +209,7 @@ class PrometheusObserver:
         )
         self.session_cap_refusals = Counter(
             "hipr_session_cap_refusals",
-            "Authenticated HELLOs refused for a cap on sessions: `max_clients` or "
-            "`max_sessions`.",
+            "Authenticated HELLOs refused for a cap on sessions: `max_clients` or `max_sessions`.",
             ["quota"],
             registry=r,
         )

@@ -153,9 +153,7 @@ def encode_frame(
     return head + encoded + bulk if bulk else head + encoded
 
 
-def decode_payload(
-    header: Header, payload: memoryview, limits: CborLimits | None = None
-) -> Frame:
+def decode_payload(header: Header, payload: memoryview, limits: CborLimits | None = None) -> Frame:
     """Split a complete payload into CBOR arguments and bulk bytes. With ``limits``,
     arguments over them raise :class:`ProtocolError` (``hipr.protocol.bounded_cbor``):
     the frame is refused, not answered."""
