@@ -28,7 +28,9 @@ from hipr.errors import ProtocolError
 #: Items one frame's arguments may hold: 16x the largest request the worker knows
 #: (4,096 pieces of a MEMCPY_HTOD_MANY, two lists of them), a few ms to decode.
 DEFAULT_MAX_ITEMS = 1 << 16
-#: Nesting of arrays, maps and tags: the worker's arguments nest three deep at most.
+#: Nesting of arrays, maps and tags that the scan allows: the worker's arguments nest
+#: three deep at most. (A part short enough to skip the scan has cbor2's own limit, 400
+#: levels, which its decoder holds without exhausting the C stack.)
 DEFAULT_MAX_DEPTH = 32
 
 _INDEFINITE = -1
@@ -167,12 +169,11 @@ def bounded_loads(limits: CborLimits) -> Callable[[bytes | bytearray | memoryvie
     ``details["refused"]``) before building anything, and raises cbor2's own errors for
     malformed input."""
     max_items = limits.max_items
-    max_depth = limits.max_depth
     loads = cbor2.loads
 
     def decode(data: bytes | bytearray | memoryview) -> Any:
         if len(data) > max_items:
             scan(data, limits)
-        return loads(data, max_depth=max_depth, strict_hashable_types=True)
+        return loads(data, strict_hashable_types=True)
 
     return decode
