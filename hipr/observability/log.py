@@ -444,8 +444,11 @@ def configure_logging(
     structlog.configure(
         processors=[
             structlog.stdlib.filter_by_level,
-            *shared,
+            # The limiter needs the level and logger name only: a line it drops (a
+            # flood's) costs no timestamp nor redaction.
+            *shared[:3],
             _limiter,
+            *shared[3:],
             structlog.stdlib.PositionalArgumentsFormatter(),
             structlog.processors.StackInfoRenderer(),
             structlog.stdlib.ProcessorFormatter.wrap_for_formatter,

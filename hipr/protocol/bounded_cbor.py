@@ -116,6 +116,9 @@ def scan(
                 continue
         elif major == 6:
             # A tag wraps the one item that follows: a container of one.
+            items += 1
+            if items > max_items:
+                raise _too_many(max_items)
             stack.append(1)
             if len(stack) > max_depth:
                 raise _too_deep(max_depth)

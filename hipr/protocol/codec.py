@@ -425,6 +425,8 @@ class FrameDecoder:
             self._filled = 0
         elif len(buffer) < length:
             if length >= LARGE_PAYLOAD:
+                if self.limits is not None and len(buffer) > _PREFIX:
+                    self._check_start(buffer)
                 # Memory grows with the bytes that arrive, never ahead of them.
                 self._pieces = [bytes(buffer)]
                 self._filled = len(buffer)
@@ -446,6 +448,15 @@ class FrameDecoder:
         """Refuse (ProtocolError) CBOR arguments over the limits, before decoding."""
         assert self.limits is not None
         scan(data, self.limits, start, end)
+
+    def _check_start(self, buffer: bytearray) -> None:
+        """A large frame's first bytes: refuse it now if the CBOR that has arrived is
+        over the limits already (a bomb's array head declares its millions of items
+        up front), before the rest of its payload is buffered."""
+        assert self.limits is not None
+        (args_length,) = ARGS_LENGTH.unpack_from(buffer)
+        if args_length > self.limits.max_items:
+            scan(buffer, self.limits, _PREFIX, min(len(buffer), _PREFIX + args_length))
 
     def _spill(self) -> None:
         """Move what is left of ``_chunk`` to ``_buffer`` (a frame was cut short, or

@@ -111,6 +111,8 @@ class Admission:
     def __init__(self, caps: PendingCaps) -> None:
         self.caps = caps
         self.pending = 0
+        #: The most unfinished handshakes one source held at once (tests, reports).
+        self.peak_per_source = 0
         self._by_source: dict[str, int] = {}
 
     def admit(self, source: str) -> Ticket | str:
@@ -123,6 +125,7 @@ class Admission:
             return "pending_handshakes_per_peer"
         self.pending += 1
         self._by_source[source] = held + 1
+        self.peak_per_source = max(self.peak_per_source, held + 1)
         return Ticket(self, source)
 
     def pending_from(self, source: str) -> int:
