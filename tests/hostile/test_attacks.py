@@ -182,3 +182,34 @@ async def test_a_dripping_link_is_closed(hostile: Hostile) -> None:
     assert outcome.notes["closed_after_s"] < FRAME_TIMEOUT + 3, outcome.notes
     assert hostile.counter("frames_refused", reason="frame_timeout") == 1
     assert_unharmed(outcome)
+
+
+async def test_a_busy_session_hears_the_heartbeat_too(hostile: Hostile) -> None:
+    """The worker PINGs every session each heartbeat_interval, not only silent ones:
+    a link kept busy must still answer."""
+    from hipr.protocol import Flags, FrameDecoder, Opcode, encode_frame
+    from hipr.testing.harness import RawClient
+
+    client = await RawClient.open(hostile.target.url, hostile.target.bob)
+    decoder = FrameDecoder()
+    pings = 0
+    try:
+        with anyio.fail_after(20):
+            deadline = anyio.current_time() + 2.0
+            request_id = 100
+            while anyio.current_time() < deadline:
+                request_id += 1
+                await client.stream.send(
+                    encode_frame(Opcode.MEM_GET_INFO, request_id, Flags.NONE, {})
+                )
+                answered = False
+                while not answered:
+                    decoder.feed(await client.stream.receive())
+                    for frame in decoder.frames():
+                        if frame.opcode == Opcode.PING and not frame.flags & Flags.REPLY:
+                            pings += 1
+                        answered |= frame.request_id == request_id
+                await anyio.sleep(0.01)
+    finally:
+        await client.aclose()
+    assert pings >= 2, pings  # heartbeat_interval 0.5 s over 2 s of steady requests
