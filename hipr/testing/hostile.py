@@ -389,6 +389,12 @@ class Outcome:
         return max(self.loaded_ms, default=0.0)
 
     @property
+    def stalls(self) -> int:
+        """Calls during the attack over the baseline's slowest by more than 100 ms."""
+        bound = self.baseline_worst_ms + 100
+        return sum(1 for ms in self.loaded_ms if ms > bound)
+
+    @property
     def baseline_worst_ms(self) -> float:
         """Its slowest call before the attack."""
         return max(self.baseline_ms, default=0.0)
@@ -417,6 +423,9 @@ async def measure(
     """Run ``attack`` while tenant bob calls the worker, and compare."""
     import hipr
 
+    prepare = getattr(attack, "prepare", None)
+    if prepare is not None:
+        await prepare()  # an attacker's own start is no part of its attack
     async with hipr.aconnect(target.url, token=target.bob, timeout=30) as gpu:
         await _calls(gpu, 20)  # warm
         baseline = await _calls(gpu, baseline_calls)
@@ -553,31 +562,65 @@ def worker_process(directory: Path, options: HostileOptions) -> Iterator[tuple[T
                 process.wait()
 
 
-def attack_process(name: str, target: Target) -> Callable[[], Awaitable[dict[str, Any]]]:
-    """Run attack ``name`` in a process of its own (its sockets and sends cost the
-    attacker's process, not the one measuring the other tenant); its notes."""
+class ProcessAttack:
+    """Attack ``name`` run in a process of its own (its sockets and sends cost the
+    attacker's process, not the one measuring the other tenant). :meth:`prepare`
+    starts it and waits until it has imported what it needs (a Python start costs a
+    second of CPU, which is no part of the attack); calling it runs the attack and
+    returns its notes."""
 
-    async def run() -> dict[str, Any]:
-        fields = json.dumps(target.__dict__)
+    def __init__(self, name: str, target: Target) -> None:
+        self.name = name
+        self.target = target
+        self._process: anyio.abc.Process | None = None
+
+    async def prepare(self) -> None:
+        """Start the attacker and wait for its word that it is ready."""
         code = (
-            "import json,sys,anyio;from hipr.testing.hostile import attack_main;"
+            "import json,sys;from hipr.testing.hostile import attack_main;"
             "attack_main(sys.argv[1], json.loads(sys.argv[2]))"
         )
-        result = await anyio.run_process([sys.executable, "-c", code, name, fields], check=False)
-        text = result.stdout.decode().strip().splitlines()
+        self._process = await anyio.open_process(
+            [sys.executable, "-c", code, self.name, json.dumps(self.target.__dict__)]
+        )
+        assert self._process.stdout is not None
+        with anyio.fail_after(60):
+            ready = await self._process.stdout.receive()
+        if not ready.startswith(b"ready"):
+            raise RuntimeError(f"the attacker did not start: {ready[:300]!r}")
+
+    async def __call__(self) -> dict[str, Any]:
+        if self._process is None:
+            await self.prepare()
+        process = self._process
+        assert process is not None and process.stdin is not None and process.stdout is not None
+        await process.stdin.send(b"go\n")
+        output = b""
+        with contextlib.suppress(anyio.EndOfStream):
+            while True:
+                output += await process.stdout.receive()
+        await process.wait()
+        text = output.decode().strip().splitlines()
         try:
-            return dict(json.loads(text[-1])) if text else {"error": result.stderr.decode()[-300:]}
+            return dict(json.loads(text[-1])) if text else {"error": "no notes"}
         except ValueError:
             return {"error": text[-1][:300]}
 
-    return run
+
+def attack_process(name: str, target: Target) -> ProcessAttack:
+    """Attack ``name`` in a process of its own (see :class:`ProcessAttack`)."""
+    return ProcessAttack(name, target)
 
 
 def attack_main(name: str, fields: dict[str, Any]) -> None:
-    """The attack process: run attack ``name`` on the target, print its notes as JSON."""
+    """The attack process: say ``ready``, wait for a line on stdin, run attack ``name``
+    on the target, print its notes as JSON."""
     attack = dict(ATTACKS)[name]
-    notes = anyio.run(attack, Target(**fields))
-    print(json.dumps(notes))
+    target = Target(**fields)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    notes = anyio.run(attack, target)
+    print(json.dumps(notes), flush=True)
 
 
 def run_report(options: HostileOptions) -> list[Outcome]:
@@ -622,9 +665,9 @@ def render(outcomes: list[Outcome], *, title: str) -> str:
     lines = [
         title,
         "",
-        "| attack | bob median (base) ms | bob worst (base) ms | RSS idle / peak / after MiB "
-        "| log lines | counters | attacker saw |",
-        "|---|---|---|---|---|---|---|",
+        "| attack | bob median (base) ms | bob worst (base) ms | stalls "
+        "| RSS idle / peak / after MiB | log lines | counters | attacker saw |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for o in outcomes:
         counters = ", ".join(f"{k} {v:g}" for k, v in sorted(o.counters.items())) or "-"
@@ -633,7 +676,7 @@ def render(outcomes: list[Outcome], *, title: str) -> str:
             notes += f"; answer: {str(o.notes['answer'])[:90]}"
         lines.append(
             f"| {o.name} | {o.median_ms:.2f} ({o.baseline_median_ms:.2f}) "
-            f"| {o.worst_ms:.1f} ({o.baseline_worst_ms:.1f}) "
+            f"| {o.worst_ms:.1f} ({o.baseline_worst_ms:.1f}) | {o.stalls} of {len(o.loaded_ms)} "
             f"| {o.rss_idle / mib:.0f} / {o.rss_peak / mib:.0f} / {o.rss_after / mib:.0f} "
             f"| {o.log_lines if o.log_lines is not None else '-'} | {counters} | {notes} |"
         )
@@ -655,7 +698,9 @@ def main_hostile(args: argparse.Namespace) -> int:
         f"and bob, handshake_timeout {options.handshake_timeout:g} s, frame_timeout "
         f"{options.frame_timeout:g} s), run from a process of its own while tenant bob calls "
         f"mem_get_info in a loop; bob's median and worst call during the attack against his "
-        f"unloaded baseline (in parentheses) of {options.baseline_calls} calls just before; "
+        f"unloaded baseline (in parentheses) of {options.baseline_calls} calls just before, "
+        "and how many of its calls took over 100 ms more than the baseline's slowest "
+        "(stalls); "
         f"the worker's RSS idle, at its peak, and {options.settle:g} s after; worker log lines "
         f"written during the attack; /metrics counters that moved. "
         f"{time.monotonic() - started:.0f} s on {os.cpu_count()} CPUs."

@@ -113,6 +113,9 @@ class Admission:
         self.pending = 0
         #: The most unfinished handshakes one source held at once (tests, reports).
         self.peak_per_source = 0
+        #: Connections that ended without a session since the worker last trimmed its
+        #: heap for them (counted by the worker).
+        self.ended_since_trim = 0
         self._by_source: dict[str, int] = {}
 
     def admit(self, source: str) -> Ticket | str:

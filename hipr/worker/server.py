@@ -64,6 +64,9 @@ FRAME_HEADROOM = 64 << 10
 #: Seconds without a session before freed memory goes back to the OS: long enough that
 #: a client reconnecting at once does not pay for it, short enough to follow a burst.
 IDLE_TRIM_DELAY = 1.0
+#: Connections ended before their handshake was over after which the worker trims its
+#: heap once none is left under way (a flood's buffers, back to the OS).
+TRIM_AFTER_HANDSHAKES = 256
 
 
 class Worker:
@@ -351,12 +354,13 @@ class Worker:
             self._trim_pending = True
             self._task_group.start_soon(self._trim_when_idle)
 
-    async def _trim_when_idle(self) -> None:
-        """Once no session is left for IDLE_TRIM_DELAY, give freed memory back to the OS
-        (see hipr/worker/memory.py: without it RSS stays at its high-water mark)."""
+    async def _trim_when_idle(self, after_handshakes: bool = False) -> None:
+        """Once no session is left for IDLE_TRIM_DELAY (or, ``after_handshakes``, no
+        handshake is under way), give freed memory back to the OS (see
+        hipr/worker/memory.py: without it RSS stays at its high-water mark)."""
         try:
             await anyio.sleep(IDLE_TRIM_DELAY)
-            if not self.sessions:
+            if not self.sessions or (after_handshakes and not self.admission.pending):
                 # Ended connections leave reference cycles (tasks, cancelled scopes,
                 # tracebacks) that keep their receive buffers alive until a full
                 # collection, which may be long in coming: collect them first, or the
@@ -393,6 +397,21 @@ class Worker:
         finally:
             ticket.release()
             self.connections.discard(connection)
+            if connection.session is None:
+                self.admission.ended_since_trim += 1
+                self._after_handshakes()
+
+    def _after_handshakes(self) -> None:
+        """After a burst of connections that never became sessions (a scan, a flood of
+        idle or refused handshakes) the last one gone: give what they freed back to the
+        OS, as ``_trim_when_idle`` does when the last session ends."""
+        admission = self.admission
+        if admission.pending or admission.ended_since_trim < TRIM_AFTER_HANDSHAKES:
+            return
+        admission.ended_since_trim = 0
+        if not self._trim_pending and self._task_group is not None:
+            self._trim_pending = True
+            self._task_group.start_soon(self._trim_when_idle, True)
 
     async def serve(
         self,
