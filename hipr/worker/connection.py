@@ -1211,6 +1211,7 @@ class WorkerConnection:
         The first reply is read on the way, to learn which process holds the session."""
         isolation = self.worker.isolation
         assert isolation is not None
+        self._handshake_over()  # authenticated here: no longer a pending handshake
         upstream = await transport_connect(url)
         self._log = self._log.bind(tenant=tenant)
         try:
