@@ -103,7 +103,7 @@ def test_config_is_frozen() -> None:
 
 def test_every_schema_field_has_a_doc() -> None:
     keys = list(iter_keys())
-    assert len(keys) == 27  # isolation (issue 35) and runaway_grace (issue 36) among them
+    assert len(keys) == 34  # issue 35 isolation, 36 runaway_grace, 29 seven more
     for k in keys:
         assert k.doc, f"{k.key} has no doc"
 
@@ -295,6 +295,18 @@ def test_unknown_table(tmp_path: Path) -> None:
         ("heartbeat_timeout = nan", "heartbeat_timeout", "finite"),
         ("shutdown_timeout = -1", "shutdown_timeout", "must be positive"),
         ("resume_grace = -0.5", "resume_grace", "cannot be negative"),
+        ("max_hello_bytes = 0", "max_hello_bytes", "must be positive"),
+        ("max_cbor_items = 0", "max_cbor_items", "must be positive"),
+        ("handshake_timeout = 0", "handshake_timeout", "must be positive"),
+        ("frame_timeout = -1", "frame_timeout", "must be positive"),
+        ("max_pending_handshakes = 0", "max_pending_handshakes", "must be positive"),
+        (
+            "max_pending_handshakes_per_peer = -3",
+            "max_pending_handshakes_per_peer",
+            "must be positive",
+        ),
+        ("auth_failure_delay = -1", "auth_failure_delay", "cannot be negative"),
+        ("auth_failure_max_delay = -1", "auth_failure_max_delay", "cannot be negative"),
         ("allow_plaintext_tokens = 1", "allow_plaintext_tokens", "expected true or false"),
         ("tenants_file = 5", "tenants_file", "expected a path"),
         ('tenants_file = ""', "tenants_file", "expected a path"),

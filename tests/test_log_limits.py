@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,7 +16,13 @@ import structlog
 import hipr
 import hipr.observability.log as log_module
 from hipr.backends.emulator import EmulatorBackend
-from hipr.observability.log import RateLimiter, configure_logging, get_logger, set_levels
+from hipr.observability.log import (
+    RATE_LIMIT_BURST,
+    RateLimiter,
+    configure_logging,
+    get_logger,
+    set_levels,
+)
 from hipr.worker.config import WorkerConfig
 from hipr.worker.server import running_worker
 
@@ -26,6 +33,7 @@ def _restore_logging() -> Iterator[None]:
     handlers, level = root.handlers[:], root.level
     yield
     if log_module._limiter is not None:
+        log_module._limiter.close()
         log_module._limiter = None  # nothing pending may reach a later test's output
     set_levels("info", {})
     root.handlers[:] = handlers
@@ -74,13 +82,89 @@ def test_repeated_errors_collapse_into_a_count() -> None:
     assert lines(out)[-1]["event"] == "protocol error"
 
 
-def test_info_and_debug_are_never_limited() -> None:
-    out, _ = limited()
+def limited_now(window: float = 10.0) -> tuple[io.StringIO, Clock]:
+    """As limited(), without the background writer (the fake clock drives everything)."""
+    out = io.StringIO()
+    configure_logging("debug", "json", out, rate_limit_window=window, background_summaries=False)
+    clock = Clock()
+    assert log_module._limiter is not None
+    log_module._limiter.clock = clock
+    return out, clock
+
+
+def test_debug_is_never_limited_and_info_only_past_its_burst() -> None:
+    out, _ = limited_now()
     log = get_logger("hipr.test")
     for _ in range(3):
         log.info("request", opcode="PING")
+    for _ in range(50):
         log.debug("detail")
-    assert len(lines(out)) == 6
+    assert len(lines(out)) == 53
+    for _ in range(10):
+        log.info("request", opcode="PING")
+    assert len(lines(out)) == 53 + RATE_LIMIT_BURST - 3
+
+
+def test_an_info_flood_is_one_summary_with_its_peers() -> None:
+    """1,000 handshakes timing out write a handful of lines, not 1,000."""
+    out, clock = limited_now()
+    log = get_logger("hipr.connection")
+    for i in range(1000):
+        log.bind(peer=f"tcp 10.0.{i // 250}.{i % 250}:4000").info("handshake timed out")
+    assert len(lines(out)) == RATE_LIMIT_BURST
+    clock.now += 10
+    log.info("listening")
+    summary = lines(out)[RATE_LIMIT_BURST]
+    assert summary["event"] == f"suppressed {1000 - RATE_LIMIT_BURST} similar"
+    assert summary["similar_to"] == "handshake timed out" and summary["level"] == "info"
+    assert summary["peers"] == [f"tcp 10.0.0.{i}:4000" for i in range(5, 10)]
+    assert len(lines(out)) == RATE_LIMIT_BURST + 2
+
+
+def test_errors_that_differ_in_their_numbers_are_one_error() -> None:
+    """ "frame payload of N bytes is over the limit" carried its size: every size was a
+    new line. Numbers no longer make an error new, and an event is limited whatever
+    its errors say."""
+    out, clock = limited_now()
+    log = get_logger("hipr.connection")
+    for size in range(100):
+        log.warning("protocol error", error=f"frame payload of {size} bytes is over the limit")
+    assert len(lines(out)) == 1
+    for i in range(100):
+        log.warning("protocol error", error=f"bad magic {chr(65 + i % 26) * (i + 1)!r}")
+    assert len(lines(out)) == RATE_LIMIT_BURST
+    clock.now += 10
+    log.info("next")
+    summaries = [r for r in lines(out) if r["event"].startswith("suppressed")]
+    assert sum(int(r["event"].split()[1]) for r in summaries) == 200 - RATE_LIMIT_BURST
+    assert any(len(r.get("errors", ())) == 5 for r in summaries)
+
+
+def test_stdlib_records_are_limited_too() -> None:
+    out, clock = limited_now()
+    foreign = logging.getLogger("asyncio")
+    for i in range(200):
+        foreign.error("socket.accept() out of system resource\nsocket: %s", i)
+    assert len(lines(out)) == 1  # one error, repeated: collapsed from the first
+    clock.now += 10
+    get_logger("hipr.test").info("next")
+    summary = lines(out)[1]
+    assert summary["event"] == "suppressed 199 similar" and summary["logger"] == "asyncio"
+
+
+def test_summaries_come_on_time_without_another_line() -> None:
+    """The flood stops: its summary is still written when the window ends."""
+    out = io.StringIO()
+    configure_logging("info", "json", out, rate_limit_window=0.2)
+    log = get_logger("hipr.connection")
+    for i in range(50):
+        log.bind(peer=f"tcp 10.0.0.{i}:1").warning("handshake refused", error="wrong token")
+    assert len(lines(out)) == 1
+    deadline = time.monotonic() + 5
+    while len(lines(out)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    summary = lines(out)[1]
+    assert summary["event"] == "suppressed 49 similar" and len(summary["peers"]) == 5
 
 
 def test_exceptions_are_keyed_by_their_error() -> None:

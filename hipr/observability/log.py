@@ -8,11 +8,13 @@ JSON lines (journald- and collector-friendly) otherwise, or when asked for.
 Secrets never reach the output: :func:`redact_secrets` runs on every event, ours and
 foreign ones alike, and replaces the value of any key that names a credential.
 
-A flood of one error (a scanner hitting the port, a client retrying a bad call) must
-not bury everything else: :class:`RateLimiter` lets the first warning or error of a
-kind through, drops repeats for a window (10 s), then writes one line
-``suppressed N similar`` with the count. Levels can be set per logger
-(``log_levels = {"hipr.connection" = "debug"}`` in the worker config).
+A flood of one event (a scanner hitting the port, a client retrying a bad call, a
+thousand idle connections timing out) must not bury everything else:
+:class:`RateLimiter` writes a few lines of one event per window (10 s), info included,
+and the first of each warning's error, drops the rest, then writes one line
+``suppressed N similar`` with the count and a few of their peers; the standard
+library's records go through the same limits (:class:`StdlibRateLimit`). Levels can
+be set per logger (``log_levels = {"hipr.connection" = "debug"}`` in the worker config).
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ import atexit
 import logging
 import math
 import os
+import re
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 import structlog
@@ -89,11 +92,19 @@ def _shared_processors() -> list[Processor]:
     ]
 
 
-#: Seconds during which repeats of one warning or error are counted, not written.
+#: Seconds during which repeats of one event are counted, not written.
 RATE_LIMIT_WINDOW = 10.0
+#: Lines of one event (logger, level, event name) written per window, whatever their
+#: fields; the rest are counted into one summary line.
+RATE_LIMIT_BURST = 5
+#: Peer addresses and error texts a summary line names, at most.
+SUMMARY_SAMPLES = 5
 #: Marks the summary lines the limiter writes itself, so that they are never limited.
 _SUMMARY_MARK = "_hipr_rate_limit_summary"
-_LIMITED_LEVELS = frozenset({"warning", "error", "critical", "exception"})
+#: Levels whose repeats of one error are collapsed from the first (besides the burst).
+_DEDUPED_LEVELS = frozenset({"warning", "error", "critical", "exception"})
+_LIMITED_LEVELS = _DEDUPED_LEVELS | {"info"}
+_DIGITS = re.compile(r"\d+")
 
 
 @dataclass(slots=True)
@@ -102,67 +113,142 @@ class _Window:
     logger: str
     level: str
     event: str
+    #: The error text a window of repeats of one error is about; None for the window
+    #: of a whole event.
     error: str | None
+    passed: int = 0
     suppressed: int = 0
+    peers: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def note(self, peer: object, error: str | None) -> None:
+        self.suppressed += 1
+        if peer is not None and len(self.peers) < SUMMARY_SAMPLES:
+            text = str(peer)
+            if text not in self.peers:
+                self.peers.append(text)
+        if (
+            self.error is None
+            and error is not None
+            and len(self.errors) < SUMMARY_SAMPLES
+            and error not in self.errors
+        ):
+            self.errors.append(error)
+
+
+_Key = tuple[str, ...]
 
 
 class RateLimiter:
-    """structlog processor: repeats of one warning or error within ``window`` seconds are
-    dropped and counted; once the window is over, one line ``suppressed N similar``
-    (with ``similar_to`` and ``error``) reports them.
+    """Log lines limited by event: within ``window`` seconds, at most ``burst`` lines of
+    one event (the same logger, level and event name, whatever the other fields say) are
+    written, info lines included; warnings and errors also drop repeats of one error at
+    once (the same ``error`` field or exception, its numbers ignored). What is dropped
+    is counted, and once the window is over one line ``suppressed N similar`` reports
+    it, with ``similar_to``, the ``error``, and up to :data:`SUMMARY_SAMPLES` ``peers``
+    (and ``errors``) of the dropped lines. Debug lines, asked for, are never limited.
 
-    "One error" is the same logger, level, event and ``error`` field (or exception).
-    The summary is written when the next event of any kind is logged after the window,
-    or by :meth:`flush` (at exit). Thread-safe.
+    Summaries are written when the next event of any kind is logged after the window,
+    by :meth:`flush` (at exit), and, once :meth:`start` was called, by a background
+    thread when their window ends. Thread-safe; the state is bounded by ``max_keys``.
     """
 
     def __init__(
         self,
         window: float = RATE_LIMIT_WINDOW,
         *,
+        burst: int = RATE_LIMIT_BURST,
         clock: Callable[[], float] = time.monotonic,
         max_keys: int = 1024,
     ) -> None:
         self.window = window
+        self.burst = max(1, burst)
         self.clock = clock
         self.max_keys = max_keys
-        self._windows: dict[tuple[str, str, str, str | None], _Window] = {}
+        self._windows: dict[_Key, _Window] = {}
         self._lock = threading.Lock()
         self._next_due = math.inf
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
 
     def __call__(self, logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
         if event_dict.pop(_SUMMARY_MARK, False):
             return event_dict
+        level = str(event_dict.get("level", method_name))
+        if self.admit(
+            str(event_dict.get("logger", "")),
+            level,
+            str(event_dict.get("event", "")),
+            _error_text(event_dict),
+            event_dict.get("peer"),
+        ):
+            return event_dict
+        raise structlog.DropEvent
+
+    def admit(
+        self, logger: str, level: str, event: str, error: str | None, peer: object = None
+    ) -> bool:
+        """True when a line of ``event`` may be written now; else it is counted."""
         now = self.clock()
         if now >= self._next_due:
             for window in self._take_due(now):
                 _emit_summary(window, self.window)
-        level = str(event_dict.get("level", method_name))
         if self.window <= 0 or level not in _LIMITED_LEVELS:
-            return event_dict
-        error = _error_text(event_dict)
-        name = str(event_dict.get("logger", ""))
-        key = (name, level, str(event_dict.get("event", "")), error)
+            return True
+        if error is not None:
+            error = error[:300]
+        late: _Window | None = None
         with self._lock:
-            found = self._windows.get(key)
-            if found is not None and now - found.start < self.window:
-                found.suppressed += 1
-                self._next_due = min(self._next_due, found.start + self.window)
-                raise structlog.DropEvent
-            if len(self._windows) >= self.max_keys:
-                self._prune(now)
-            self._windows[key] = _Window(now, name, level, key[2], error)
-        return event_dict
+            error_key: _Key | None = None
+            if level in _DEDUPED_LEVELS:
+                error_key = ("error", logger, level, event, _DIGITS.sub("#", error or ""))
+                repeat = self._windows.get(error_key)
+                if repeat is not None and now - repeat.start < self.window:
+                    repeat.note(peer, error)
+                    self._due_at(repeat.start + self.window)
+                    return False
+            event_key = ("event", logger, level, event)
+            whole = self._windows.get(event_key)
+            if whole is None or now - whole.start >= self.window:
+                if whole is not None and whole.suppressed:
+                    late = whole  # over, but not yet summarised (another thread's race)
+                whole = self._open(event_key, _Window(now, logger, level, event, None), now)
+            if whole.passed >= self.burst:
+                whole.note(peer, error)
+                self._due_at(whole.start + self.window)
+                admitted = False
+            else:
+                whole.passed += 1
+                if error_key is not None:
+                    self._open(error_key, _Window(now, logger, level, event, error), now)
+                admitted = True
+        if late is not None:
+            _emit_summary(late, self.window)
+        return admitted
+
+    def _open(self, key: _Key, window: _Window, now: float) -> _Window:
+        """Start ``window`` under ``key`` (lock held), making room if need be."""
+        if len(self._windows) >= self.max_keys:
+            self._prune(now)
+        self._windows[key] = window
+        return window
+
+    def _due_at(self, when: float) -> None:
+        """A summary is due at ``when`` (lock held): wake the background writer."""
+        if when < self._next_due:
+            self._next_due = when
+            self._wake.set()
 
     def _take_due(self, now: float) -> list[_Window]:
         """Remove finished windows; those that suppressed something are returned."""
         with self._lock:
-            due = [w for w in self._windows.values() if now - w.start >= self.window]
-            for w in due:
-                del self._windows[(w.logger, w.level, w.event, w.error)]
+            due = [(k, w) for k, w in self._windows.items() if now - w.start >= self.window]
+            for key, _ in due:
+                del self._windows[key]
             pending = [w.start + self.window for w in self._windows.values() if w.suppressed]
             self._next_due = min(pending, default=math.inf)
-        return [w for w in due if w.suppressed]
+        return [w for _, w in due if w.suppressed]
 
     def _prune(self, now: float) -> None:
         """Make room (lock held): drop finished windows, else the oldest quiet ones."""
@@ -180,6 +266,54 @@ class RateLimiter:
             self._next_due = math.inf
         for window in pending:
             _emit_summary(window, self.window)
+
+    def start(self) -> None:
+        """Write summaries from a background thread as their windows end, not only when
+        the next line is logged (a flood that stops is still reported on time)."""
+        if self._thread is None and self.window > 0:
+            self._thread = threading.Thread(
+                target=self._write_due, name="hipr-log-summaries", daemon=True
+            )
+            self._thread.start()
+
+    def close(self) -> None:
+        """Stop the background thread (the set-up is being replaced)."""
+        self._closed = True
+        self._wake.set()
+
+    def _write_due(self) -> None:
+        while not self._closed:
+            wait = self._next_due - self.clock()
+            self._wake.wait(None if math.isinf(wait) else max(0.01, wait))
+            self._wake.clear()
+            if self._closed:
+                return
+            now = self.clock()
+            if now >= self._next_due:
+                try:
+                    for window in self._take_due(now):
+                        _emit_summary(window, self.window)
+                except Exception:  # logging must never take the worker down
+                    pass
+
+
+class StdlibRateLimit(logging.Filter):
+    """The same limits for the standard library's records (asyncio's "socket.accept()
+    out of system resource", a library's warnings), keyed by their message template;
+    structlog's own records have been through the limiter already."""
+
+    def __init__(self, limiter: RateLimiter) -> None:
+        super().__init__()
+        self.limiter = limiter
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False for a record to drop."""
+        if hasattr(record, "_logger") and hasattr(record, "_name"):
+            return True  # from structlog
+        error = repr(record.exc_info[1]) if record.exc_info and record.exc_info[1] else None
+        return self.limiter.admit(
+            record.name, record.levelname.lower(), str(record.msg), error, None
+        )
 
 
 def _error_text(event_dict: EventDict) -> str | None:
@@ -201,6 +335,10 @@ def _emit_summary(window: _Window, seconds: float) -> None:
     fields: dict[str, Any] = {"similar_to": window.event, "window_s": seconds, _SUMMARY_MARK: True}
     if window.error is not None:
         fields["error"] = window.error
+    if window.errors:
+        fields["errors"] = list(window.errors)
+    if window.peers:
+        fields["peers"] = list(window.peers)
     structlog.stdlib.get_logger(window.logger).log(
         level, f"suppressed {window.suppressed} similar", **fields
     )
@@ -297,6 +435,8 @@ def configure_logging(
     levels: Mapping[str, str] | None = None,
     *,
     rate_limit_window: float = RATE_LIMIT_WINDOW,
+    rate_limit_burst: int = RATE_LIMIT_BURST,
+    background_summaries: bool = True,
 ) -> None:
     """Send hipr's logs (and the stdlib's) to ``stream`` (default: ``sys.stderr`` now).
 
@@ -334,12 +474,19 @@ def configure_logging(
 
     shared = _shared_processors()
     # Counts pending in a replaced set-up are dropped: its output may be gone already.
-    _limiter = RateLimiter(rate_limit_window)
+    if _limiter is not None:
+        _limiter.close()
+    _limiter = RateLimiter(rate_limit_window, burst=rate_limit_burst)
+    if background_summaries:
+        _limiter.start()
     structlog.configure(
         processors=[
             structlog.stdlib.filter_by_level,
-            *shared,
+            # The limiter needs the level and logger name only: a line it drops (a
+            # flood's) costs no timestamp nor redaction.
+            *shared[:3],
             _limiter,
+            *shared[3:],
             structlog.stdlib.PositionalArgumentsFormatter(),
             structlog.processors.StackInfoRenderer(),
             structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
@@ -355,6 +502,7 @@ def configure_logging(
     )
     handler = logging.StreamHandler(out)
     handler.setFormatter(formatter)
+    handler.addFilter(StdlibRateLimit(_limiter))
     setattr(handler, _HANDLER_MARK, True)
 
     root = logging.getLogger()

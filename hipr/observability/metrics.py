@@ -126,6 +126,8 @@ LATENCY_BUCKETS = (
     10.0,
     30.0,
 )
+#: Distinct sources ``hipr_auth_failures`` labels; later ones count as ``other``.
+MAX_SOURCES = 64
 #: Handle tables of a session, as exported in ``hipr_tenant_handles{kind=...}``.
 HANDLE_KINDS = ("streams", "events", "modules", "functions", "graphs", "graph_execs")
 
@@ -187,6 +189,41 @@ class PrometheusObserver:
             ["kind"],
             registry=r,
         )
+        self.handshake_timeouts = Counter(
+            "hipr_handshake_timeouts",
+            "Connections closed for sending no HELLO within handshake_timeout.",
+            registry=r,
+        )
+        self.auth_failures = Counter(
+            "hipr_auth_failures",
+            "Refused HELLOs and RESUMEs (wrong, missing or revoked credentials), by tenant "
+            f"where known, else by source address (the first {MAX_SOURCES} seen; "
+            "then `other`).",
+            ["who"],
+            registry=r,
+        )
+        self.preauth_refusals = Counter(
+            "hipr_preauth_refusals",
+            "Connections closed at once, before their handshake, for a cap on unfinished "
+            "handshakes: `pending_handshakes` (all sources) or `pending_handshakes_per_peer`.",
+            ["reason"],
+            registry=r,
+        )
+        self.session_cap_refusals = Counter(
+            "hipr_session_cap_refusals",
+            "Authenticated HELLOs refused for a cap on sessions: `max_clients` or `max_sessions`.",
+            ["quota"],
+            registry=r,
+        )
+        self.frames_refused = Counter(
+            "hipr_frames_refused",
+            "Frames refused, and their connection closed, for a limit: `frame_size` "
+            "(max_frame_bytes, or max_hello_bytes before the handshake), `cbor_items` "
+            "(max_cbor_items), `cbor_depth`, or `frame_timeout` (begun, never finished).",
+            ["reason"],
+            registry=r,
+        )
+        self._auth_sources: set[str] = set()
         # Labelled children by label values: ``labels()`` validates and looks up under
         # a lock on every call (~5 µs a request for the two metrics below, a tenth of
         # a small request's cost on the worker); a child found here is only incremented.
@@ -233,6 +270,25 @@ class PrometheusObserver:
     def protocol_error(self, kind: str) -> None:
         """Count a protocol violation."""
         self.protocol_errors.labels(kind).inc()
+
+    def refused(self, what: str, who: str) -> None:
+        """Count a refusal into its counter (see ``WorkerObserver.refused``)."""
+        if what == "handshake_timeout":
+            self.handshake_timeouts.inc()
+        elif what == "auth":
+            # Label values stay bounded whatever sources a scanner comes from.
+            if who not in self._auth_sources:
+                if len(self._auth_sources) >= MAX_SOURCES:
+                    who = "other"
+                else:
+                    self._auth_sources.add(who)
+            self.auth_failures.labels(who).inc()
+        elif what in ("pending_handshakes", "pending_handshakes_per_peer"):
+            self.preauth_refusals.labels(what).inc()
+        elif what in ("max_clients", "max_sessions"):
+            self.session_cap_refusals.labels(what).inc()
+        else:
+            self.frames_refused.labels(what).inc()
 
 
 def _snapshot(sessions: dict[str, Session]) -> list[Session]:

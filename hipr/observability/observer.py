@@ -41,6 +41,15 @@ class WorkerObserver(Protocol):
         """A peer broke the protocol (bad magic, oversized frame, bad handshake ...)."""
         ...
 
+    def refused(self, what: str, who: str) -> None:
+        """A connection or frame was refused or closed for its cost, before or beside
+        any request: ``what`` is ``handshake_timeout``, ``auth`` (a wrong credential),
+        ``pending_handshakes`` or ``pending_handshakes_per_peer`` (pre-auth caps),
+        ``max_clients`` or ``max_sessions`` (session caps), ``frame_size``,
+        ``cbor_items``, ``cbor_depth`` (frame limits) or ``frame_timeout`` (a slow
+        link); ``who`` is the tenant where known, else the peer."""
+        ...
+
 
 class NullObserver:
     """Observes nothing."""
@@ -64,4 +73,7 @@ class NullObserver:
         """Ignored."""
 
     def protocol_error(self, kind: str) -> None:
+        """Ignored."""
+
+    def refused(self, what: str, who: str) -> None:
         """Ignored."""

@@ -16,6 +16,7 @@ from typing import Any
 import cbor2
 
 from hipr.errors import ProtocolError
+from hipr.protocol.bounded_cbor import CborLimits, scan
 from hipr.protocol.header import (
     HEADER,
     HEADER_SIZE,
@@ -152,8 +153,10 @@ def encode_frame(
     return head + encoded + bulk if bulk else head + encoded
 
 
-def decode_payload(header: Header, payload: memoryview) -> Frame:
-    """Split a complete payload into CBOR arguments and bulk bytes."""
+def decode_payload(header: Header, payload: memoryview, limits: CborLimits | None = None) -> Frame:
+    """Split a complete payload into CBOR arguments and bulk bytes. With ``limits``,
+    arguments over them raise :class:`ProtocolError` (``hipr.protocol.bounded_cbor``):
+    the frame is refused, not answered."""
     if not payload.nbytes:
         return Frame(header)
     if payload.nbytes < ARGS_LENGTH.size:
@@ -169,8 +172,14 @@ def decode_payload(header: Header, payload: memoryview) -> Frame:
         )
     args: Any = None
     if args_length:
+        if limits is not None and args_length > limits.max_items:
+            scan(payload, limits, ARGS_LENGTH.size, end)
+        part = payload[ARGS_LENGTH.size : end]
         try:
-            args = cbor2.loads(payload[ARGS_LENGTH.size : end])
+            if limits is None:
+                args = cbor2.loads(part)
+            else:
+                args = cbor2.loads(part, strict_hashable_types=True)
         except Exception as exc:  # cbor2 raises several types for malformed input
             return Frame(header, error=ProtocolError(message=f"malformed CBOR arguments: {exc}"))
     return Frame(header, args, payload[end:])
@@ -181,10 +190,23 @@ class FrameDecoder:
 
     A bad magic or a payload over ``max_payload`` raises :class:`ProtocolError`; the
     stream can't be resynchronised after that, so the caller closes the connection.
+    With ``limits`` (the worker), CBOR arguments over them raise it too, before cbor2
+    builds anything (``hipr.protocol.bounded_cbor``); ``max_payload`` may be changed
+    between frames (the worker lowers it until the handshake is over).
     """
 
-    def __init__(self, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
+    def __init__(
+        self, max_payload: int = DEFAULT_MAX_PAYLOAD, limits: CborLimits | None = None
+    ) -> None:
         self.max_payload = max_payload
+        self.limits = limits
+        #: CBOR parts longer than this are scanned before they are decoded: a part of
+        #: at most ``max_items`` bytes cannot hold more items than that.
+        self._scan_above = limits.max_items if limits is not None else 1 << 62
+        #: Map keys only strings (the hash-collision guard, ~40 ns a frame); nesting is
+        #: cbor2's own limit below ``_scan_above`` bytes (the scan's above: a depth
+        #: argument cost ~100 ns a frame).
+        self._strict = limits is not None
         self._buffer = bytearray()
         #: A ``bytes`` object fed between frames, decoded in place from ``_offset``: a
         #: receive usually holds whole small frames, and copying it into ``_buffer``
@@ -345,9 +367,17 @@ class FrameDecoder:
                         elif args_length == 1 and data[end - 1] == _CBOR_EMPTY_MAP_BYTE:
                             frame = Frame(header, {})
                         else:
+                            if args_length > self._scan_above:
+                                self._check_limits(data, start + _PREFIX, end)
                             # cbor2 decodes a slice as it would a view (same errors too).
                             try:
-                                frame = Frame(header, cbor2.loads(data[start + _PREFIX : end]))
+                                if self._strict:
+                                    value = cbor2.loads(
+                                        data[start + _PREFIX : end], strict_hashable_types=True
+                                    )
+                                else:
+                                    value = cbor2.loads(data[start + _PREFIX : end])
+                                frame = Frame(header, value)
                             except Exception as exc:  # cbor2 raises several types
                                 frame = Frame(
                                     header,
@@ -363,7 +393,7 @@ class FrameDecoder:
                         else:
                             with memoryview(data) as view:
                                 payload = bytes(view[start:end])
-                        frame = decode_payload(header, memoryview(payload))
+                        frame = decode_payload(header, memoryview(payload), self.limits)
                     if chunk:
                         if end == len(chunk):
                             self._chunk = b""
@@ -395,6 +425,8 @@ class FrameDecoder:
             self._filled = 0
         elif len(buffer) < length:
             if length >= LARGE_PAYLOAD:
+                if self.limits is not None and len(buffer) > _PREFIX:
+                    self._check_start(buffer)
                 # Memory grows with the bytes that arrive, never ahead of them.
                 self._pieces = [bytes(buffer)]
                 self._filled = len(buffer)
@@ -405,7 +437,26 @@ class FrameDecoder:
                 payload = bytes(view[:length])
             del buffer[:length]
         self._header = None
-        return decode_payload(header, memoryview(payload))
+        return decode_payload(header, memoryview(payload), self.limits)
+
+    def decode_payload(self, header: Header, payload: memoryview) -> Frame:
+        """:func:`decode_payload` under this decoder's limits (a payload the caller
+        received itself, straight into its own buffer)."""
+        return decode_payload(header, payload, self.limits)
+
+    def _check_limits(self, data: bytes | bytearray, start: int, end: int) -> None:
+        """Refuse (ProtocolError) CBOR arguments over the limits, before decoding."""
+        assert self.limits is not None
+        scan(data, self.limits, start, end)
+
+    def _check_start(self, buffer: bytearray) -> None:
+        """A large frame's first bytes: refuse it now if the CBOR that has arrived is
+        over the limits already (a bomb's array head declares its millions of items
+        up front), before the rest of its payload is buffered."""
+        assert self.limits is not None
+        (args_length,) = ARGS_LENGTH.unpack_from(buffer)
+        if args_length > self.limits.max_items:
+            scan(buffer, self.limits, _PREFIX, min(len(buffer), _PREFIX + args_length))
 
     def _spill(self) -> None:
         """Move what is left of ``_chunk`` to ``_buffer`` (a frame was cut short, or
@@ -424,6 +475,7 @@ class FrameDecoder:
         return ProtocolError(
             message=f"frame payload of {length} bytes is over the limit of {self.max_payload}",
             limit=self.max_payload,
+            refused="frame_size",
         )
 
 

@@ -176,7 +176,29 @@ def main_report(argv: list[str] | None = None) -> int:
         help="soak: seconds idle after each round before sampling (the worker trims its "
         "heap after 1 s idle)",
     )
+    parser.add_argument(
+        "--hostile",
+        action="store_true",
+        help="hostile clients instead: each attack against a fresh worker process, the "
+        "other tenant's calls against its baseline, the worker's RSS",
+    )
+    parser.add_argument(
+        "--idle-connections", type=int, default=1000, help="hostile: idle connections opened"
+    )
+    parser.add_argument(
+        "--settle-seconds",
+        type=float,
+        default=5.0,
+        help="hostile: seconds after each attack before the worker's RSS is read again",
+    )
+    parser.add_argument(
+        "--only", nargs="+", metavar="WORD", help="hostile: only attacks whose name has WORD"
+    )
     args = parser.parse_args(argv)
+    if args.hostile:
+        from hipr.testing.hostile import main_hostile
+
+        return main_hostile(args)
     if args.soak is not None:
         return _main_soak(args, argv)
     plan = plan_for(args.long, args.seed, args.loop, args.fuzz_minutes)

@@ -205,6 +205,62 @@ class WorkerConfig:
         default=None,
         metadata=_doc("Most connections served at once, all tenants together; unset: no limit."),
     )
+    max_hello_bytes: int = field(
+        default=64 * KiB,
+        metadata=_doc(
+            "Largest frame accepted before a connection has authenticated (its HELLO or "
+            "RESUME): a larger one is refused from its header, before its payload is read "
+            "(`max_frame_bytes` if that is smaller).",
+            size=True,
+        ),
+    )
+    max_cbor_items: int = field(
+        default=65536,
+        metadata=_doc(
+            "Most CBOR items (maps, arrays, strings, numbers ...) one frame's arguments may "
+            "hold; a frame over it is refused before it is decoded and its connection "
+            "closed. The largest request the worker knows holds about 8,200."
+        ),
+    )
+    handshake_timeout: float = field(
+        default=5.0,
+        metadata=_doc("Seconds a new connection has to send its HELLO (or RESUME)."),
+    )
+    max_pending_handshakes: int | None = field(
+        default=None,
+        metadata=_doc(
+            "Most connections that have not finished their handshake at once, all sources "
+            "together; more are closed at once. Unset: a quarter of the open-file limit."
+        ),
+    )
+    max_pending_handshakes_per_peer: int | None = field(
+        default=None,
+        metadata=_doc(
+            "Most unfinished handshakes from one source address (one uid on a Unix socket); "
+            "more are closed at once. Unset: a sixteenth of `max_pending_handshakes`, "
+            "at least 8."
+        ),
+    )
+    auth_failure_delay: float = field(
+        default=0.05,
+        metadata=_doc(
+            "Seconds a refused HELLO from a source waits for its answer after that "
+            "source's first failure; it doubles with each further failure, up to "
+            "`auth_failure_max_delay`, and halves for every ten seconds without one. "
+            "Other sources are not slowed. 0: no delay."
+        ),
+    )
+    auth_failure_max_delay: float = field(
+        default=2.0,
+        metadata=_doc("The longest delay of a refused HELLO (see `auth_failure_delay`)."),
+    )
+    frame_timeout: float = field(
+        default=30.0,
+        metadata=_doc(
+            "Seconds within which a frame, once begun, must have arrived whole (plus one "
+            "second for every MiB of its payload); a link that drips bytes slower is closed."
+        ),
+    )
     heartbeat_interval: float = field(
         default=5.0, metadata=_doc("Seconds of silence on a link before a PING is sent.")
     )
@@ -556,9 +612,23 @@ def _check(config: WorkerConfig, b: _Builder) -> None:
                 "unix:///run/hipr/worker.sock)",
                 label=f"listen[{i}]",
             )
-    if config.max_clients is not None and config.max_clients <= 0:
-        raise b.error("max_clients", f"must be positive, got {config.max_clients}")
-    for name in ("heartbeat_interval", "heartbeat_timeout", "shutdown_timeout", "runaway_grace"):
+    for name in ("max_clients", "max_pending_handshakes", "max_pending_handshakes_per_peer"):
+        value = getattr(config, name)
+        if value is not None and value <= 0:
+            raise b.error(name, f"must be positive, got {value}")
+    if config.max_cbor_items <= 0:
+        raise b.error("max_cbor_items", f"must be positive, got {config.max_cbor_items}")
+    for name in ("auth_failure_delay", "auth_failure_max_delay"):
+        if getattr(config, name) < 0:
+            raise b.error(name, f"cannot be negative, got {getattr(config, name)}")
+    for name in (
+        "heartbeat_interval",
+        "heartbeat_timeout",
+        "shutdown_timeout",
+        "handshake_timeout",
+        "frame_timeout",
+        "runaway_grace",
+    ):
         if getattr(config, name) <= 0:
             raise b.error(name, f"must be positive, got {getattr(config, name)}")
     if config.spin_wait is not None and not 0 <= config.spin_wait <= MAX_SPIN_WAIT:

@@ -34,11 +34,11 @@ from hipr.handlers.args import Args
 from hipr.handlers.context import Reply, Request
 from hipr.handlers.registry import LATER, REGISTRY, HandlerRegistry
 from hipr.observability.observer import WorkerObserver
+from hipr.protocol.bounded_cbor import CborLimits
 from hipr.protocol.codec import (
     ARGS_LENGTH,
     Frame,
     FrameDecoder,
-    decode_payload,
     encode_frame,
     encode_frame_parts,
 )
@@ -60,6 +60,7 @@ from hipr.worker.payloads import PayloadBuffers, Placements
 from hipr.worker.recovery import ContextRecovery
 from hipr.worker.replay import MAX_ONE_REPLY
 from hipr.worker.session import DeferredError, Session, as_hip_error
+from hipr.worker.slow_links import HEADER_UNDER_WAY, FrameClock
 from hipr.worker.spin import BusyPoll
 from hipr.worker.tenants import Tenant, TenantRegistry
 
@@ -101,6 +102,11 @@ class Worker(Protocol):
 
     def forget(self, session: Session) -> None:
         """Drop a closed session from the registry."""
+        ...
+
+    async def handshake_refused(self, peer: str, error: HipError) -> None:
+        """A HELLO or RESUME from ``peer`` was refused with ``error``: count it, and
+        slow a source that keeps failing authentication, before the answer goes."""
         ...
 
 
@@ -253,7 +259,15 @@ class WorkerConnection:
         self.peer = peer
         self.registry = registry
         self.session: Session | None = None
-        self._decoder = FrameDecoder(worker.config.max_frame_bytes)
+        config = worker.config
+        # Until the handshake is over, frames are at most max_hello_bytes (refused from
+        # their header); every frame's CBOR is bounded (hipr.protocol.bounded_cbor).
+        self._decoder = FrameDecoder(
+            min(config.max_frame_bytes, config.max_hello_bytes), CborLimits(config.max_cbor_items)
+        )
+        #: Called once the handshake is over, whatever its outcome (the worker's
+        #: count of unfinished handshakes).
+        self.on_handshake_over: Callable[[], None] | None = None
         self._send_lock = anyio.Lock()
         self._frames = _FrameQueue()
         #: The executor waits for its next request (none is under way).
@@ -440,9 +454,11 @@ class WorkerConnection:
             if hello is None:
                 return
             self.session = await self._handshake(hello)
+            self._handshake_over()
             if self.session is None:
                 return
             self._log = self._log.bind(session=self.session.id, tenant=self.session.tenant)
+            self._decoder.max_payload = self.worker.config.max_frame_bytes
             tenant_frame_limit = self.session.gate.quotas.max_frame_bytes
             if tenant_frame_limit is not None:
                 self._decoder.max_payload = min(self._decoder.max_payload, tenant_frame_limit)
@@ -474,12 +490,13 @@ class WorkerConnection:
                         )
         except TimeoutError:
             self._log.info("handshake timed out")
+            self.worker.observer.refused("handshake_timeout", self.peer)
         except _LINK_ERRORS as exc:
             self._log.info("link lost", error=repr(exc))
         except ProtocolError as exc:
             self._ends_session = True
             self._log.warning("protocol error", error=str(exc))
-            self.worker.observer.protocol_error(exc.kind)
+            self._count_protocol_error(exc)
             await self._try_send_error(0, 0, exc)
         except _Closing as closing:
             self._ends_session = True
@@ -488,8 +505,34 @@ class WorkerConnection:
                 self._log.warning("closing connection", error=str(error))
                 await self._try_send_error(0, 0, error)
         finally:
+            self._handshake_over()
             with anyio.CancelScope(shield=True):
                 await self._finish()
+
+    def _handshake_over(self) -> None:
+        over, self.on_handshake_over = self.on_handshake_over, None
+        if over is not None:
+            over()
+
+    def _count_protocol_error(self, exc: ProtocolError) -> None:
+        """Count a protocol error, and a frame refused by a limit (``details["refused"]``:
+        its size, or its CBOR's items or depth) by the peer that sent it."""
+        observer = self.worker.observer
+        observer.protocol_error(exc.kind)
+        refused = exc.details.get("refused")
+        if refused:
+            observer.refused(str(refused), self.peer)
+
+    def _frame_under_way(self) -> tuple[object | None, int]:
+        """The frame being received and its payload length, for the frame clock; None
+        while the executor has work queued (reading may be held back by the worker
+        itself then) or no frame is under way."""
+        if not self._frames.executor_waiting:
+            return None, 0
+        header = self._payload_header or self._decoder.partial_header()
+        if header is not None:
+            return header, header.payload_length
+        return (HEADER_UNDER_WAY if self._decoder.buffered else None), 0
 
     async def _finish(self) -> None:
         try:
@@ -542,7 +585,11 @@ class WorkerConnection:
 
     async def _heartbeat(self) -> None:
         config = self.worker.config
-        period = max(0.01, min(config.heartbeat_interval, config.heartbeat_timeout) / 4)
+        period = max(
+            0.01, min(config.heartbeat_interval, config.heartbeat_timeout, config.frame_timeout) / 4
+        )
+        frame_clock = FrameClock(config.frame_timeout)
+        pinged = time.monotonic()
         while True:
             await anyio.sleep(period)
             now = time.monotonic()
@@ -554,7 +601,16 @@ class WorkerConnection:
                 # Closing (not cancelling) lets the request under way finish cleanly.
                 await anyio.aclose_forcefully(self.stream)
                 return
-            if silent >= config.heartbeat_interval:
+            if frame_clock.overdue(now, *self._frame_under_way()):
+                # Bytes trickle in, so the link is not silent, but no frame completes.
+                self._log.warning("frame not completed in time; closing the link")
+                self.worker.observer.refused("frame_timeout", self.peer)
+                await anyio.aclose_forcefully(self.stream)
+                return
+            # Every session hears from the worker, silent or not: a peer that keeps the
+            # link busy without completing frames must still answer.
+            if silent >= config.heartbeat_interval or now - pinged >= config.heartbeat_interval:
+                pinged = now
                 with contextlib.suppress(*_LINK_ERRORS):
                     await self.send(Opcode.PING, 0, Flags.NONE)
 
@@ -616,6 +672,7 @@ class WorkerConnection:
             session = self.worker.open_session(tenant, self.peer)
         except HipError as exc:
             self._log.warning("handshake refused", error=str(exc))
+            await self.worker.handshake_refused(self.peer, exc)
             await self._try_send_error(frame.opcode, frame.request_id, exc)
             return None
         reply = {
@@ -656,7 +713,7 @@ class WorkerConnection:
             await self._read_frames(on_frame)
         except ProtocolError as exc:
             self._log.warning("protocol error", error=str(exc))
-            self.worker.observer.protocol_error(exc.kind)
+            self._count_protocol_error(exc)
             await self._try_send_error(0, 0, exc)
         finally:
             self._frames.close()
@@ -718,11 +775,19 @@ class WorkerConnection:
         if self._payload_filled < payload.nbytes:
             return
         header = self._payload_header
-        frame = (
-            Frame(header, None, payload)
-            if self._payload_placed
-            else decode_payload(header, payload)
-        )
+        try:
+            frame = (
+                Frame(header, None, payload)
+                if self._payload_placed
+                else self._decoder.decode_payload(header, payload)
+            )
+        except ProtocolError as exc:  # over the CBOR limits: refused, the link ends
+            self._payload = self._payload_header = None
+            self._log.warning("protocol error", error=str(exc))
+            self._count_protocol_error(exc)
+            self._protocol_error = exc
+            self._end_push()
+            return
         self._payload = self._payload_header = None
         self._payload_filled = 0
         self._payload_placed = False
@@ -780,7 +845,7 @@ class WorkerConnection:
                 self._frames.put(frame)
         except ProtocolError as exc:
             self._log.warning("protocol error", error=str(exc))
-            self.worker.observer.protocol_error(exc.kind)
+            self._count_protocol_error(exc)
             self._protocol_error = exc
             self._end_push()
             return
@@ -1162,11 +1227,12 @@ class WorkerConnection:
         The first reply is read on the way, to learn which process holds the session."""
         isolation = self.worker.isolation
         assert isolation is not None
+        self._handshake_over()  # authenticated here: no longer a pending handshake
         upstream = await transport_connect(url)
         self._log = self._log.bind(tenant=tenant)
         try:
             await upstream.send(first + self._decoder.take_buffered())
-            replies = FrameDecoder(self._decoder.max_payload)
+            replies = FrameDecoder(self.worker.config.max_frame_bytes)
             reply: Frame | None = None
             while reply is None:
                 data = await upstream.receive(RECEIVE_SIZE)
@@ -1206,6 +1272,7 @@ class WorkerConnection:
             session = await self.worker.resume(args, self)
         except HipError as exc:
             self._log.warning("resume refused", error=str(exc))
+            await self.worker.handshake_refused(self.peer, exc)
             await self._try_send_error(frame.opcode, frame.request_id, exc)
             return None
         reply = {
