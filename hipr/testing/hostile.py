@@ -522,6 +522,9 @@ def worker_process(directory: Path, options: HostileOptions) -> Iterator[tuple[T
         f'tenants_file = "{tenants}"\nmetrics_listen = "127.0.0.1:{metrics}"\n'
         f"handshake_timeout = {options.handshake_timeout}\n"
         f"frame_timeout = {options.frame_timeout}\n"
+        # Both tenants in one process: the hard case (attacker and victim share the
+        # loop and the heap); the default would give each tenant a process of its own.
+        'isolation = "none"\n'
         'log_format = "json"\n[emulator]\ntotal_memory = "1GiB"\n'
     )
     log_path = directory / "worker.log"

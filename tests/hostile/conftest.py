@@ -83,6 +83,9 @@ async def hostile(
     overrides: dict[str, Any] = getattr(request, "param", {}) or {}
     config = WorkerConfig(
         tenants_file=tenants,
+        # One process for both tenants: the hard case, where attacker and victim share
+        # the event loop and the heap (two tenants would otherwise get a process each).
+        isolation="none",
         handshake_timeout=HANDSHAKE_TIMEOUT,
         frame_timeout=FRAME_TIMEOUT,
         heartbeat_interval=0.5,
