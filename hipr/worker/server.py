@@ -32,6 +32,7 @@ from hipr.transports.base import TransportConfig
 from hipr.worker import systemd
 from hipr.worker.config import ConfigError, WorkerConfig, load_config, spin_seconds
 from hipr.worker.connection import WorkerConnection
+from hipr.worker.fairness import FairScheduler
 from hipr.worker.isolation import (
     ChildLink,
     ChildStatus,
@@ -67,6 +68,8 @@ class Worker:
         self.sessions: dict[str, Session] = {}
         self.tenants = load_tenants(config.tenants_file)
         self._tenant_state: dict[str, TenantState] = {}
+        #: Turns between connections that flood the loop (``hipr.worker.fairness``).
+        self.fair = FairScheduler()
         self.handshake_timeout = 10.0
         self.chunk_bytes = max(
             4096, min(DEFAULT_CHUNK_BYTES, config.max_frame_bytes - FRAME_HEADROOM)
