@@ -89,18 +89,25 @@ class _Waiter:
 
 
 class FairScheduler:
-    """The worker-wide order of heavy turns: round-robin by tenant, then by connection.
+    """The worker-wide order of heavy turns: by tenant, the one with the fewest turns
+    first (round-robin while all flood alike), then a tenant's connections in turn.
 
     One heavy slice starts per pass of the event loop while several connections are
     heavy: the connection woken for a turn hands the next turn on at once (so a turn's
     holder that waits for its GPU thread mid-slice holds nobody up), and the one it wakes
-    runs in the loop's next pass, after the I/O and the light requests that arrived."""
+    runs in the loop's next pass, after the I/O and the light requests that arrived.
+    Turns are counted per tenant (not by queue position) because a tenant whose only
+    connection is running its slice is not queued at the moment the next turn is handed
+    on; a tenant that starts flooding starts level with the least-served heavy tenant,
+    not with a credit for the time it was quiet."""
 
     def __init__(self) -> None:
         #: Connections whose slice ran out and whose queue has not emptied since.
         self.heavy = 0
-        #: Tenants with a waiting connection, in the order their turns come.
-        self._order: deque[str] = deque()
+        #: Heavy connections by tenant, and the turns each heavy tenant has had.
+        self._heavy_by_tenant: dict[str, int] = {}
+        self._served: dict[str, int] = {}
+        #: Waiting connections by tenant (insertion order breaks ties between tenants).
         self._waiting: dict[str, deque[_Waiter]] = {}
         #: When a connection that is not heavy last received bytes (``time.monotonic``):
         #: heavy connections share the loop with light requests for
@@ -120,12 +127,27 @@ class FairScheduler:
         """Connections waiting for a turn now."""
         return sum(len(q) for q in self._waiting.values())
 
+    def _became_heavy(self, tenant: str) -> None:
+        self.heavy += 1
+        count = self._heavy_by_tenant.get(tenant, 0)
+        self._heavy_by_tenant[tenant] = count + 1
+        if not count:
+            self._served[tenant] = min(self._served.values(), default=0)
+
+    def _became_light(self, tenant: str) -> None:
+        self.heavy -= 1
+        count = self._heavy_by_tenant[tenant] - 1
+        if count:
+            self._heavy_by_tenant[tenant] = count
+        else:
+            del self._heavy_by_tenant[tenant]
+            del self._served[tenant]
+
     def _enqueue(self, waiter: _Waiter) -> None:
         tenant = waiter.member.tenant
         queue = self._waiting.get(tenant)
         if queue is None:
             queue = self._waiting[tenant] = deque()
-            self._order.append(tenant)
         queue.append(waiter)
 
     def _remove(self, waiter: _Waiter) -> None:
@@ -136,23 +158,24 @@ class FairScheduler:
         queue.remove(waiter)
         if not queue:
             del self._waiting[tenant]
-            self._order.remove(tenant)
 
     def _hand_on(self) -> None:
-        """Wake the next waiter in round-robin order (it runs in the loop's next pass)."""
-        while self._order:
-            tenant = self._order.popleft()
-            queue = self._waiting[tenant]
-            waiter = queue.popleft()
-            if queue:
-                self._order.append(tenant)
-            else:
-                del self._waiting[tenant]
-            self._turn_out = True
-            self.turns += 1
-            waiter.event.set()
+        """Wake the next waiter (it runs in the loop's next pass): of the waiting tenant
+        with the fewest turns so far, its connection that has waited longest."""
+        if not self._waiting:
+            self._turn_out = False
             return
-        self._turn_out = False
+        served = self._served
+        tenant = min(self._waiting, key=lambda t: served.get(t, 0))
+        queue = self._waiting[tenant]
+        waiter = queue.popleft()
+        if not queue:
+            del self._waiting[tenant]
+        if tenant in served:
+            served[tenant] += 1
+        self._turn_out = True
+        self.turns += 1
+        waiter.event.set()
 
 
 class TurnMember:
@@ -190,7 +213,7 @@ class TurnMember:
         self.frames = 0
         if self.heavy:
             self.heavy = False
-            self.scheduler.heavy -= 1
+            self.scheduler._became_light(self.tenant)
 
     def spent(self) -> bool:
         """Count one more request taken without waiting; True when the slice is used up
@@ -210,7 +233,7 @@ class TurnMember:
         scheduler = self.scheduler
         if not self.heavy:
             self.heavy = True
-            scheduler.heavy += 1
+            scheduler._became_heavy(self.tenant)
         try:
             if time.monotonic() - scheduler.light_at < SHARE_SECONDS:
                 # Light requests are being served: leave the loop idle for as long as
@@ -221,7 +244,7 @@ class TurnMember:
                 # call 10x its unloaded one without this, 1-3x with it).
                 spent = time.perf_counter() - self.started
                 await anyio.sleep(min(max(spent, 0.0), self.limit_seconds))
-            if scheduler.heavy <= 1 and not scheduler._order:
+            if scheduler.heavy <= 1 and not scheduler._waiting:
                 # Alone: a plain yield lets the I/O and every light request in.
                 await anyio.lowlevel.checkpoint()
                 return
