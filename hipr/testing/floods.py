@@ -80,6 +80,13 @@ class CallTimes:
         return max(self.times, default=0.0)
 
     @property
+    def mean(self) -> float:
+        """The mean call: a few long stalls among many quick calls show here, not in
+        the median (a victim stalled for a second, then served at once, still makes
+        hundreds of quick calls)."""
+        return statistics.fmean(self.times) if self.times else 0.0
+
+    @property
     def p90(self) -> float:
         """The 90th percentile call."""
         return percentile(sorted(self.times), 0.9)
@@ -128,6 +135,8 @@ class FairnessFigures:
             f"{self.attack}: victim median {self.loaded.median * 1e3:.2f} ms "
             f"(unloaded {self.baseline.median * 1e3:.2f} before, "
             f"{self.after.median * 1e3:.2f} after: {self.median_ratio:.1f}x), "
+            f"mean {self.loaded.mean * 1e3:.2f} ms (unloaded {self.baseline.mean * 1e3:.2f}), "
+            f"p90 {self.loaded.p90 * 1e3:.1f} ms, "
             f"worst {self.loaded.worst * 1e3:.1f} ms (unloaded {self.unloaded_worst * 1e3:.1f}), "
             f"{len(self.loaded.times)} calls during the flood; flood sent "
             f"{self.flood.frames_sent:,} frames{rss}"
