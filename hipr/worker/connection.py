@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import sniffio
 import structlog
 
@@ -55,6 +56,14 @@ from hipr.transports import connect as transport_connect
 from hipr.transports.loop_stream import LoopSocketStream as PushStream
 from hipr.transports.thread_writes import ThreadWritable
 from hipr.worker.config import WorkerConfig
+from hipr.worker.fairness import (
+    PUMP_FRAMES,
+    PUMP_SECONDS,
+    READER_FRAMES,
+    FairScheduler,
+    TurnMember,
+    frame_charge,
+)
 from hipr.worker.isolation import TenantProcesses
 from hipr.worker.payloads import PayloadBuffers, Placements
 from hipr.worker.recovery import ContextRecovery
@@ -79,6 +88,8 @@ class Worker(Protocol):
     handshake_timeout: float
     draining: bool
     busy_poll: BusyPoll
+    #: Turns between the heavy connections of all tenants (``hipr.worker.fairness``).
+    fair: FairScheduler
 
     def authenticate(self, hello: Args, stream: anyio.abc.ByteStream) -> Tenant:
         """The tenant a HELLO's credentials name, or AuthError."""
@@ -206,6 +217,11 @@ class _FrameQueue:
         return self._closed
 
     @property
+    def queued(self) -> bool:
+        """True while frames wait for the executor."""
+        return bool(self._frames)
+
+    @property
     def executor_waiting(self) -> bool:
         """True while the executor waits for a frame and none is queued."""
         return self._waiter is not None and not self._frames
@@ -293,8 +309,16 @@ class WorkerConnection:
         self._payload_placed = False
         self._last_payload = 0.0
         self._log = log.bind(peer=peer)
-        #: Request bytes read but not yet taken by the executor (max_inflight_bytes).
+        #: Request bytes read but not yet taken by the executor (max_inflight_bytes),
+        #: each frame counted for at least ``fairness.FRAME_COST``.
         self._inflight = 0
+        #: The executor's slice and turns (``hipr.worker.fairness``); its tenant's once
+        #: the session is known.
+        self._turns: TurnMember = worker.fair.member("")
+        #: The last request run was refused by max_request_rate: throttle before the next.
+        self._rate_refused = False
+        #: Push mode: the rest of a read is decoded in the loop's next pass (a slice ran out).
+        self._pump_later = False
         #: True when the session must be freed at the end, not kept for a RESUME.
         self._ends_session = False
         self._draining = False
@@ -459,6 +483,8 @@ class WorkerConnection:
                 return
             self._log = self._log.bind(session=self.session.id, tenant=self.session.tenant)
             self._decoder.max_payload = self.worker.config.max_frame_bytes
+            self._turns = self.worker.fair.member(self.session.tenant)
+            self._turns.weigh(self.session.gate.quotas.weight)
             tenant_frame_limit = self.session.gate.quotas.max_frame_bytes
             if tenant_frame_limit is not None:
                 self._decoder.max_payload = min(self._decoder.max_payload, tenant_frame_limit)
@@ -542,6 +568,7 @@ class WorkerConnection:
                 if self._inflight:
                     session.gate.release_inflight(self._inflight)
                     self._inflight = 0
+                self._turns.leave()
                 if session.connection is self:
                     session.connection = None
                     if self._ends_session or self.worker.draining:
@@ -694,7 +721,17 @@ class WorkerConnection:
         return session
 
     async def _reader(self, scope: anyio.CancelScope) -> None:
+        handed = 0
+
         async def on_frame(frame: Frame) -> None:
+            nonlocal handed
+            handed += 1
+            if not self._turns.heavy:
+                self._turns.scheduler.light_at = self._last_received
+            if handed >= READER_FRAMES:
+                # A read of many small frames: let other connections in (fair service).
+                handed = 0
+                await anyio.lowlevel.checkpoint()
             if frame.opcode == Opcode.PING and not frame.flags & Flags.MORE:
                 # Answered at once, out of order: a heartbeat must not wait for the GPU.
                 if not frame.flags & (Flags.REPLY | Flags.NO_REPLY):
@@ -703,7 +740,7 @@ class WorkerConnection:
             assert self.session is not None
             while self._inflight > READ_AHEAD_BYTES:
                 await self._queue_drained.wait()
-            size = frame.header.payload_length
+            size = frame_charge(frame.header.payload_length)
             await self.session.gate.hold_inflight(size, self._inflight)
             self._inflight += size
             # No event-loop pass per frame: the queue is bounded in bytes, not frames.
@@ -801,7 +838,9 @@ class WorkerConnection:
     def _on_data(self, data: bytes) -> None:
         if self._frames.closed:
             return
-        self._last_received = time.monotonic()
+        now = self._last_received = time.monotonic()
+        if not self._turns.heavy:
+            self._turns.scheduler.light_at = now  # heavy connections share the loop now
         self._decoder.feed(data)
         self._pump()
         # After the requests are taken (or answered here): the spinner's start is not
@@ -815,10 +854,21 @@ class WorkerConnection:
         session = self.session
         push = self._push
         assert session is not None
+        # Frames taken in this pass of the loop, and since when (fair service: a read
+        # of thousands of small frames is taken a slice per pass).
+        taken = 0
+        started = 0.0
         try:
             while not self._frames.closed:
                 frame = self._held_frame
                 if frame is None:
+                    taken += 1
+                    if taken > 1:
+                        if taken == 2:
+                            started = time.perf_counter()
+                        elif taken > PUMP_FRAMES or time.perf_counter() - started >= PUMP_SECONDS:
+                            self._pump_next_pass()
+                            return
                     frame = self._decoder.next_frame()
                     if frame is None:
                         break
@@ -828,12 +878,23 @@ class WorkerConnection:
                         self._placements.note(frame)
                 else:
                     self._held_frame = None
+                writable = push is None or push.writable_now
+                if not writable and self._frames.queued:
+                    # Replies wait unread by the peer: read nothing more from it until it
+                    # reads (the executor's next send waits for that, then pumps again).
+                    self._held_frame = frame
+                    if push is not None:
+                        push.pause_reading(True)
+                    return
                 if frame.opcode == Opcode.PING and not frame.flags & Flags.MORE:
-                    self._pong(frame)
+                    if writable or frame.flags & (Flags.REPLY | Flags.NO_REPLY):
+                        self._pong(frame)
+                        continue
+                    # Its answer would wait unsent: the executor answers it, in order, as
+                    # its send allows (a peer that never reads cannot pile up answers).
+                elif self._answer_now(frame):
                     continue
-                if self._answer_now(frame):
-                    continue
-                size = frame.header.payload_length
+                size = frame_charge(frame.header.payload_length)
                 if self._inflight > READ_AHEAD_BYTES or not session.gate.try_hold_inflight(
                     size, self._inflight
                 ):
@@ -858,6 +919,23 @@ class WorkerConnection:
         if push is not None:
             self._receive_payload_into()
             push.pause_reading(False)
+
+    def _pump_next_pass(self) -> None:
+        """The pump's slice of this pass is used up: stop reading, and take the rest of
+        what was read in the loop's next pass, after the other connections' turns."""
+        push = self._push
+        assert push is not None and self.session is not None
+        push.pause_reading(True)
+        if self._frames.executor_waiting:
+            self.session.flush_posts()  # what was answered here starts meanwhile
+        if not self._pump_later:
+            self._pump_later = True
+            asyncio.get_running_loop().call_soon(self._pump_rest)
+
+    def _pump_rest(self) -> None:
+        self._pump_later = False
+        if not self._frames.closed:
+            self._pump()
 
     def _pong(self, frame: Frame) -> None:
         """Answer a PING now (a heartbeat must not wait for the GPU), or right after the
@@ -888,7 +966,10 @@ class WorkerConnection:
             assert self.session is not None
             self.session.flush_posts()  # nothing more queued: start what was posted
             frame = await self._frames.get()
-        size = frame.header.payload_length
+            self._turns.rested()
+        elif self._turns.spent():
+            await self._next_turn()
+        size = frame_charge(frame.header.payload_length)
         if self._inflight > READ_AHEAD_BYTES >= self._inflight - size:
             self._queue_drained.set()
             self._queue_drained = anyio.Event()
@@ -905,6 +986,27 @@ class WorkerConnection:
         self.session.burst = self._frames.fire_and_forget_next()
         return frame
 
+    async def _next_turn(self) -> None:
+        """The executor's slice ran out with requests still queued: let the other
+        connections in (``hipr.worker.fairness``), then go on."""
+        session = self.session
+        assert session is not None
+        session.flush_posts()  # what this slice posted runs meanwhile
+        self._turns.weigh(session.gate.quotas.weight)
+        await self._turns.next_turn()
+
+    async def _throttle(self) -> None:
+        """A request was refused by max_request_rate: run none of this connection's
+        requests until the tenant's bucket has refilled a little, so that a flood backs
+        up into the read-ahead and the peer's socket instead of being read and refused
+        at line rate."""
+        session = self.session
+        assert session is not None
+        seconds = session.gate.refill_seconds()
+        if seconds > 0:
+            session.flush_posts()
+            await anyio.sleep(seconds)
+
     async def _executor(self) -> None:
         while not self._draining:
             # Between requests: the I/O callback may answer a lone request itself.
@@ -918,6 +1020,9 @@ class WorkerConnection:
             if not await self._execute(frame):
                 self._ends_session = True
                 return
+            if self._rate_refused:
+                self._rate_refused = False
+                await self._throttle()
 
     async def _execute(self, frame: Frame) -> bool:
         """Run one request; False when the connection should end."""
@@ -1046,6 +1151,8 @@ class WorkerConnection:
             quota = error.details.get("quota")
             if quota:
                 observer.quota_rejected(session.tenant, str(quota))
+                if quota == "max_request_rate":
+                    self._rate_refused = True
             if no_reply:
                 session.defer_error(error, name, request_id)
         return error
@@ -1108,10 +1215,6 @@ class WorkerConnection:
             or frame.error is not None
             or (no_reply and not spec.fire_and_forget)
             or 0 < request_id <= session.last_executed_id
-            or (
-                opcode not in _NOT_SYNCHRONISING
-                and session.gate.quotas.max_request_rate is not None
-            )
         ):
             return False
         # A reply-awaiting request first reports the fire-and-forget errors before it,
@@ -1129,6 +1232,9 @@ class WorkerConnection:
             burst = bool(next_flags & _NO_REPLY)
         else:
             burst = False
+        charged = opcode not in _NOT_SYNCHRONISING
+        if charged and not session.gate.try_admit():
+            return False  # over max_request_rate: the executor refuses it, and throttles
         name = opcode_name(opcode)
         started = time.perf_counter()
         error: HipError | None = None
@@ -1156,6 +1262,8 @@ class WorkerConnection:
             self._log.exception("handler failed", opcode=name)
             error = as_hip_error(exc, name)
         if result is LATER:
+            if charged:
+                session.gate.refund()  # the executor charges it when it runs it
             return False
         if not burst:
             session.flush_posts()  # what it queued on the GPU thread starts now

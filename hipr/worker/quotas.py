@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import anyio
 
 from hipr.errors import HipError, HipErrorCode, QuotaError
+from hipr.worker.fairness import throttle_seconds
 from hipr.worker.resources import AllocationTable, HandleTable
 from hipr.worker.tenants import Quotas, TokenBucket
 
@@ -57,6 +58,9 @@ class TenantState:
 
     bucket: TokenBucket | None = None
     bucket_for: tuple[float | None, float | None] = (None, None)
+    #: The quotas object the bucket was last checked against (a cheap identity test
+    #: per request; the values are compared only when it changes, after a reload).
+    bucket_quotas: Quotas | None = None
     reserved_memory: int = 0
     inflight_bytes: int = 0
     inflight_freed: anyio.Event = field(default_factory=anyio.Event)
@@ -128,23 +132,50 @@ class QuotaGate:
         finally:
             self._state.reserved_memory -= size
 
+    def _bucket(self) -> TokenBucket | None:
+        """The tenant's max_request_rate bucket; None when its rate is unlimited."""
+        quotas = self._current
+        state = self._state
+        if state.bucket_quotas is not quotas:
+            rate = quotas.max_request_rate
+            wanted = (rate, quotas.max_request_burst)
+            if rate is None or rate == float("inf"):
+                state.bucket = None
+            elif state.bucket is None or state.bucket_for != wanted:
+                state.bucket = TokenBucket(rate, quotas.max_request_burst)
+            state.bucket_for = wanted
+            state.bucket_quotas = quotas
+        return state.bucket
+
     def admit_request(self) -> None:
         """Spend one request of max_request_rate; QuotaError when the bucket is empty."""
-        if not self.admit_requests(1):
+        if not self.try_admit():
             raise self.over_rate()
+
+    def try_admit(self) -> bool:
+        """Spend one request of max_request_rate: True when the bucket allowed it."""
+        bucket = self._bucket()
+        return bucket is None or bucket.take()
+
+    def refund(self) -> None:
+        """Give back one request taken by :meth:`try_admit` (it did not run after all)."""
+        bucket = self._bucket()
+        if bucket is not None:
+            bucket.give_back(1)
 
     def admit_requests(self, count: int) -> int:
         """Spend up to ``count`` requests of max_request_rate (the launches of a batch,
         each counted as the request it stands for); how many the bucket allowed."""
-        quotas = self.quotas
-        if quotas.max_request_rate is None:
-            return count
-        state = self._state
-        wanted = (quotas.max_request_rate, quotas.max_request_burst)
-        if state.bucket is None or state.bucket_for != wanted:
-            state.bucket = TokenBucket(quotas.max_request_rate, quotas.max_request_burst)
-            state.bucket_for = wanted
-        return state.bucket.take_up_to(count)
+        bucket = self._bucket()
+        return count if bucket is None else bucket.take_up_to(count)
+
+    def refill_seconds(self) -> float:
+        """How long a connection refused by max_request_rate waits before it runs
+        requests again (``hipr.worker.fairness.throttle_seconds``); 0 when unlimited."""
+        bucket = self._bucket()
+        if bucket is None:
+            return 0.0
+        return throttle_seconds(bucket.rate, 1.0 - bucket.tokens())
 
     def over_rate(self, what: str = "") -> QuotaError:
         """The max_request_rate refusal (``what``: which part of a request it refused)."""

@@ -42,6 +42,7 @@ from hipr.worker.admission import (
 from hipr.worker.config import ConfigError, WorkerConfig, load_config, spin_seconds
 from hipr.worker.connection import WorkerConnection
 from hipr.worker.deadline import EXIT_MARGIN, ShutdownDeadline, exit_now
+from hipr.worker.fairness import FairScheduler
 from hipr.worker.isolation import (
     ChildLink,
     ChildStatus,
@@ -86,6 +87,8 @@ class Worker:
         self.sessions: dict[str, Session] = {}
         self.tenants = load_tenants(config.tenants_file)
         self._tenant_state: dict[str, TenantState] = {}
+        #: Turns between connections that flood the loop (``hipr.worker.fairness``).
+        self.fair = FairScheduler()
         self.handshake_timeout = config.handshake_timeout
         #: Unfinished handshakes, capped in all and per source (hipr.worker.admission).
         self.admission = Admission(

@@ -2,7 +2,10 @@
 
 The tenants file holds token *hashes* only (SHA-256, hex): a leaked file grants nothing.
 Tokens are compared by hash in constant time. Every quota is optional; a tenant with
-none set is bounded only by the worker's own limits.
+none set is bounded only by the worker's own limits, and by the default
+``max_request_rate`` (:data:`DEFAULT_MAX_REQUEST_RATE`, far above any client's pace:
+``inf`` lifts it). ``weight`` is the tenant's share of the worker's event loop against
+other tenants while several flood it (``hipr.worker.fairness``).
 
 ```toml
 [tenants.alice]
@@ -18,9 +21,11 @@ max_modules = 32
 max_graphs = 32
 max_request_rate = 2000                     # requests per second, token bucket ...
 max_request_burst = 4000                    # ... with this burst (default: 2 s worth)
-max_inflight_bytes = "256MiB"
+                                            # (default rate 1000000; inf: unlimited)
+max_inflight_bytes = "256MiB"               # each frame counts for at least 1 KiB
 max_frame_bytes = "64MiB"
 max_kernel_seconds = 600                    # GPU work running longer is stopped
+weight = 1.0                                # share of the loop while tenants contend
 ```
 """
 
@@ -41,6 +46,15 @@ from hipr.errors import AuthError
 from hipr.worker.config import ConfigError, parse_size
 
 ANONYMOUS = "anonymous"
+#: Requests per second a tenant may send when its table sets no max_request_rate: a
+#: backstop against a runaway client, not a pace any client reaches (the fastest
+#: measured, fire-and-forget 4 B copies batched by the client, run at ~100-260k/s, each
+#: piece counted as a request). Fair service between tenants comes from the worker's
+#: turns (``hipr.worker.fairness``), not from this rate.
+DEFAULT_MAX_REQUEST_RATE = 1_000_000.0
+#: Largest ``weight``: a slice 100 times the default (100 ms of loop) already makes the
+#: other tenants wait that long for a turn.
+MAX_WEIGHT = 100.0
 TOKEN_PREFIX = "hipr_"
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -66,7 +80,8 @@ class Quotas:
     max_events: int | None = None
     max_modules: int | None = None
     max_graphs: int | None = None
-    max_request_rate: float | None = None
+    #: Requests per second (token bucket); None or ``inf``: unlimited.
+    max_request_rate: float | None = DEFAULT_MAX_REQUEST_RATE
     max_request_burst: float | None = None
     max_inflight_bytes: int | None = None
     max_frame_bytes: int | None = None
@@ -74,10 +89,15 @@ class Quotas:
     #: kernel, or kernels queued back to back): past it the work is stopped by tearing
     #: down its context, and the session ends with a RunawayKernelError naming this quota.
     max_kernel_seconds: float | None = None
+    #: The tenant's share of the event loop against other busy tenants (its slice's
+    #: length, relative to a tenant of weight 1). Not a limit: alone, a tenant gets it all.
+    weight: float = 1.0
 
 
 _SIZE_QUOTAS = {"max_device_memory", "max_inflight_bytes", "max_frame_bytes"}
-_FLOAT_QUOTAS = {"max_request_rate", "max_request_burst", "max_kernel_seconds"}
+_FLOAT_QUOTAS = {"max_request_rate", "max_request_burst", "max_kernel_seconds", "weight"}
+#: Quotas that may be ``inf`` (TOML's infinity): no limit.
+_INFINITE_OK = {"max_request_rate", "max_request_burst"}
 _QUOTA_KEYS = {f.name for f in fields(Quotas)}
 
 
@@ -179,8 +199,14 @@ def _quota(path: Path, key: str, name: str, value: Any) -> int | float:
                 raise ValueError(f"expected a whole number, got {value!r}")
     except ValueError as exc:
         raise _fail(path, key, str(exc)) from None
-    if number <= 0:
+    if number <= 0 or number != number:
         raise _fail(path, key, f"must be positive, got {value!r}")
+    if number == float("inf") and name not in _INFINITE_OK:
+        raise _fail(path, key, f"must be finite, got {value!r}")
+    if name == "weight" and number > MAX_WEIGHT:
+        raise _fail(
+            path, key, f"at most {MAX_WEIGHT:g} (a slice that long is a stall), got {value!r}"
+        )
     return number
 
 
@@ -262,8 +288,26 @@ class TokenBucket:
         self._stamp = time.monotonic()
 
     def take(self) -> bool:
-        """Spend one token; False when the bucket is empty."""
-        return self.take_up_to(1) == 1
+        """Spend one token; False when the bucket is empty. (:meth:`take_up_to` for one,
+        written out: every request of a tenant with a rate pays it.)"""
+        now = time.monotonic()
+        tokens = self._tokens + (now - self._stamp) * self.rate
+        if tokens > self.burst:
+            tokens = self.burst
+        self._stamp = now
+        if tokens >= 1.0:
+            self._tokens = tokens - 1.0
+            return True
+        self._tokens = tokens
+        return False
+
+    def give_back(self, count: int) -> None:
+        """Return ``count`` tokens taken for requests that did not run after all."""
+        self._tokens = min(self.burst, self._tokens + count)
+
+    def tokens(self) -> float:
+        """The tokens in the bucket now."""
+        return min(self.burst, self._tokens + (time.monotonic() - self._stamp) * self.rate)
 
     def take_up_to(self, count: int) -> int:
         """Spend as many of ``count`` whole tokens as the bucket holds; how many."""
