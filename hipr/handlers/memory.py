@@ -56,6 +56,10 @@ async def free(session: Session, request: Request) -> Any:
     """``{ptr}``: free an allocation of this session (its start address)."""
     ptr = request.args.address("ptr")
     allocation = session.allocations.remove(ptr)
+    if session.keeps_for_graphs(ptr):
+        # A graph may still write it: held, out of reach, until that graph is gone.
+        session.allocations.retire(allocation)
+        return {}
     try:
         await session.gpu(session._free_on, allocation)
     except Exception:
