@@ -596,7 +596,8 @@ def tame_launch(rng: random.Random, args: Any, t: Targets) -> Any:
     """``args`` of a kernel request with whatever would run made safe (see
     :attr:`Targets.kernel_faults`), the rest left as fuzzed: a function other than the
     session's known one becomes a handle that never exists; argument buffers become
-    in-bounds ones; every pointer offset is checked by the worker; a huge grid shrinks.
+    in-bounds ones; every pointer offset is checked by the worker; a huge grid shrinks;
+    a kernel that indexes dynamic shared memory by thread gets enough of it.
     Malformed fields stay malformed (the worker refuses them before any kernel runs)."""
     if not isinstance(args, dict):
         return args
@@ -612,15 +613,32 @@ def tame_launch(rng: random.Random, args: Any, t: Targets) -> Any:
     listed = args.get("ptrs", [])
     if isinstance(listed, list) and all(isinstance(p, int) for p in listed):
         args["ptrs"] = sorted(set(ptrs) | set(listed))
-    grid = args.get("grid")
-    dims = grid if isinstance(grid, list) else [grid]
-    if all(isinstance(d, int) and not isinstance(d, bool) for d in dims) and dims:
-        blocks = 1
-        for d in dims:
-            blocks *= max(d, 1)
-        if blocks > TAME_MAX_BLOCKS:
-            args["grid"] = [rng.randrange(1, 8)]
+    blocks = _product(args.get("grid"))
+    if blocks is not None and blocks > TAME_MAX_BLOCKS:
+        args["grid"] = [rng.randrange(1, 8)]
+    threads = _product(args.get("block"))
+    need = SHARED_BYTES_PER_THREAD.get(t.kernel, 0) * (threads or 0)
+    shared = args.get("shared_mem", 0)
+    if need and isinstance(shared, int) and 0 <= shared < need:
+        # Too little of the dynamic shared memory it indexes by thread: a fault.
+        args["shared_mem"] = need
     return args
+
+
+#: Dynamic shared memory a built-in kernel indexes by thread (bytes per thread of a
+#: block): launched with less, it writes past its shared memory and faults.
+SHARED_BYTES_PER_THREAD = {"reduce_sum_f32": 4}
+
+
+def _product(dims: Any) -> int | None:
+    """The product of a geometry given as an int or a list of ints (None otherwise)."""
+    values = dims if isinstance(dims, list) else [dims]
+    if not values or not all(isinstance(d, int) and not isinstance(d, bool) for d in values):
+        return None
+    product = 1
+    for d in values:
+        product *= max(d, 1)
+    return product
 
 
 def without_kernels(frame: Callable[[], FuzzFrame]) -> FuzzFrame:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +40,44 @@ CREATORS: dict[str, tuple[str, str]] = {
     "stream_end_capture": ("graph", "STREAM_END_CAPTURE (or a session's teardown)"),
     "graph_instantiate": ("graph exec", "GRAPH_INSTANTIATE"),
 }
+#: Runtime results that poison a context (illegal address, launch failure: the same
+#: numbers in CUresult and hipError_t): the trace keeps the calls that led up to one.
+STICKY_CODES = frozenset({700, 719})
+#: Every backend call the journal records (the Backend interface and the batch copy).
+JOURNALED: tuple[str, ...] = (
+    "synchronize",
+    "malloc",
+    "free",
+    "memcpy_htod",
+    "memcpy_htod_many",
+    "memcpy_dtoh",
+    "memcpy_dtod",
+    "memset",
+    "stream_create",
+    "stream_destroy",
+    "stream_synchronize",
+    "stream_wait_event",
+    "event_create",
+    "event_destroy",
+    "event_record",
+    "event_synchronize",
+    "module_load",
+    "module_unload",
+    "module_get_function",
+    "launch",
+    "launcher",
+    "stream_begin_capture",
+    "stream_end_capture",
+    "graph_create",
+    "graph_destroy",
+    "graph_add_memset",
+    "graph_add_memcpy",
+    "graph_add_kernel",
+    "graph_instantiate",
+    "graph_launch",
+    "graph_exec_destroy",
+)
+
 #: Backend calls that give an object back.
 RELEASERS: tuple[str, ...] = (
     "free",
@@ -97,6 +135,10 @@ class LeakTrace:
     #: What the ledger and the runtime held at :meth:`mark_baseline`.
     baseline_keys: set[int] = field(default_factory=set)
     baseline_books: dict[str, int] = field(default_factory=dict)
+    #: The last backend calls, and a copy of them taken when a sticky fault first showed.
+    journal: deque[str] = field(default_factory=lambda: deque(maxlen=2000))
+    before_fault: list[str] = field(default_factory=list)
+    _names: dict[int, str] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _backend: Any = None
 
@@ -106,6 +148,9 @@ class LeakTrace:
         """Trace ``backend`` (a GpuBackend) from now on."""
         trace = cls()
         trace._backend = backend
+        for method in JOURNALED:
+            if getattr(backend, method, None) is not None:
+                trace._wrap_journal(backend, method)
         for method in CREATORS:
             trace._wrap_creator(backend, method)
         for method in RELEASERS:
@@ -121,6 +166,29 @@ class LeakTrace:
 
     def _now(self) -> float:
         return time.monotonic() - self.started
+
+    def _wrap_journal(self, backend: Any, method: str) -> None:
+        inner = getattr(backend, method)
+        names = self._names
+
+        def journaled(*args: Any) -> Any:
+            try:
+                result = inner(*args)
+            except Exception as exc:
+                self._log(method, args, f"-> {_error_name(exc)[:60]}")
+                raise
+            if method == "module_get_function" and len(args) > 1:
+                names[_key(result)] = str(args[1])
+            self._log(method, args, "")
+            return result
+
+        journaled.__name__ = inner.__name__
+        setattr(backend, method, journaled)
+
+    def _log(self, method: str, args: tuple[Any, ...], outcome: str) -> None:
+        shown = ", ".join(_brief(a, self._names) for a in args)
+        thread = threading.current_thread().name.removeprefix("hipr-gpu-")[:8]
+        self.journal.append(f"{self._now():9.4f} {thread:8} {method}({shown}) {outcome}")
 
     def _wrap_creator(self, backend: Any, method: str) -> None:
         inner = getattr(backend, method)
@@ -182,6 +250,8 @@ class LeakTrace:
                 key = f"{fn}: {code}"
                 self.runtime_errors[key] += 1
                 self.first_error_at.setdefault(str(code), self._now())
+                if code in STICKY_CODES and not self.before_fault:
+                    self.before_fault = [*self.journal, f"{self._now():9.4f} first {key}"]
 
         def traced_call(fn: str, *args: Any) -> Any:
             try:
@@ -272,12 +342,39 @@ class LeakTrace:
                 lines.append(f"runtime errors by call: {top}")
                 firsts = {k: round(v, 3) for k, v in sorted(self.first_error_at.items())}
                 lines.append(f"first seen (s from start), by code: {firsts}")
+        if self.before_fault:
+            lines.append("the backend calls before the first sticky fault (newest last):")
+            lines += [f"  | {entry}" for entry in self.before_fault[-400:]]
         leaked = self.leaked()
         lines.append(f"objects the backend still holds: {len(leaked)}")
         lines += [f"  {line}" for line in leaked[:limit]]
         if len(leaked) > limit:
             lines.append(f"  ... and {len(leaked) - limit} more")
         return lines
+
+
+def _key(handle: Any) -> int:
+    """A runtime handle as a number (function handles of both bindings)."""
+    try:
+        return int(handle)
+    except (TypeError, ValueError):
+        return id(handle)
+
+
+def _brief(value: Any, names: dict[int, str]) -> str:
+    """One argument of a journaled call, short: byte strings by size (launch arguments,
+    at most 64 bytes, in hex), functions by name, handles by type and id."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        data = bytes(value) if len(value) <= 64 else b""
+        return data.hex() if data else f"<{len(value)} bytes>"
+    if isinstance(value, int | float | str | type(None)):
+        return hex(value) if isinstance(value, int) and value > 4096 else repr(value)
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(_brief(v, names) for v in list(value)[:4]) + "]"
+    name = names.get(_key(value)) if not hasattr(value, "device") else None
+    if name is not None:
+        return name
+    return f"{type(value).__name__}@{id(value) & 0xFFFFFF:06x}"
 
 
 def _error_name(exc: BaseException) -> str:
