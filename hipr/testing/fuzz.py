@@ -604,22 +604,26 @@ def tame_launch(rng: random.Random, args: Any, t: Targets) -> Any:
     args = dict(args)
     if args.get("function") != t.function:
         args["function"] = 2**64 - 1
+    # A null or absent field is read as its default (no arguments, no pointer checked,
+    # no shared memory), so it is tamed as that default would be.
     data, ptrs = _tame_buffer(rng, t)
-    buffers = args.get("args", b"")
-    if isinstance(buffers, bytes):
+    buffers = args.get("args")
+    if buffers is None or isinstance(buffers, bytes):
         args["args"] = data
     elif isinstance(buffers, list) and all(isinstance(b, bytes) for b in buffers):
         args["args"] = [_tame_buffer(rng, t)[0] for _ in buffers]
-    listed = args.get("ptrs", [])
-    if isinstance(listed, list) and all(isinstance(p, int) for p in listed):
+    listed = args.get("ptrs")
+    if listed is None:
+        args["ptrs"] = ptrs
+    elif isinstance(listed, list) and all(isinstance(p, int) for p in listed):
         args["ptrs"] = sorted(set(ptrs) | set(listed))
     blocks = _product(args.get("grid"))
     if blocks is not None and blocks > TAME_MAX_BLOCKS:
         args["grid"] = [rng.randrange(1, 8)]
     threads = _product(args.get("block"))
     need = SHARED_BYTES_PER_THREAD.get(t.kernel, 0) * (threads or 0)
-    shared = args.get("shared_mem", 0)
-    if need and isinstance(shared, int) and 0 <= shared < need:
+    shared = args.get("shared_mem")
+    if need and (shared is None or (type(shared) is int and 0 <= shared < need)):
         # Too little of the dynamic shared memory it indexes by thread: a fault.
         args["shared_mem"] = need
     return args
