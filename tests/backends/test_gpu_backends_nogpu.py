@@ -1098,6 +1098,13 @@ def _common_handlers(
         args = _read_extra(extra, end)
         if gpu.strict_param_size and len(args) > gpu.param_space(_addr(f)):
             raise _Fail(701)  # what CUDA answers to bytes past the last parameter
+        if gpu.functions.get(_addr(f)) == "reduce_sum_f32" and shared < 4 * bx:
+
+            def past_shared_memory() -> None:  # it indexes 4 bytes a thread of it
+                raise _Fail(700)
+
+            gpu.enqueue(s, past_shared_memory)
+            return
         gpu.enqueue(s, gpu.kernel(_addr(f), args))
 
     def begin_capture(s: Any, mode: Any) -> None:
