@@ -53,7 +53,9 @@ async def malloc(session: Session, request: Request) -> Any:
 
 @handler(Opcode.FREE, fire_and_forget=True)
 async def free(session: Session, request: Request) -> Any:
-    """``{ptr}``: free an allocation of this session (its start address)."""
+    """``{ptr}``: free an allocation of this session (its start address). While a graph
+    of the session may still write it (or a capture runs), the memory stays held and
+    counted until that graph and its instantiations are destroyed or the session ends."""
     ptr = request.args.address("ptr")
     allocation = session.allocations.remove(ptr)
     if session.keeps_for_graphs(ptr):
