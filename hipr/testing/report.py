@@ -349,7 +349,8 @@ def _main_soak(args: argparse.Namespace, argv: list[str] | None) -> int:
 def main_fuzz(argv: list[str] | None = None) -> int:
     """``scripts/fuzz``: fuzz a fresh worker for ``--minutes``; 0 when every oracle held."""
     parser = argparse.ArgumentParser(
-        prog="scripts/fuzz", description="Fuzz a worker (emulator backend) for a while."
+        prog="scripts/fuzz",
+        description="Fuzz a worker (the emulator, or a GPU backend) for a while.",
     )
     parser.add_argument("--minutes", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
