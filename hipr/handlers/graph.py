@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -10,6 +11,7 @@ from hipr.handlers.context import Request, or_restore, run_ordered
 from hipr.handlers.module import launch_arguments
 from hipr.handlers.registry import handler
 from hipr.protocol.opcodes import Opcode, OpcodeRange
+from hipr.worker.graph_memory import GraphKey
 from hipr.worker.resources import GraphEntry, GraphNodeEntry
 from hipr.worker.session import Session
 
@@ -46,13 +48,38 @@ async def graph_create(session: Session, request: Request) -> Any:
     return {"graph": session.graphs.add(GraphEntry(graph, []))}
 
 
+def _destroying(
+    session: Session, key: GraphKey, destroy: Callable[[Any], None], *restores: Callable[[], None]
+) -> Callable[[Any], None]:
+    """The GPU-thread call that destroys graph or executable graph ``key`` (``destroy``)
+    and then frees the allocations the client freed while it might write them, which
+    nothing else may write now. Refused by the runtime, it undoes everything:
+    ``restores`` put the handles back, and what the graph writes stays held."""
+    uses = session.graph_memory.forget(key)
+    freed = session.collect_retired()
+    undo = or_restore(
+        destroy,
+        *restores,
+        partial(session.graph_memory.restore, key, uses),
+        *(partial(session.allocations.retire, allocation) for allocation in freed),
+    )
+
+    def call(handle: Any) -> None:
+        undo(handle)
+        session.free_retired(freed)
+
+    return call
+
+
 @handler(Opcode.GRAPH_DESTROY, fire_and_forget=True)
 async def graph_destroy(session: Session, request: Request) -> Any:
     """``{graph}``: destroy a graph; its instantiations live on."""
     graph_id, _ = _graph(session, request)
     entry = session.graphs.pop(graph_id)
     nodes = [(node_id, session.graph_nodes.pop(node_id)) for node_id in entry.node_ids]
-    destroy = or_restore(
+    destroy = _destroying(
+        session,
+        ("graph", graph_id),
         session.backend.graph_destroy,
         partial(session.graphs.restore, graph_id, entry),
         *(partial(session.graph_nodes.restore, i, node) for i, node in nodes),
@@ -69,7 +96,8 @@ async def graph_add_memset(session: Session, request: Request) -> Any:
     ptr = request.args.address("ptr")
     value = request.args.integer("value", high=255)
     size = request.args.size("size")
-    session.check_range(ptr, size, "memset range")
+    target = session.check_range(ptr, size, "memset range")
+    session.graph_memory.add(("graph", graph_id), [target.base])
     node = await session.gpu(session.backend.graph_add_memset, entry.handle, deps, ptr, value, size)
     return _add_node(session, graph_id, entry, node)
 
@@ -82,8 +110,9 @@ async def graph_add_memcpy(session: Session, request: Request) -> Any:
     dst = request.args.address("dst")
     src = request.args.address("src")
     size = request.args.size("size")
-    session.check_range(dst, size, "destination")
-    session.check_range(src, size, "source")
+    target = session.check_range(dst, size, "destination")
+    source = session.check_range(src, size, "source")
+    session.graph_memory.add(("graph", graph_id), [target.base, source.base])
     node = await session.gpu(session.backend.graph_add_memcpy, entry.handle, deps, dst, src, size)
     return _add_node(session, graph_id, entry, node)
 
@@ -94,6 +123,8 @@ async def graph_add_kernel(session: Session, request: Request) -> Any:
     graph_id, entry = _graph(session, request)
     deps = _dependencies(session, request, graph_id)
     function, grid, block, shared_mem, data = launch_arguments(session, request.args)
+    # Its arguments may carry pointers never declared as such: any allocation may be one.
+    session.graph_memory.add(("graph", graph_id), session.graph_bases())
     node = await session.gpu(
         session.backend.graph_add_kernel,
         entry.handle,
@@ -110,9 +141,11 @@ async def graph_add_kernel(session: Session, request: Request) -> Any:
 @handler(Opcode.GRAPH_INSTANTIATE)
 async def graph_instantiate(session: Session, request: Request) -> Any:
     """``{graph}`` -> ``{exec}``: an executable graph."""
-    _, entry = _graph(session, request)
+    graph_id, entry = _graph(session, request)
     exe = await session.gpu_create(session.backend.graph_instantiate, entry.handle)
-    return {"exec": session.graph_execs.add(exe)}
+    exec_id = session.graph_execs.add(exe)
+    session.graph_memory.instantiate(graph_id, exec_id)
+    return {"exec": exec_id}
 
 
 @handler(Opcode.GRAPH_LAUNCH, fire_and_forget=True)
@@ -132,8 +165,11 @@ async def graph_exec_destroy(session: Session, request: Request) -> Any:
     exec_id = request.args.handle("exec")
     assert exec_id is not None
     exe = session.graph_execs.pop(exec_id)
-    destroy = or_restore(
-        session.backend.graph_exec_destroy, partial(session.graph_execs.restore, exec_id, exe)
+    destroy = _destroying(
+        session,
+        ("exec", exec_id),
+        session.backend.graph_exec_destroy,
+        partial(session.graph_execs.restore, exec_id, exe),
     )
     await run_ordered(session, request, destroy, exe)
     return {}

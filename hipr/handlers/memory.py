@@ -55,11 +55,17 @@ async def malloc(session: Session, request: Request) -> Any:
 @handler(Opcode.FREE, fire_and_forget=True)
 async def free(session: Session, request: Request) -> Any:
     """``{ptr}``: free an allocation of this session (its start address). The null
-    pointer is freed as a no-op, as ``hipFree(nullptr)`` is."""
+    pointer is freed as a no-op, as ``hipFree(nullptr)`` is. While a graph of the
+    session may still write it (or a capture runs), the memory stays held and counted
+    until that graph and its instantiations are destroyed or the session ends."""
     ptr = request.args.address("ptr")
     if ptr == 0:
         return {}
     allocation = session.allocations.remove(ptr)
+    if session.keeps_for_graphs(ptr):
+        # A graph may still write it: held, out of reach, until that graph is gone.
+        session.allocations.retire(allocation)
+        return {}
     try:
         await session.gpu(session._free_on, allocation)
     except Exception:

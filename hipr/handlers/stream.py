@@ -127,5 +127,15 @@ async def stream_end_capture(session: Session, request: Request) -> Any:
     if stream_id not in session.capturing_streams:
         raise HipError(HipErrorCode.hipErrorIllegalState, "the stream is not capturing")
     session.capturing_streams.discard(stream_id)
-    graph = await session.gpu_create(session.backend.stream_end_capture, stream)
-    return {"graph": session.graphs.add(GraphEntry(graph, []))}
+    try:
+        graph = await session.gpu_create(session.backend.stream_end_capture, stream)
+    except HipError:
+        # Nothing was captured: what was freed during the capture may go now.
+        freed = session.collect_retired()
+        if freed:
+            await session.gpu(session.free_retired, freed)
+        raise
+    graph_id = session.graphs.add(GraphEntry(graph, []))
+    # Any allocation the session had, or freed, during the capture may have been recorded.
+    session.graph_memory.add(("graph", graph_id), session.graph_bases())
+    return {"graph": graph_id}

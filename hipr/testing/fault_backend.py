@@ -84,6 +84,13 @@ RELEASE_METHODS: frozenset[str] = frozenset(
     }
 )
 
+#: Optional hooks of the wrapped backend that the wrapper passes on untouched: a
+#: session's teardown (its thread's default streams) and the pinned payload buffers. They
+#: are not calls a client's request makes, so they are no injection point.
+FORWARDED: frozenset[str] = frozenset(
+    {"release_thread", "reserve_payload_buffers", "payload_buffer", "payload_buffer_figures"}
+)
+
 #: Errors a real runtime returns under pressure or misuse.
 DEFAULT_CODES: tuple[HipErrorCode, ...] = (
     HipErrorCode.hipErrorOutOfMemory,
@@ -418,6 +425,17 @@ class FaultBackend:
     def graph_exec_destroy(self, graph_exec: Handle) -> None:
         """See :meth:`Backend.graph_exec_destroy`."""
         self._call("graph_exec_destroy", self.inner.graph_exec_destroy, graph_exec)
+
+    # --- what the wrapped backend has beyond the interface ----------------------------------
+    def __getattr__(self, name: str) -> Any:
+        """The wrapped backend's optional teardown and payload hooks (:data:`FORWARDED`),
+        where it has them: without ``release_thread`` a GPU backend's sessions would
+        leave their threads' default streams behind. Nothing that runs GPU work is
+        forwarded (``run_in_lane``, ``launcher``, ...): every such call goes through
+        the injection point."""
+        if name in FORWARDED and "inner" in self.__dict__:
+            return getattr(self.inner, name)
+        raise AttributeError(name)
 
     # --- accounting (never fails) ----------------------------------------------------------
     def stats(self) -> BackendStats:

@@ -17,10 +17,19 @@ import anyio
 import numpy as np
 
 import hipr
+from hipr.backends.base import Backend
 from hipr.backends.emulator import EmulatorBackend
 from hipr.errors import HipError
 from hipr.testing.fault_backend import FaultBackend, InjectedCrash
-from hipr.testing.harness import LogWatch, leaks, wait_for_no_sessions, warm_up
+from hipr.testing.harness import (
+    DeviceMemory,
+    LogWatch,
+    device_memory_used,
+    leaks,
+    wait_for_no_sessions,
+    warm_up,
+)
+from hipr.testing.leak_trace import LeakTrace
 from hipr.worker.config import WorkerConfig
 from hipr.worker.server import running_worker
 
@@ -58,6 +67,9 @@ class FaultReport:
     crashes: list[str] = field(default_factory=list)
     leaks: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    memory: DeviceMemory = field(default_factory=DeviceMemory)
+    #: The leak trace's findings (``trace=True``): who made what is still held.
+    trace: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -209,10 +221,19 @@ async def _session(
             done[0] += 1
 
 
-async def run_fault_campaign(options: FaultOptions, watch: LogWatch | None = None) -> FaultReport:
-    """Start a worker over a failing backend, run the sessions, check the oracles."""
+async def run_fault_campaign(
+    options: FaultOptions,
+    watch: LogWatch | None = None,
+    inner: Backend | None = None,
+    *,
+    trace: bool = False,
+) -> FaultReport:
+    """Start a worker over a failing backend (``inner``, by default an emulator, wrapped
+    in a :class:`FaultBackend`), run the sessions, check the oracles. ``trace`` installs
+    a :class:`~hipr.testing.leak_trace.LeakTrace` on a GPU backend."""
     report = FaultReport()
-    inner = EmulatorBackend(device_count=1, total_memory=1 << 30)
+    inner = inner or EmulatorBackend(device_count=1, total_memory=1 << 30)
+    tracer = LeakTrace.install(inner) if trace and hasattr(inner, "_ledger") else None
     backend = FaultBackend(
         inner,
         seed=options.seed,
@@ -227,9 +248,13 @@ async def run_fault_campaign(options: FaultOptions, watch: LogWatch | None = Non
         try:
             async with running_worker(config, backend, [options.listen]) as worker:
                 url = worker.bound_urls[0]
+                report.memory.start = await device_memory_used(inner)
                 await warm_up(url)
                 await wait_for_no_sessions(worker)
                 baseline = backend.stats()
+                if tracer is not None:
+                    tracer.mark_baseline()
+                report.memory.baseline = await device_memory_used(inner)
                 backend.enabled = True
                 done = [0]
                 release = anyio.Event()
@@ -248,6 +273,9 @@ async def run_fault_campaign(options: FaultOptions, watch: LogWatch | None = Non
                 if not await wait_for_no_sessions(worker):
                     report.hangs.append("sessions still open 10 s after the clients left")
                 report.leaks = leaks(backend, worker, baseline)
+                report.memory.end = await device_memory_used(inner)
+                if tracer is not None:
+                    report.trace = tracer.report()
         except Exception as exc:
             report.crashes.append(f"worker serve task died: {exc!r}")
     report.crashes += [f"{c.event}: {c.error}" for c in watch.crashes]

@@ -145,6 +145,14 @@ class Targets:
     size2: int = 4096
     #: A device that SET_DEVICE never names (another client's, kept free of faults).
     reserved_device: int | None = None
+    #: False: every kernel the frames could run stays inside the session's allocation
+    #: (:func:`tame_launch`). On a real GPU a kernel's stray write lands in whatever
+    #: memory is there, another client's included, and a fault poisons the context of
+    #: every session on the device: neither is the worker's to check, so a campaign
+    #: that shares a GPU with its well-behaved client keeps them out.
+    kernel_faults: bool = True
+    #: The built-in kernel that ``function`` names (its arguments' layout, for taming).
+    kernel: str = "fill_f32"
 
 
 @dataclass(slots=True)
@@ -541,6 +549,8 @@ def structured_frame(rng: random.Random, t: Targets, ids: IdSource) -> FuzzFrame
         and args.get("device") == t.reserved_device
     ):
         args["device"] = 0
+    if not t.kernel_faults and opcode in KERNEL_OPCODES:
+        args = tame_launch(rng, args, t)
     version = PROTOCOL_VERSION
     if rng.random() < 0.03:
         version = rng.randrange(0, 0x10000)
@@ -553,6 +563,95 @@ def structured_frame(rng: random.Random, t: Targets, ids: IdSource) -> FuzzFrame
         version=version,
         note="structured",
     )
+
+
+#: Requests that run a kernel (or put one in a graph that a later request runs).
+KERNEL_OPCODES = frozenset({Opcode.LAUNCH_KERNEL, Opcode.LAUNCH_KERNELS, Opcode.GRAPH_ADD_KERNEL})
+#: Grid blocks a tamed launch keeps: a grid-stride kernel over a few KiB needs no more,
+#: and billions of blocks would hold the device for seconds.
+TAME_MAX_BLOCKS = 1 << 12
+
+
+def _tame_buffer(rng: random.Random, t: Targets) -> tuple[bytes, list[int]]:
+    """Arguments of ``t.kernel`` whose every access lies in ``[t.ptr, t.ptr + t.size)``:
+    its pointers all ``t.ptr``, its count at most the allocation's floats. With the
+    offsets of its pointers."""
+    n = rng.choice((0, 1, t.size // 4))
+    data, ptrs = bytearray(), []
+    for kind in BUILTINS[t.kernel].arg_kinds:
+        width = 24 if kind == "probe_struct" else 8 if kind in ("ptr", "u64", "f64") else 4
+        while len(data) % min(width, 8):
+            data.append(0)
+        if kind == "ptr":
+            ptrs.append(len(data))
+            data += t.ptr.to_bytes(8, "little")
+        elif kind == "u64":
+            data += n.to_bytes(8, "little")
+        else:
+            data += rng.randbytes(width)
+    return bytes(data), ptrs
+
+
+def tame_launch(rng: random.Random, args: Any, t: Targets) -> Any:
+    """``args`` of a kernel request with whatever would run made safe (see
+    :attr:`Targets.kernel_faults`), the rest left as fuzzed: a function other than the
+    session's known one becomes a handle that never exists; argument buffers become
+    in-bounds ones; every pointer offset is checked by the worker; a huge grid shrinks;
+    a kernel that indexes dynamic shared memory by thread gets enough of it.
+    Malformed fields stay malformed (the worker refuses them before any kernel runs)."""
+    if not isinstance(args, dict):
+        return args
+    args = dict(args)
+    if args.get("function") != t.function:
+        args["function"] = 2**64 - 1
+    # A null or absent field is read as its default (no arguments, no pointer checked,
+    # no shared memory), so it is tamed as that default would be.
+    data, ptrs = _tame_buffer(rng, t)
+    buffers = args.get("args")
+    if buffers is None or isinstance(buffers, bytes):
+        args["args"] = data
+    elif isinstance(buffers, list) and all(isinstance(b, bytes) for b in buffers):
+        args["args"] = [_tame_buffer(rng, t)[0] for _ in buffers]
+    listed = args.get("ptrs")
+    if listed is None:
+        args["ptrs"] = ptrs
+    elif isinstance(listed, list) and all(isinstance(p, int) for p in listed):
+        args["ptrs"] = sorted(set(ptrs) | set(listed))
+    blocks = _product(args.get("grid"))
+    if blocks is not None and blocks > TAME_MAX_BLOCKS:
+        args["grid"] = [rng.randrange(1, 8)]
+    threads = _product(args.get("block"))
+    need = SHARED_BYTES_PER_THREAD.get(t.kernel, 0) * (threads or 0)
+    shared = args.get("shared_mem")
+    if need and (shared is None or (type(shared) is int and 0 <= shared < need)):
+        # Too little of the dynamic shared memory it indexes by thread: a fault.
+        args["shared_mem"] = need
+    return args
+
+
+#: Dynamic shared memory a built-in kernel indexes by thread (bytes per thread of a
+#: block): launched with less, it writes past its shared memory and faults.
+SHARED_BYTES_PER_THREAD = {"reduce_sum_f32": 4}
+
+
+def _product(dims: Any) -> int | None:
+    """The product of a geometry given as an int or a list of ints (None otherwise)."""
+    values = dims if isinstance(dims, list) else [dims]
+    if not values or not all(isinstance(d, int) and not isinstance(d, bool) for d in values):
+        return None
+    product = 1
+    for d in values:
+        product *= max(d, 1)
+    return product
+
+
+def without_kernels(frame: Callable[[], FuzzFrame]) -> FuzzFrame:
+    """``frame()`` again until it makes no kernel request: for frames whose bytes are
+    damaged after the fact, where a flipped bit could turn a tamed count into a wild one."""
+    while True:
+        made = frame()
+        if made.opcode not in KERNEL_OPCODES:
+            return made
 
 
 def nasty_cbor_frame(rng: random.Random, ids: IdSource) -> FuzzFrame:

@@ -54,20 +54,24 @@ from hipr.testing.fuzz import (
     nasty_cbor_frame,
     random_frames,
     structured_frame,
+    without_kernels,
 )
 from hipr.testing.harness import (
+    DeviceMemory,
     LogWatch,
+    device_memory_used,
     leaks,
     raw_connect,
     wait_for_no_sessions,
     warm_up,
     write_tenants,
 )
+from hipr.testing.leak_trace import LeakTrace
 from hipr.worker.config import WorkerConfig
 from hipr.worker.server import running_worker
 
-#: The device of the well-behaved client; fuzz sessions stay on the others.
-GOOD_DEVICE = 1
+#: The well-behaved client's device when the worker has several and none is asked for:
+#: the last one (fuzz sessions stay on the others).
 #: The worker's frame limit during fuzzing: small, so oversized frames are cheap to send.
 FUZZ_MAX_FRAME = 1 << 20
 _LINK_ERRORS = (
@@ -102,6 +106,17 @@ class FuzzOptions:
     #: Replay: run only these connection indices (each connection's frames depend only
     #: on the seed and its index), one after another.
     only: tuple[int, ...] = ()
+    #: The well-behaved client's device; None: the worker's last. Fuzz sessions stay off
+    #: it when the worker has other devices, and share it when it has one.
+    good_device: int | None = None
+    #: Whether fuzzed kernels may write past their allocation or fault the device (see
+    #: ``Targets.kernel_faults``); None: only on the emulator, whose kernels check their
+    #: bounds and whose faults are its own. On a GPU a stray write lands in another
+    #: client's memory and a fault poisons the context of every session on the device.
+    kernel_faults: bool | None = None
+    #: Set by :func:`run_fuzz_campaign` from the worker's devices: the device that fuzz
+    #: sessions never make current (None: they share the good client's).
+    reserved_device: int | None = None
 
 
 @dataclass
@@ -121,6 +136,13 @@ class FuzzReport:
     good_verified: int = 0
     good_errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    #: The worker's devices, the good client's, and whether fuzzed kernels could fault.
+    devices: int = 0
+    good_device: int = 0
+    kernel_faults: bool = True
+    memory: DeviceMemory = field(default_factory=DeviceMemory)
+    #: The leak trace's findings (``trace=True``): who made what is still held.
+    trace: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -328,13 +350,14 @@ class FuzzCampaign:
     async def _handshake(self, rng: random.Random, link: _Link, ids: IdSource) -> Targets | None:
         """HELLO, then the resources the fuzz frames aim at."""
         size, size2 = rng.choice((16, 256, 4096, 65536)), rng.choice((16, 4096))
+        kernel = rng.choice(("fill_f32", "reduce_sum_f32"))
         setup = [
             (Opcode.HELLO, None),
             (Opcode.MALLOC, {"size": size}),
             (Opcode.MALLOC, {"size": size2}),
             (Opcode.STREAM_CREATE, None),
             (Opcode.EVENT_CREATE, None),
-            (Opcode.MODULE_BUILTIN, {"name": rng.choice(("fill_f32", "reduce_sum_f32"))}),
+            (Opcode.MODULE_BUILTIN, {"name": kernel}),
             (Opcode.GRAPH_CREATE, None),
         ]
         request_ids = [ids.take() for _ in setup]
@@ -359,7 +382,9 @@ class FuzzCampaign:
         if results[0] is None or Flags.ERROR in results[0].flags:
             return None
         t = Targets(
-            reserved_device=GOOD_DEVICE,
+            reserved_device=self.options.reserved_device,
+            kernel_faults=bool(self.options.kernel_faults),
+            kernel=kernel,
             ptr=field_of(1, "ptr", 0x1000),
             size=size,
             ptr2=field_of(2, "ptr", 0x2000),
@@ -370,6 +395,10 @@ class FuzzCampaign:
             function=field_of(5, "function", 1),
             graph=field_of(6, "graph", 1),
         )
+        if not t.kernel_faults and (field_of(5, "function", -1) < 0 or field_of(1, "ptr", -1) < 0):
+            # Without its kernel or its buffer the session could only launch blind: a
+            # function handle that never exists keeps every launch refused.
+            t.function = 2**64 - 1
         # A node and an executable graph, for the graph opcodes.
         node_id, exec_id = ids.take(), ids.take()
         data = encode_frame(
@@ -392,7 +421,10 @@ class FuzzCampaign:
 
     async def _pre_hello(self, rng: random.Random, link: _Link, ids: IdSource) -> None:
         """Abuse before (and of) the handshake, then EOF: the worker must close."""
-        t = Targets(reserved_device=GOOD_DEVICE)
+        t = Targets(
+            reserved_device=self.options.reserved_device,
+            kernel_faults=bool(self.options.kernel_faults),
+        )
         mutator = RawMutator(rng, FUZZ_MAX_FRAME)
         roll = rng.random()
         count = rng.randrange(1, 6)
@@ -537,7 +569,13 @@ class FuzzCampaign:
     ) -> None:
         """Byte-damaged frames, then EOF: the worker answers what it can and closes."""
         mutator = RawMutator(rng, FUZZ_MAX_FRAME)
-        frames = [structured_frame(rng, t, ids).data for _ in range(rng.randrange(1, 9))]
+        if t.kernel_faults:
+            frames = [structured_frame(rng, t, ids).data for _ in range(rng.randrange(1, 9))]
+        else:  # damaged bytes could turn a tamed kernel wild
+            frames = [
+                without_kernels(lambda: structured_frame(rng, t, ids)).data
+                for _ in range(rng.randrange(1, 9))
+            ]
         roll = rng.random()
         if roll < 0.6:
             i = rng.randrange(len(frames))
@@ -581,7 +619,8 @@ class FuzzCampaign:
     async def _good_session(self, gpu: Any, rng: random.Random, stop: anyio.Event) -> None:
         # A kernel fault is state of the whole device (sticky on a real GPU): the good
         # client works on a device the fuzz tenant never makes current.
-        await gpu.set_device(GOOD_DEVICE)
+        assert self.options.good_device is not None
+        await gpu.set_device(self.options.good_device)
         fill = await gpu.builtin("fill_f32")
         a, b = await gpu.malloc(1 << 16), await gpu.malloc(1 << 16)
         for _ in range(200):
@@ -615,11 +654,38 @@ class FuzzCampaign:
             self.report.good_errors.append(f"wrong result: {what}")
 
 
+def placed(options: FuzzOptions, backend: Backend) -> FuzzOptions:
+    """``options`` with the devices and kernel policy settled for ``backend``: the good
+    client on the asked device or the last one; fuzz sessions kept off it when there are
+    others; fuzzed kernels wild only on the emulator unless asked."""
+    count = backend.device_count()
+    good = count - 1 if options.good_device is None else options.good_device
+    if not 0 <= good < count:
+        raise ValueError(f"the good client's device {good} does not exist ({count} visible)")
+    kernel_faults = options.kernel_faults
+    if kernel_faults is None:
+        kernel_faults = isinstance(backend, EmulatorBackend)
+    return dataclasses.replace(
+        options,
+        good_device=good,
+        kernel_faults=kernel_faults,
+        reserved_device=good if count > 1 else None,
+    )
+
+
 async def run_fuzz_campaign(
-    options: FuzzOptions, backend: Backend | None = None, watch: LogWatch | None = None
+    options: FuzzOptions,
+    backend: Backend | None = None,
+    watch: LogWatch | None = None,
+    *,
+    trace: bool = False,
 ) -> FuzzReport:
-    """Start a worker, fuzz it per ``options`` alongside a good client, check the oracles."""
+    """Start a worker, fuzz it per ``options`` alongside a good client, check the oracles.
+    ``trace`` installs a :class:`~hipr.testing.leak_trace.LeakTrace` on a GPU backend,
+    whose findings land in ``report.trace``."""
     backend = backend or EmulatorBackend(device_count=2, total_memory=256 << 20)
+    options = placed(options, backend)
+    tracer = LeakTrace.install(backend) if trace and hasattr(backend, "_ledger") else None
     watch = watch or LogWatch(echo=options.echo)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hipr-fuzz-") as tmp:
@@ -635,13 +701,20 @@ async def run_fuzz_campaign(
         if options.seconds is not None:
             campaign._deadline = started + options.seconds
         report = campaign.report
+        report.devices = backend.device_count()
+        report.good_device = options.good_device or 0
+        report.kernel_faults = bool(options.kernel_faults)
         with watch.installed():
             try:
                 async with running_worker(config, backend, [options.listen]) as worker:
                     campaign.url = worker.bound_urls[0]
+                    report.memory.start = await device_memory_used(backend)
                     await warm_up(campaign.url, tenants.good_token)
                     await wait_for_no_sessions(worker)
                     baseline = backend.stats()
+                    if tracer is not None:
+                        tracer.mark_baseline()
+                    report.memory.baseline = await device_memory_used(backend)
                     try:
                         await _drive(campaign, options)
                     except Exception as exc:  # the fuzzer's own failure, not the worker's
@@ -651,6 +724,9 @@ async def run_fuzz_campaign(
                     if not await wait_for_no_sessions(worker):
                         report.hangs.append("sessions still open 10 s after every client left")
                     report.leaks = leaks(backend, worker, baseline)
+                    report.memory.end = await device_memory_used(backend)
+                    if tracer is not None:
+                        report.trace = tracer.report()
             except Exception as exc:  # the serve task died: the worst crash of all
                 report.crashes.append(f"worker serve task died: {exc!r}")
                 if options.echo:

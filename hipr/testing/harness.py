@@ -159,18 +159,104 @@ def leaks(backend: Backend, worker: Any, baseline: BackendStats | None = None) -
         found.append(f"backend holds more than at the start: {over}")
     if worker.sessions:
         found.append(f"{len(worker.sessions)} sessions still registered")
+    figures = getattr(backend, "payload_buffer_figures", None)
+    lent = figures()["in_use"] if figures is not None else 0
+    if lent:
+        found.append(f"{lent} pinned payload buffers still lent out with every session gone")
     return found
+
+
+def _memory_used(backend: Backend) -> list[int]:
+    """On a thread of the caller's own: bytes in use on each device (total minus free)."""
+    used = []
+    for device in range(backend.device_count()):
+        backend.bind_thread(device)
+        free, total = backend.mem_get_info()
+        used.append(total - free)
+    return used
+
+
+async def device_memory_used(backend: Backend) -> list[int] | None:
+    """Bytes in use on each of ``backend``'s devices, as the runtime says (cuMemGetInfo,
+    hipMemGetInfo: every process's use, not only this worker's), asked on a thread of
+    anyio's pool so that the event loop's binding is left alone; None when it cannot
+    say (the device refused: a failed context)."""
+    try:
+        return await anyio.to_thread.run_sync(_memory_used, backend)
+    except HipError:
+        return None
+
+
+@dataclass
+class DeviceMemory:
+    """Bytes in use on each device at a campaign's steps: when its worker started, after
+    the warm-up session (the runtime's one-time allocations at first use: module code,
+    kernel stacks), and after every session had ended."""
+
+    start: list[int] | None = None
+    baseline: list[int] | None = None
+    end: list[int] | None = None
+
+    def lines(self) -> list[str]:
+        """What the figures say, in words: the warm-up's one-time growth, and the end
+        against the baseline."""
+        if self.start is None or self.baseline is None or self.end is None:
+            return [
+                f"device memory in use: start {self.start}, baseline {self.baseline}, "
+                f"end {self.end} (a device that cannot say is None)"
+            ]
+        mib = 1 << 20
+        out = []
+        for device, (start, base, end) in enumerate(
+            zip(self.start, self.baseline, self.end, strict=True)
+        ):
+            out.append(
+                f"device {device}: {start / mib:.1f} MiB in use at start, {base / mib:.1f} MiB "
+                f"after the warm-up ({(base - start) / mib:+.1f} MiB: the runtime's one-time "
+                f"allocations at first use), {end / mib:.1f} MiB after the campaign "
+                f"({(end - base) / mib:+.1f} MiB against that baseline)"
+            )
+        return out
+
+    @property
+    def back_to_baseline(self) -> bool:
+        """True when every device uses no more at the end than after the warm-up."""
+        if self.baseline is None or self.end is None:
+            return False
+        return all(end <= base for base, end in zip(self.baseline, self.end, strict=True))
 
 
 async def warm_up(url: str, token: str | None = None) -> None:
     """One session that loads what a backend keeps shared across sessions (the built-in
-    kernels on every device), so that a baseline taken afterwards excludes it."""
+    kernels on every device) and uses every kind of object once on each device, so that
+    a baseline taken afterwards excludes both it and what a GPU runtime allocates once,
+    at first use, and keeps (kernel stacks, graph and event pools)."""
+    import numpy as np
+
     import hipr
 
     async with hipr.aconnect(url, token=token, timeout=10) as gpu:
         for device in range(await gpu.device_count()):
             await gpu.set_device(device)
-            await gpu.builtin("fill_f32")
+            fill = await gpu.builtin("fill_f32")
+            n = 1 << 12
+            a = await gpu.malloc(4 * n)
+            await gpu.memcpy_htod(a, bytes(4 * n))
+            await fill.launch(1, 64, [a, np.float32(1.0), np.uint64(n)])
+            await gpu.memset(a, 0, 4 * n)
+            stream: Any = await gpu.stream_create()
+            event = await gpu.event_create()
+            await gpu.memcpy_htod_async(a, bytes(64), stream)
+            await event.record(stream)
+            await event.synchronize()
+            graph = await gpu.graph_create()
+            await graph.add_memset(a, 1, 4 * n)
+            exe = await graph.instantiate()
+            await exe.launch()
+            await gpu.memcpy_dtoh(a, 4 * n)
+            for handle in (exe, graph, event, stream):
+                await handle.destroy()
+            await gpu.free(a)
 
 
 def rss_bytes() -> int:

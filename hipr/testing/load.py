@@ -26,6 +26,7 @@ import anyio
 import numpy as np
 
 import hipr
+from hipr.backends.base import Backend
 from hipr.backends.emulator import EmulatorBackend
 from hipr.errors import HipError
 from hipr.testing.harness import (
@@ -252,10 +253,13 @@ def _client_process(
     return anyio.run(run_sessions, url, token, sessions, seconds, seed, max_bytes, backend=loop)
 
 
-async def run_load(options: LoadOptions, watch: LogWatch | None = None) -> LoadReport:
-    """Start a worker and load it per ``options``; the figures and the oracles' verdicts."""
+async def run_load(
+    options: LoadOptions, watch: LogWatch | None = None, backend: Backend | None = None
+) -> LoadReport:
+    """Start a worker over ``backend`` (by default an emulator) and load it per
+    ``options``; the figures and the oracles' verdicts."""
     report = LoadReport(sessions=options.sessions)
-    backend = EmulatorBackend(device_count=1, total_memory=4 << 30)
+    backend = backend or EmulatorBackend(device_count=1, total_memory=4 << 30)
     watch = watch or LogWatch()
     started = time.monotonic()
     # No tenants file: one anonymous tenant without quotas.

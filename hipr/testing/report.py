@@ -9,17 +9,23 @@ client processes). ``scripts/fuzz --minutes N`` fuzzes alone, for as long as ask
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import platform
 import shlex
 import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import anyio
 
+from hipr.backends import load_backend
+from hipr.backends.base import Backend
 from hipr.testing.faults import FaultOptions, FaultReport, run_fault_campaign
 from hipr.testing.fuzz_campaign import FuzzOptions, FuzzReport, run_fuzz_campaign
 from hipr.testing.load import LoadOptions, LoadReport, run_load
@@ -78,11 +84,14 @@ def _n(value: int) -> str:
 def render(
     fuzz: FuzzReport,
     faults: FaultReport,
-    load: LoadReport,
+    load: LoadReport | None,
     *,
     title: str,
 ) -> str:
-    """The one table of the report, in Markdown."""
+    """The one table of the report, in Markdown (``load`` None: the load run was not
+    asked for, and its rows say so)."""
+    ran_load = load is not None
+    load = load or LoadReport()
     crashes = len(fuzz.crashes) + len(faults.crashes) + len(load.crashes)
     hangs = len(fuzz.hangs) + len(faults.hangs)
     leak_count = len(fuzz.leaks) + len(faults.leaks) + len(load.leaks)
@@ -115,31 +124,91 @@ def render(
         ("p50/p99 latency", f"{load.p50_ms:.2f} / {load.p99_ms:.2f} ms per call (load run)"),
         ("verdict", verdict),
     ]
+    if not ran_load:
+        rows = [
+            (name, "not run (--no-load)")
+            if name in ("sessions held", "worker RSS start/end", "p50/p99 latency")
+            else (name, value)
+            for name, value in rows
+        ]
     width = max(len(name) for name, _ in rows)
     lines = [title, "", f"| {'metric'.ljust(width)} | value |", f"|{'-' * (width + 2)}|-------|"]
     lines += [f"| {name.ljust(width)} | {value} |" for name, value in rows]
     details = [
         f"fuzz: {fuzz.summary()}",
+        f"fuzz placement: {fuzz.devices} device(s), the good client on device "
+        f"{fuzz.good_device}, fuzz sessions "
+        f"{'beside it' if fuzz.devices == 1 else 'on the others'}; fuzzed kernels "
+        f"{'may' if fuzz.kernel_faults else 'may not'} stray out of their allocation",
+        *(f"fuzz memory: {line}" for line in fuzz.memory.lines()),
+        *(f"fuzz trace: {line}" for line in fuzz.trace),
         f"faults: {faults.summary()}",
-        f"load: {load.summary()}",
+        *(f"faults memory: {line}" for line in faults.memory.lines()),
+        *(f"faults trace: {line}" for line in faults.trace),
     ]
+    if ran_load:
+        details.append(f"load: {load.summary()}")
     return "\n".join(lines) + "\n\n" + "\n".join(f"- {d}" for d in details) + "\n"
 
 
-async def _run_all(plan: Plan) -> tuple[FuzzReport, FaultReport, LoadReport]:
+def fresh_backend(name: str) -> Backend | None:
+    """A new backend of ``name`` for one campaign (a worker closes its backend when it
+    stops); None for the emulator, which each campaign makes to its own measure."""
+    if name == "emulator":
+        return None
+    return load_backend(name)
+
+
+def describe_backend(name: str) -> str:
+    """``name``, with its devices for a GPU backend ("cuda backend, 1 x NVIDIA H200")."""
+    backend = fresh_backend(name)
+    if backend is None:
+        return "emulator backend"
+    try:
+        names = [backend.device_properties(d).name for d in range(backend.device_count())]
+    finally:
+        backend.close()
+    kinds = ", ".join(f"{names.count(n)} x {n}" for n in dict.fromkeys(names))
+    return f"{name} backend, {kinds}"
+
+
+@asynccontextmanager
+async def _backend_of(name: str) -> AsyncIterator[Backend | None]:
+    """A fresh backend for one campaign, closed after it (a worker leaves that to its
+    owner): the next campaign starts from what the runtime holds without it."""
+    backend = fresh_backend(name)
+    try:
+        yield backend
+    finally:
+        if backend is not None:
+            backend.close()
+
+
+async def _run_all(
+    plan: Plan, backend: str = "emulator", trace: bool = False, load: bool = True
+) -> tuple[FuzzReport, FaultReport, LoadReport | None]:
     say(f"fuzz: {plan.fuzz.frames:,} frames, {plan.fuzz.processes or 'in-process'} fuzzers")
-    fuzz = await run_fuzz_campaign(plan.fuzz)
+    async with _backend_of(backend) as chosen:
+        fuzz = await run_fuzz_campaign(plan.fuzz, chosen, trace=trace)
     say(f"fuzz done: {fuzz.summary()}")
+    for line in [*fuzz.memory.lines(), *fuzz.trace]:
+        say(f"fuzz: {line}")
     say(f"faults: {plan.faults.sessions} sessions for {plan.faults.seconds:g} s")
-    faults = await run_fault_campaign(plan.faults)
+    async with _backend_of(backend) as chosen:
+        faults = await run_fault_campaign(plan.faults, inner=chosen, trace=trace)
     say(f"faults done: {faults.summary()}")
+    for line in [*faults.memory.lines(), *faults.trace]:
+        say(f"faults: {line}")
+    if not load:
+        return fuzz, faults, None
     say(
         f"load: {plan.load.sessions} sessions from {plan.load.processes or 'this'} "
         f"process(es) for {plan.load.seconds:g} s"
     )
-    load = await run_load(plan.load)
-    say(f"load done: {load.summary()}")
-    return fuzz, faults, load
+    async with _backend_of(backend) as chosen:
+        loaded = await run_load(plan.load, backend=chosen)
+    say(f"load done: {loaded.summary()}")
+    return fuzz, faults, loaded
 
 
 def say(message: str) -> None:
@@ -158,6 +227,10 @@ def main_report(argv: list[str] | None = None) -> int:
     parser.add_argument("--loop", choices=("trio", "asyncio"), default="trio")
     parser.add_argument("--fuzz-minutes", type=float, help="cap the fuzzing time")
     parser.add_argument("--output", type=Path, help="also write the report to this file")
+    _backend_arguments(parser)
+    parser.add_argument(
+        "--no-load", action="store_true", help="run the fuzz and fault campaigns only"
+    )
     parser.add_argument(
         "--soak",
         type=float,
@@ -202,22 +275,54 @@ def main_report(argv: list[str] | None = None) -> int:
     if args.soak is not None:
         return _main_soak(args, argv)
     plan = plan_for(args.long, args.seed, args.loop, args.fuzz_minutes)
+    plan = dataclasses.replace(plan, fuzz=_with_kernel_policy(plan.fuzz, args))
     started = time.monotonic()
-    fuzz, faults, load = anyio.run(_run_all, plan, backend=args.loop)
+    described = describe_backend(args.backend)
+    fuzz, faults, load = anyio.run(
+        _run_all, plan, args.backend, args.trace_leaks, not args.no_load, backend=args.loop
+    )
     command = "scripts/reliability-report " + shlex.join(sys.argv[1:] if argv is None else argv)
     title = (
         f"# hipr reliability report, {datetime.date.today().isoformat()}\n\n"
         f"Command: `{command.strip()}` ({'long' if args.long else 'bounded'} mode, seed "
         f"{args.seed}, worker loop {args.loop}); {time.monotonic() - started:.0f} s on "
         f"{platform.machine()} with {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-        "emulator backend."
+        f"{described}."
     )
     text = render(fuzz, faults, load, title=title)
     print(text)
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(text)
-    return 0 if fuzz.ok and faults.ok and load.ok else 1
+    return 0 if fuzz.ok and faults.ok and (load is None or load.ok) else 1
+
+
+def _backend_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that pick the worker's backend, shared by both commands."""
+    parser.add_argument(
+        "--backend",
+        choices=("emulator", "cuda", "hip"),
+        default="emulator",
+        help="the worker's backend (a GPU backend uses the devices it finds)",
+    )
+    parser.add_argument(
+        "--trace-leaks",
+        action="store_true",
+        help="GPU backends: say which call made each object left held, which releases "
+        "the runtime refused, and the runtime's own books",
+    )
+    parser.add_argument(
+        "--kernel-faults",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="whether fuzzed kernels may stray out of their allocation or fault the "
+        "device (auto: on the emulator only)",
+    )
+
+
+def _with_kernel_policy(options: FuzzOptions, args: argparse.Namespace) -> FuzzOptions:
+    policy = {"auto": None, "yes": True, "no": False}[args.kernel_faults]
+    return dataclasses.replace(options, kernel_faults=policy)
 
 
 def _main_soak(args: argparse.Namespace, argv: list[str] | None) -> int:
@@ -242,14 +347,17 @@ def _main_soak(args: argparse.Namespace, argv: list[str] | None) -> int:
         f"process(es), rounds of {options.seconds:g} s"
     )
     started = time.monotonic()
-    load = anyio.run(run_load, options, backend=args.loop)
+    described = describe_backend(args.backend)
+    load = anyio.run(
+        partial(run_load, options, backend=fresh_backend(args.backend)), backend=args.loop
+    )
     say(f"soak done: {load.summary()}")
     command = "scripts/reliability-report " + shlex.join(sys.argv[1:] if argv is None else argv)
     title = (
         f"# hipr soak report, {datetime.date.today().isoformat()}\n\n"
         f"Command: `{command.strip()}` (seed {args.seed}, worker loop {args.loop}); "
         f"{time.monotonic() - started:.0f} s on {platform.machine()} with {os.cpu_count()} "
-        f"CPUs, Python {platform.python_version()}, emulator backend; the worker and this "
+        f"CPUs, Python {platform.python_version()}, {described}; the worker and this "
         f"harness share one process, the clients run in {options.processes} other(s)."
     )
     text = render_soak(load, title=title)
@@ -263,7 +371,8 @@ def _main_soak(args: argparse.Namespace, argv: list[str] | None) -> int:
 def main_fuzz(argv: list[str] | None = None) -> int:
     """``scripts/fuzz``: fuzz a fresh worker for ``--minutes``; 0 when every oracle held."""
     parser = argparse.ArgumentParser(
-        prog="scripts/fuzz", description="Fuzz a worker (emulator backend) for a while."
+        prog="scripts/fuzz",
+        description="Fuzz a worker (the emulator, or a GPU backend) for a while.",
     )
     parser.add_argument("--minutes", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
@@ -272,6 +381,7 @@ def main_fuzz(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=8, help="connections per process")
     parser.add_argument("--loop", choices=("trio", "asyncio"), default="trio")
     parser.add_argument("--unix", action="store_true", help="listen on a Unix socket")
+    _backend_arguments(parser)
     parser.add_argument(
         "--replay",
         type=int,
@@ -294,9 +404,18 @@ def main_fuzz(argv: list[str] | None = None) -> int:
         progress=30.0,
         only=tuple(args.replay or ()),
     )
-    say(f"fuzzing for {args.minutes:g} min, seed {args.seed}, {options.processes} processes")
-    report = anyio.run(run_fuzz_campaign, options, backend=args.loop)
+    options = _with_kernel_policy(options, args)
+    say(
+        f"fuzzing for {args.minutes:g} min, seed {args.seed}, {options.processes} processes, "
+        f"{describe_backend(args.backend)}"
+    )
+    report = anyio.run(
+        partial(run_fuzz_campaign, options, fresh_backend(args.backend), trace=args.trace_leaks),
+        backend=args.loop,
+    )
     print(report.summary())
+    for line in [*report.memory.lines(), *report.trace]:
+        print(line)
     for label, items in (
         ("crash", report.crashes),
         ("hang", report.hangs),

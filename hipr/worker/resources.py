@@ -32,12 +32,20 @@ class Allocation:
 
 
 class AllocationTable:
-    """A session's allocations, searchable by any address inside them."""
+    """A session's allocations, searchable by any address inside them.
+
+    An allocation the client freed while a graph of the session may still write it is
+    *retired* (:meth:`retire`): no request can name it any more, but the device memory
+    stays held, and counted, until the last such graph is gone (see
+    :mod:`hipr.worker.graph_memory`)."""
 
     def __init__(self) -> None:
         self._bases: list[int] = []
         self._by_base: dict[int, Allocation] = {}
-        self.total_bytes = 0
+        self._live_bytes = 0
+        # Written with single dict operations only: the session's GPU thread puts back
+        # an allocation whose deferred free the runtime refused.
+        self._retired: dict[int, Allocation] = {}
 
     def __len__(self) -> int:
         return len(self._bases)
@@ -45,11 +53,16 @@ class AllocationTable:
     def __iter__(self) -> Iterator[Allocation]:
         return iter(list(self._by_base.values()))
 
+    @property
+    def total_bytes(self) -> int:
+        """Bytes the session holds on the device: its allocations and the retired ones."""
+        return self._live_bytes + sum(a.size for a in list(self._retired.values()))
+
     def add(self, allocation: Allocation) -> None:
         """Record a fresh allocation."""
         bisect.insort(self._bases, allocation.base)
         self._by_base[allocation.base] = allocation
-        self.total_bytes += allocation.size
+        self._live_bytes += allocation.size
 
     def remove(self, base: int) -> Allocation:
         """Forget the allocation that starts at ``base``; hipErrorInvalidValue otherwise."""
@@ -57,8 +70,21 @@ class AllocationTable:
         if allocation is None:
             raise invalid_value(f"0x{base:x} is not the start of an allocation of this session")
         del self._bases[bisect.bisect_left(self._bases, base)]
-        self.total_bytes -= allocation.size
+        self._live_bytes -= allocation.size
         return allocation
+
+    def retire(self, allocation: Allocation) -> None:
+        """Keep ``allocation`` (already :meth:`remove` d) held and counted, out of reach
+        of requests, until :meth:`unretire`. A single dict store: safe on the GPU thread."""
+        self._retired[allocation.base] = allocation
+
+    def unretire(self, base: int) -> Allocation:
+        """Take a retired allocation back, to be freed now."""
+        return self._retired.pop(base)
+
+    def retired(self) -> list[Allocation]:
+        """A snapshot of the retired allocations."""
+        return list(self._retired.values())
 
     def containing(self, address: int) -> Allocation | None:
         """The allocation with ``base <= address < end``, if any."""

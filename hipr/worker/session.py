@@ -22,6 +22,7 @@ from hipr.backends.base import Backend
 from hipr.errors import HipError, HipErrorCode
 from hipr.observability.observer import NullObserver, WorkerObserver
 from hipr.worker.gpu_thread import GpuThread, PendingCall
+from hipr.worker.graph_memory import GraphMemory
 from hipr.worker.quotas import QuotaGate, TenantState
 from hipr.worker.replay import ReplyCache
 from hipr.worker.resources import (
@@ -95,6 +96,8 @@ class Session:
         self.graph_nodes: HandleTable[GraphNodeEntry] = HandleTable("graph node")
         self.graph_execs: HandleTable[Any] = HandleTable("graph exec")
         self.capturing_streams: set[int] = set()
+        #: What the session's graphs may write: frees it would undercut are deferred.
+        self.graph_memory = GraphMemory()
         #: The shared built-in module's id, per device it was loaded on.
         self.builtin_module_ids: dict[int, int] = {}
         #: Proves ownership on RESUME; given to the client at HELLO, never logged.
@@ -347,6 +350,48 @@ class Session:
         """The backend stream of ``stream_id``; None is the default stream."""
         return None if stream_id is None else self.streams.get(stream_id)
 
+    # --- memory that a graph may still write (hipr.worker.graph_memory) ---------------------
+    def keeps_for_graphs(self, base: int) -> bool:
+        """True when freeing the allocation at ``base`` now could leave a graph of this
+        session writing memory that is no longer the session's: a capture is running,
+        or a graph or executable graph may write it. Its free is then deferred."""
+        return bool(self.capturing_streams) or bool(self.graph_memory.in_use((base,)))
+
+    def graph_bases(self) -> list[int]:
+        """Every allocation a kernel node or a capture made now may write: the live and
+        the retired ones."""
+        return [a.base for a in self.allocations] + [a.base for a in self.allocations.retired()]
+
+    def collect_retired(self) -> list[Allocation]:
+        """The retired allocations that no graph may write any more, taken off the
+        retired list, for :meth:`free_retired` to free; none while a capture runs."""
+        if self.capturing_streams:
+            return []
+        retired = self.allocations.retired()
+        used = self.graph_memory.in_use(a.base for a in retired)
+        collected = [a for a in retired if a.base not in used]
+        for allocation in collected:
+            self.allocations.unretire(allocation.base)
+        return collected
+
+    def free_retired(self, allocations: list[Allocation]) -> None:
+        """On the GPU thread: free what :meth:`collect_retired` gave, leaving the thread
+        on the device it was on. One the runtime refuses is retired again, for the
+        teardown to free; the request that got here has done its own job already."""
+        device = self.device
+        for allocation in allocations:
+            try:
+                if allocation.device != device:
+                    self.backend.bind_thread(allocation.device)
+                try:
+                    self.backend.free(allocation.base)
+                finally:
+                    if allocation.device != device:
+                        self.backend.bind_thread(device)
+            except Exception as exc:
+                self.allocations.retire(allocation)
+                self.log.warning("deferred free failed", ptr=allocation.base, error=str(exc))
+
     # --- teardown ----------------------------------------------------------------------
     @property
     def closed(self) -> bool:
@@ -393,6 +438,9 @@ class Session:
             if not m.shared
         ]
         steps += [("allocation", partial(self._free_on, a)) for a in self.allocations]
+        steps += [
+            ("retired allocation", partial(self._free_on, a)) for a in self.allocations.retired()
+        ]
         release_thread = getattr(backend, "release_thread", None)
         if release_thread is not None:  # the thread's own default streams
             steps.append(("default stream", release_thread))
@@ -418,6 +466,9 @@ class Session:
                 table.pop(handle_id)
         for allocation in self.allocations:
             self.allocations.remove(allocation.base)
+        for allocation in self.allocations.retired():
+            self.allocations.unretire(allocation.base)
+        self.graph_memory = GraphMemory()
         self.capturing_streams.clear()
 
     def _wait_quietly(self, streams: list[Any]) -> None:

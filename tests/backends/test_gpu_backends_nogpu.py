@@ -19,6 +19,7 @@ import inspect
 import re
 import struct
 import sys
+import threading
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -857,6 +858,11 @@ class SimGpu:
         self.strict_param_size = False
         #: What a batch of copies answers: 0, or an error code (a driver without it).
         self.batch_result = 0
+        #: As a real context once a kernel faulted: every driver call fails with the
+        #: sticky error, destroys and frees included (off by default: tests of other
+        #: things read the fault at a synchronisation and carry on).
+        self.poisoning = False
+        self.lock = threading.RLock()
 
     def param_layout(self, fn: int) -> list[tuple[int, int]]:
         """(offset, size) of each parameter of a built-in kernel."""
@@ -907,23 +913,26 @@ class SimGpu:
 
     def enqueue(self, s: Any, op: Callable[[], None]) -> None:
         stream = self.stream(s)
-        if stream.capture is not None:
-            stream.capture.append(op)
-        else:
-            stream.queue.append(op)
+        with self.lock:  # sessions' threads enqueue while another one runs every queue
+            if stream.capture is not None:
+                stream.capture.append(op)
+            else:
+                stream.queue.append(op)
 
     def run(self, stream: SimStream) -> None:
-        ops, stream.queue = stream.queue, []
-        for op in ops:
-            try:
-                op()
-            except _Fail as fail:
-                self.sticky = fail.code
-                break
+        with self.lock:
+            ops, stream.queue = stream.queue, []
+            for op in ops:
+                try:
+                    op()
+                except _Fail as fail:
+                    self.sticky = fail.code
+                    break
 
     def run_all(self) -> None:
-        for stream in self.streams:
-            self.run(stream)
+        with self.lock:
+            for stream in list(self.streams):
+                self.run(stream)
 
     # kernels
     def kernel(self, fn: int, args: bytes) -> Callable[[], None]:
@@ -1023,6 +1032,9 @@ class SimBinding:
         def call(*args: Any) -> tuple[Any, ...]:
             assert len(args) == arity, f"{name} takes {arity} arguments, got {len(args)}"
             self._gpu.calls.append(name)
+            gpu = self._gpu
+            if gpu.poisoning and gpu.sticky and not name.startswith(("nvrtc", "hiprtc")):
+                return (gpu.sticky,)
             try:
                 out = handler(*args)
             except _Fail as fail:
@@ -1138,6 +1150,13 @@ def _common_handlers(
         args = _read_extra(extra, end)
         if gpu.strict_param_size and len(args) > gpu.param_space(_addr(f)):
             raise _Fail(701)  # what CUDA answers to bytes past the last parameter
+        if gpu.functions.get(_addr(f)) == "reduce_sum_f32" and shared < 4 * bx:
+
+            def past_shared_memory() -> None:  # it indexes 4 bytes a thread of it
+                raise _Fail(700)
+
+            gpu.enqueue(s, past_shared_memory)
+            return
         gpu.enqueue(s, gpu.kernel(_addr(f), args))
 
     def begin_capture(s: Any, mode: Any) -> None:
