@@ -52,14 +52,13 @@ _DIM3 = frozenset({"maxThreadsDim", "maxGridSize"})
 
 class hipDeviceProp_t:  # hip-python's name
     """hip-python's device property struct: every field of HIP's ``hipDeviceProp_t`` as an
-    attribute (``name`` and ``gcnArchName`` as ``bytes``, as hip-python returns C character
-    arrays, ``maxThreadsDim``/``maxGridSize`` as
+    attribute (``name`` and ``gcnArchName`` as ``str``, ``maxThreadsDim``/``maxGridSize`` as
     lists of three ints, the rest ints), zero until ``hipGetDeviceProperties`` fills it.
     A field the worker's runtime does not report stays 0."""
 
     def __init__(self, **fields: Any) -> None:
         for name in FIELDS:
-            default: Any = b"" if name in _STRINGS else [0, 0, 0] if name in _DIM3 else 0
+            default: Any = "" if name in _STRINGS else [0, 0, 0] if name in _DIM3 else 0
             object.__setattr__(self, name, default)
         for key, value in fields.items():
             setattr(self, key, value)
@@ -99,10 +98,8 @@ def fields_of(props: DeviceProperties) -> dict[str, Any]:
     # for the named fields below, which every backend reports.
     out.update(props.hip_props or {})
     out.update(
-        # C character arrays: hip-python gives them as bytes (programs build compiler
-        # options with b"--offload-arch=" + props.gcnArchName).
-        name=props.name.encode(),
-        gcnArchName=props.arch.encode(),
+        name=props.name,
+        gcnArchName=props.arch,
         totalGlobalMem=props.total_memory,
         multiProcessorCount=props.multiprocessor_count,
         warpSize=props.warp_size,

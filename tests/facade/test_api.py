@@ -46,7 +46,7 @@ def test_device_queries(facade: FacadeTarget) -> None:
     err, free, total = hip.hipMemGetInfo()
     assert err is OK and 0 < free <= total
     assert hip.hipDeviceTotalMem(0) == (OK, props.totalGlobalMem)
-    assert hip.hipDeviceGetName(256, 0) == (OK, props.name)
+    assert hip.hipDeviceGetName(256, 0) == (OK, props.name.encode())
     assert hip.hipDeviceComputeCapability(0) == (OK, props.major, props.minor)
     err, version = hip.hipRuntimeGetVersion()
     assert err is OK and version > 0

@@ -68,7 +68,7 @@ def _compile(source: bytes, name: bytes = b"kernels.hip") -> object:
     hip_check(hip.hipGetDeviceProperties(props, 0))
     arch = props.gcnArchName
     prog = hip_check(hiprtc.hiprtcCreateProgram(source, name, 0, [], []))
-    cflags = [b"--offload-arch=" + arch]
+    cflags = [b"--offload-arch=" + arch.encode()]
     (err,) = hiprtc.hiprtcCompileProgram(prog, len(cflags), cflags)
     if err != hiprtc.hiprtcResult.HIPRTC_SUCCESS:
         log_size = hip_check(hiprtc.hiprtcGetProgramLogSize(prog))

@@ -40,7 +40,7 @@ def test_dim3_unpacks() -> None:
 def test_device_prop_struct() -> None:
     props = hip.hipDeviceProp_t()
     assert "gcnArchName" in props.PROPERTIES() and props.maxThreadsDim == [0, 0, 0]
-    assert props.name == b"" and props.totalGlobalMem == 0
+    assert props.name == "" and props.totalGlobalMem == 0
     with pytest.raises(AttributeError):
         props.notAField = 1  # type: ignore[attr-defined]
 
