@@ -8,7 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from hipr.cli.common import EXIT_HIP_ERROR, EXIT_OK
-from hipr.proxy.build import LIB_DIR, BuildError, build, is_built, missing_prerequisites
+from hipr.proxy.build import (
+    LIB_DIR,
+    BuildError,
+    build,
+    is_built,
+    is_current,
+    missing_prerequisites,
+)
 
 
 def add_proxy_parser(sub: Any) -> argparse.ArgumentParser:
@@ -31,8 +38,9 @@ def add_proxy_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def ensure_built(quiet: bool = False) -> str | None:
-    """Build the libraries if they are missing; None when they are there, else why not."""
-    if is_built():
+    """Build the libraries if they are missing or older than their sources; None when
+    they are there, else why not."""
+    if is_current():
         return None
     why = missing_prerequisites()
     if why is not None:

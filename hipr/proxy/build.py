@@ -25,7 +25,8 @@ ALIASES = {"libamdhip64.so.6": HIP_LIBRARY, "libhiprtc.so.6": RTC_LIBRARY}
 
 CORE_SOURCES = ("wire.c", "cborx.c", "transport.c", "client.c")
 HIP_SOURCES = (*CORE_SOURCES, "hip_front.c", "modules.c", "stubs.c")
-RTC_SOURCES = ("hiprtc_front.c",)
+#: cborx.c again: its helpers are private to each library.
+RTC_SOURCES = ("hiprtc_front.c", "cborx.c")
 WARNINGS = ("-Wall", "-Wextra", "-Werror")
 CFLAGS = ("-std=c11", "-O2", "-fPIC", "-fvisibility=hidden", *WARNINGS)
 SANITIZE = ("-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g", "-O1")
@@ -149,7 +150,7 @@ def build(out_dir: Path | None = None, *, sanitize: bool = False, cc: str | None
         _run(
             [
                 cc, *flags, "-shared", f"-Wl,-soname,{RTC_LIBRARY}",
-                f"-Wl,--version-script={rtc_script}", "-Wl,-z,nodelete",
+                f"-Wl,--version-script={rtc_script}", "-Wl,-z,nodelete", "-Wl,-z,defs",
                 "-o", str(rtc_tmp), *(str(NATIVE / s) for s in RTC_SOURCES),
                 f"-L{tmp}", "-l:" + HIP_LIBRARY, "-Wl,-rpath,$ORIGIN", "-lcbor",
             ]
@@ -173,3 +174,14 @@ def is_built(directory: Path | None = None) -> bool:
     """Both libraries are present in ``directory`` (default: the package's lib/)."""
     d = directory or LIB_DIR
     return (d / HIP_LIBRARY).is_file() and (d / RTC_LIBRARY).is_file()
+
+
+def is_current(directory: Path | None = None) -> bool:
+    """Both libraries are present and newer than every native source (a checkout that
+    changed the C since the last install rebuilds before use)."""
+    d = directory or LIB_DIR
+    if not is_built(d):
+        return False
+    sources = [p.stat().st_mtime for p in NATIVE.iterdir() if p.suffix in (".c", ".h")]
+    built = min((d / n).stat().st_mtime for n in (HIP_LIBRARY, RTC_LIBRARY))
+    return not sources or built >= max(sources)

@@ -80,6 +80,17 @@ int hipr_map_encode(hipr_map *m, uint8_t **out, size_t *len) {
     return 0;
 }
 
+int hipr_error_code(const cbor_item_t *map, char *msg, size_t msg_size) {
+    uint64_t code = 0;
+    if (!map || hipr_cbor_uint(map, "code", &code) != 0 || code == 0 || code > 0x7fffffff)
+        code = 999; /* hipErrorUnknown */
+    if (msg && msg_size) {
+        msg[0] = '\0';
+        if (map) hipr_cbor_text(map, "message", msg, msg_size);
+    }
+    return (int)code;
+}
+
 cbor_item_t *hipr_cbor_load(const uint8_t *data, size_t len) {
     struct cbor_load_result result;
     if (!len) return NULL;

@@ -34,4 +34,8 @@ int hipr_cbor_float(const cbor_item_t *map, const char *key, double *out);
 /* Copies a text or byte string into buf (NUL-terminated, truncated to size-1). */
 int hipr_cbor_text(const cbor_item_t *map, const char *key, char *buf, size_t size);
 
+/* The hipError_t of an error map {code, kind, message, details?} (hipErrorUnknown when
+ * it has none or is malformed; `map` may be NULL), its message copied into msg. */
+int hipr_error_code(const cbor_item_t *map, char *msg, size_t msg_size);
+
 #endif

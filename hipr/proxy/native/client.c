@@ -40,6 +40,7 @@ static struct {
     int keeper_running;
     uint8_t *rbuf;
     char url[1024];
+    char backend[64];
 } S = {.state = S_IDLE, .fd = -1};
 
 void hipr_warn_once(const char *what, int *flag) {
@@ -95,15 +96,9 @@ static int read_more(void) {
 
 static int error_code_of(const uint8_t *cbor, size_t len, char *msg, size_t msg_size) {
     cbor_item_t *map = hipr_cbor_load(cbor, len);
-    uint64_t code = 0;
-    if (!map || hipr_cbor_uint(map, "code", &code) != 0 || code == 0 || code > 0x7fffffff)
-        code = HIPR_UNKNOWN;
-    if (msg && msg_size) {
-        msg[0] = '\0';
-        if (map) hipr_cbor_text(map, "message", msg, msg_size);
-    }
+    int code = hipr_error_code(map, msg, msg_size);
     if (map) cbor_decref(&map);
-    return (int)code;
+    return code;
 }
 
 /* A frame the worker sent on its own (request id 0): heartbeats, a closing session.
@@ -132,9 +127,11 @@ static int await_reply(uint32_t id, void *sink, size_t sink_size, hipr_reply *r)
             continue;
         }
         if (f.request_id != id) continue; /* a reply nobody waits for */
-        if (f.flags & HIPR_F_ERROR)
-            return error_code_of(f.cbor, f.cbor_len, r ? r->message : NULL,
-                                 r ? sizeof r->message : 0);
+        if (f.flags & HIPR_F_ERROR) {
+            /* The error map stays with the reply: callers read its details. */
+            r->map = hipr_cbor_load(f.cbor, f.cbor_len);
+            return hipr_error_code(r->map, r->message, sizeof r->message);
+        }
         if (f.bulk_len) {
             if (sink) {
                 if (f.bulk_len > sink_size - r->sink_len)
@@ -294,6 +291,7 @@ static int hello(char *err, size_t err_size) {
         if (hipr_cbor_uint(map, "max_frame_bytes", &max_frame) == 0 && max_frame > S.chunk_bytes)
             S.wire.max_payload = max_frame + 64 * 1024;
         if (hipr_cbor_float(map, "heartbeat_interval", &hb) == 0 && hb > 0) S.heartbeat_s = hb;
+        if (hipr_cbor_text(map, "backend", S.backend, sizeof S.backend) != 0) S.backend[0] = '\0';
         cbor_decref(&map);
         return HIPR_SUCCESS;
     }
@@ -356,6 +354,14 @@ static int ready_locked(void) {
     if (S.state == S_READY) return HIPR_SUCCESS;
     if (S.state == S_FAILED || S.state == S_LOST) return S.fail_code;
     return connect_locked();
+}
+
+const char *hipr_backend(void) {
+    pthread_mutex_lock(&lock);
+    int rc = ready_locked();
+    pthread_mutex_unlock(&lock);
+    /* Written once per session, before any caller can read it. */
+    return rc == HIPR_SUCCESS ? S.backend : "";
 }
 
 int hipr_ensure(void) {

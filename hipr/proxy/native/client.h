@@ -30,7 +30,8 @@ typedef struct hipr_reply {
     size_t bulk_len;
     /* Bytes written into the caller's sink. */
     size_t sink_len;
-    /* The worker's message for an error reply (or the core's own). */
+    /* For an error reply, `map` is the error map {code, kind, message, details?}, and this
+     * its message (or the core's own). */
     char message[512];
 } hipr_reply;
 
@@ -45,6 +46,8 @@ HIPR_EXPORT int hipr_call(int device, uint16_t opcode, hipr_map *args, const voi
 HIPR_EXPORT int hipr_notify(int device, uint16_t opcode, hipr_map *args, const void *bulk,
                             size_t bulk_len);
 HIPR_EXPORT void hipr_reply_free(hipr_reply *reply);
+/* The worker's backend as HELLO named it ("cuda", "hip", "emulator"); "" without a session. */
+HIPR_EXPORT const char *hipr_backend(void);
 /* Connects if needed; HIPR_SUCCESS or the error every call returns without a worker. */
 HIPR_EXPORT int hipr_ensure(void);
 /* Prints `what` on stderr once per distinct pointer (unsupported calls name themselves). */

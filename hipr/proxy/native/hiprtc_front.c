@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "client.h"
 #include "opcodes.h"
@@ -109,11 +110,37 @@ static hiprtcResult set_log(struct hipr_program *p, const char *text) {
     return p->log ? HIPRTC_SUCCESS : HIPRTC_ERROR_OUT_OF_MEMORY;
 }
 
+static int is_amd_target(const char *opt) {
+    static const char *const prefixes[] = {"--offload-arch=gfx", "--amdgpu-target=gfx", "-mcpu=gfx"};
+    for (size_t i = 0; i < sizeof prefixes / sizeof *prefixes; i++)
+        if (strncasecmp(opt, prefixes[i], strlen(prefixes[i])) == 0) return 1;
+    return 0;
+}
+
+/* The hiprtcResult of a failed compile, as hipr.hiprtc gives it: the worker's own when its
+ * error names one (details.rtc_result), else by hipError_t. */
+static hiprtcResult rtc_result(int code, const cbor_item_t *error) {
+    cbor_item_t *details = hipr_cbor_get(error, "details");
+    int64_t rtc = -1;
+    if (details && hipr_cbor_int(details, "rtc_result", &rtc) == 0 && rtc > 0 &&
+        (rtc <= HIPRTC_ERROR_INTERNAL_ERROR || rtc == HIPRTC_ERROR_LINKING))
+        return (hiprtcResult)rtc;
+    if (code == 1) return HIPRTC_ERROR_INVALID_INPUT;
+    if (code == 400) return HIPRTC_ERROR_INVALID_PROGRAM;
+    return HIPRTC_ERROR_INTERNAL_ERROR;
+}
+
 API hiprtcResult hiprtcCompileProgram(hiprtcProgram prog, int num_options, const char **options) {
     if (!prog || num_options < 0 || (num_options && !options)) return HIPRTC_ERROR_INVALID_INPUT;
-    cbor_item_t *list = cbor_new_definite_array((size_t)num_options);
+    /* An AMD target means nothing to NVRTC: on a cuda worker the device decides (as
+     * hipr.hiprtc does). */
+    int cuda = strcmp(hipr_backend(), "cuda") == 0;
+    size_t kept = 0;
+    for (int i = 0; i < num_options; i++) kept += !(cuda && options[i] && is_amd_target(options[i]));
+    cbor_item_t *list = cbor_new_definite_array(kept);
     if (!list) return HIPRTC_ERROR_OUT_OF_MEMORY;
     for (int i = 0; i < num_options; i++) {
+        if (cuda && options[i] && is_amd_target(options[i])) continue;
         cbor_item_t *s = options[i] ? cbor_build_string(options[i]) : NULL;
         int ok = s && cbor_array_push(list, s);
         if (s) cbor_decref(&s);
@@ -141,13 +168,11 @@ API hiprtcResult hiprtcCompileProgram(hiprtcProgram prog, int num_options, const
     } else if (rc == HIPR_OUT_OF_MEMORY) {
         result = HIPRTC_ERROR_OUT_OF_MEMORY;
     } else {
-        /* A compile error's message carries the compiler's log; a worker that cannot
-         * compile (the emulator: hipErrorNotSupported) says so in the log. */
-        char text[700];
-        snprintf(text, sizeof text, "hipr worker: %s (hipError_t %d)",
-                 r.message[0] ? r.message : "the compile failed", rc);
-        result = set_log(prog, text);
-        if (result == HIPRTC_SUCCESS) result = HIPRTC_ERROR_COMPILATION;
+        /* A compile error's message is a first line, then the compiler's log; a worker
+         * that cannot compile (the emulator: hipErrorNotSupported) says so in one line. */
+        const char *nl = strchr(r.message, '\n');
+        result = set_log(prog, nl && nl[1] ? nl + 1 : r.message);
+        if (result == HIPRTC_SUCCESS) result = rtc_result(rc, r.map);
     }
     hipr_reply_free(&r);
     return result;
