@@ -82,3 +82,4 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 130
     code = completed.returncode
     return 128 - code if code < 0 else code
+

@@ -91,9 +91,50 @@ int hipr_error_code(const cbor_item_t *map, char *msg, size_t msg_size) {
     return (int)code;
 }
 
+/* libcbor allocates a container of the size its header declares before reading it: a
+ * peer's 5-byte "map of 2^32 entries" would cost gigabytes. So a structure is walked first
+ * without allocating: every declared count must fit in the bytes left (an item takes at
+ * least one), nesting is bounded, and only definite lengths are taken (the worker's
+ * encoder writes nothing else). Returns the item's end, or NULL. */
+#define MAX_DEPTH 32
+
+static const uint8_t *check_item(const uint8_t *p, const uint8_t *end, int depth) {
+    if (p >= end || depth > MAX_DEPTH) return NULL;
+    uint8_t type = *p >> 5, info = *p & 31;
+    p++;
+    uint64_t value = info;
+    if (info >= 24) {
+        if (info > 27) return NULL; /* reserved, or an indefinite length */
+        size_t n = (size_t)1 << (info - 24);
+        if ((size_t)(end - p) < n) return NULL;
+        value = 0;
+        for (size_t i = 0; i < n; i++) value = (value << 8) | p[i];
+        p += n;
+    }
+    size_t left = (size_t)(end - p);
+    switch (type) {
+    case 0: case 1: case 7:
+        return p;
+    case 2: case 3:
+        return value <= left ? p + value : NULL;
+    case 4: case 5: {
+        uint64_t items = type == 5 ? value * 2 : value;
+        if (value > left || items > left) return NULL;
+        for (uint64_t i = 0; i < items && p; i++) p = check_item(p, end, depth + 1);
+        return p;
+    }
+    default: /* 6: a tag, then one item */
+        return check_item(p, end, depth + 1);
+    }
+}
+
+int hipr_cbor_check(const uint8_t *data, size_t len) {
+    return len && check_item(data, data + len, 0) == data + len ? 0 : -1;
+}
+
 cbor_item_t *hipr_cbor_load(const uint8_t *data, size_t len) {
     struct cbor_load_result result;
-    if (!len) return NULL;
+    if (!len || hipr_cbor_check(data, len) != 0) return NULL;
     cbor_item_t *item = cbor_load(data, len, &result);
     if (!item) return NULL;
     if (result.error.code != CBOR_ERR_NONE || result.read != len) {

@@ -23,6 +23,9 @@ void hipr_map_item(hipr_map *m, const char *key, cbor_item_t *list);
 /* The map's CBOR encoding (malloc'd; the caller frees it); -1 on any earlier failure. */
 int hipr_map_encode(hipr_map *m, uint8_t **out, size_t *len);
 
+/* 0 when `data` is exactly one CBOR item of definite lengths whose declared sizes fit in
+ * it (checked before libcbor allocates anything), else -1. */
+int hipr_cbor_check(const uint8_t *data, size_t len);
 /* Decoding: a whole CBOR item from `data`, NULL when malformed or trailing bytes follow. */
 cbor_item_t *hipr_cbor_load(const uint8_t *data, size_t len);
 /* The value of text key `key` in map `map`, or NULL. */
