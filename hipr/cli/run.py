@@ -37,9 +37,7 @@ def add_run_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def proxy_environment(
-    base: dict[str, str], url: str | None, token: str | None
-) -> dict[str, str]:
+def proxy_environment(base: dict[str, str], url: str | None, token: str | None) -> dict[str, str]:
     """``base`` with the proxy's library path, worker URL and token."""
     env = dict(base)
     for name in _ROCM_VARIABLES:
@@ -59,7 +57,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        print("hipr run: give the command after --, e.g. hipr run -- python app.py", file=sys.stderr)
+        print(
+            "hipr run: give the command after --, e.g. hipr run -- python app.py", file=sys.stderr
+        )
         return EXIT_USAGE
     why = ensure_built()
     if why is not None:
@@ -82,4 +82,3 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 130
     code = completed.returncode
     return 128 - code if code < 0 else code
-

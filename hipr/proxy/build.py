@@ -64,7 +64,10 @@ def missing_prerequisites(cc: str | None = None) -> str | None:
     cc = cc or compiler()
     if cc is None:
         return f"no C compiler found; {BUILD_HINT}"
-    probe = "#include <cbor.h>\nint main(void){cbor_item_t *i = cbor_new_null(); cbor_decref(&i); return 0;}\n"
+    probe = (
+        "#include <cbor.h>\n"
+        "int main(void) { cbor_item_t *i = cbor_new_null(); cbor_decref(&i); return 0; }\n"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "probe.c"
         src.write_text(probe)
@@ -75,7 +78,9 @@ def missing_prerequisites(cc: str | None = None) -> str | None:
             check=False,
         )
     if result.returncode != 0:
-        return f"libcbor (cbor.h, -lcbor) is not usable: {result.stderr.strip()[:300]}; {BUILD_HINT}"
+        return (
+            f"libcbor (cbor.h, -lcbor) is not usable: {result.stderr.strip()[:300]}; {BUILD_HINT}"
+        )
     return None
 
 
@@ -149,6 +154,9 @@ def build(out_dir: Path | None = None, *, sanitize: bool = False, cc: str | None
             [
                 cc, *flags, "-shared", f"-Wl,-soname,{HIP_LIBRARY}",
                 f"-Wl,--version-script={script}", "-Wl,-z,nodelete", "-Wl,-z,defs",
+                # $ORIGIN: a libcbor.so.0.8 copied beside the library is found (hosts
+                # without libcbor installed, see docs/proxy.md).
+                "-Wl,-rpath,$ORIGIN",
                 "-o", str(hip_tmp), *map(str, objects), "-lcbor", "-pthread",
             ]
         )  # fmt: skip

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from hipr.cli.proxy import ensure_built
+from hipr.cli.run import proxy_environment
 from hipr.proxy.build import missing_prerequisites
 
 HERE = Path(__file__).resolve().parent
@@ -50,7 +51,9 @@ def start_worker(directory: Path, config: str = "") -> tuple[subprocess.Popen[by
     """An emulator worker listening on a unix socket in ``directory``."""
     sock = directory / "w.sock"
     cfg = directory / "worker.toml"
-    cfg.write_text(f'listen = ["unix://{sock}"]\nbackend = "emulator"\nlog_level = "warning"\n{config}')
+    cfg.write_text(
+        f'listen = ["unix://{sock}"]\nbackend = "emulator"\nlog_level = "warning"\n{config}'
+    )
     process = subprocess.Popen(
         [sys.executable, "-m", "hipr", "worker", "--config", str(cfg)],
         stdout=subprocess.DEVNULL,
@@ -94,13 +97,20 @@ def run_python(
     proxied: bool = True,
     token_file: Path | None = None,
     env: dict[str, str] | None = None,
+    via_cli: bool = False,
     timeout: float = 60,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``python -c code``: through ``hipr run`` (the proxy) or plainly (with HIPR_URL,
-    for programs that import hipr.hip)."""
+    """Run ``python -c code``: with the proxy (in the environment ``hipr run`` makes, or
+    through the command itself with ``via_cli``) or plainly (with HIPR_URL, for programs
+    that import hipr.hip)."""
     base = dict(os.environ, **(env or {}))
     base.pop("HIPR_TOKEN", None)
-    if proxied:
+    if proxied and not via_cli:
+        # What `hipr run` sets, without its start-up (tests of the command use via_cli).
+        token = token_file.read_text().strip() if token_file is not None else None
+        cmd = [sys.executable, "-c", code]
+        base = proxy_environment(base, url, token)
+    elif proxied:
         cmd = [sys.executable, "-m", "hipr", "run"]
         if url is not None:
             cmd += ["--url", url]

@@ -10,7 +10,7 @@ HIPR = "from hipr import hip"
 
 #: Device facts, memory, copies of every kind, memsets, streams, events, errors, versions.
 #: Prints one JSON object.
-BASICS = r'''
+BASICS = r"""
 import array, json
 IMPORT
 
@@ -83,12 +83,12 @@ out["error_string"] = hip.hipGetErrorString(hip.hipError_t.hipErrorInvalidValue)
 out["runtime_version"] = check(hip.hipRuntimeGetVersion())
 out["driver_version"] = check(hip.hipDriverGetVersion())
 print(json.dumps(out, sort_keys=True))
-'''
+"""
 
 #: A launch of the worker's built-in scale_f32 kernel with hip-python's `extra` tuple
 #: (which it packs into a HIP_LAUNCH_PARAM_BUFFER_POINTER buffer): the proxy names the
 #: built-in module with the image "hipr:builtin". Prints the first values.
-BUILTIN_LAUNCH = r'''
+BUILTIN_LAUNCH = r"""
 import array, ctypes
 from hip import hip
 
@@ -113,7 +113,7 @@ check(hip.hipMemcpy(x_h, x_d, nbytes, hip.hipMemcpyKind.hipMemcpyDeviceToHost))
 check(hip.hipFree(x_d))
 check(hip.hipModuleUnload(module))
 print(x_h[0], x_h[1], x_h[99])
-'''
+"""
 
 #: hip-python's hiprtc example up to the compile, as its examples write it (the device's
 #: gcnArchName passed back). Prints the compile result, then the log's first line.

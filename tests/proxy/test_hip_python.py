@@ -22,7 +22,8 @@ def _ok(result: object) -> str:
 
 
 def test_hip_python_matches_hipr_hip(worker_url: str) -> None:
-    through_proxy = json.loads(_ok(run_python(BASICS.replace("IMPORT", HIP_PYTHON), url=worker_url)))
+    program = BASICS.replace("IMPORT", HIP_PYTHON)
+    through_proxy = json.loads(_ok(run_python(program, url=worker_url, via_cli=True)))
     through_hipr = json.loads(
         _ok(run_python(BASICS.replace("IMPORT", HIPR), url=worker_url, proxied=False))
     )
@@ -51,20 +52,21 @@ def test_hiprtc_on_a_worker_without_compiler(worker_url: str) -> None:
     assert "no device compiler" in log and destroyed == "0"
 
 
-NO_WORKER = r'''
+NO_WORKER = r"""
 from hip import hip
-print(int(hip.hipGetDeviceCount()[0]), int(hip.hipMalloc(64)[0]), int(hip.hipDeviceSynchronize()[0]))
-'''
+results = hip.hipGetDeviceCount()[0], hip.hipMalloc(64)[0], hip.hipDeviceSynchronize()[0]
+print(*(int(r) for r in results))
+"""
 
 
 def test_without_a_worker_calls_fail_and_say_so_once(tmp_path: Path, proxy_libs: None) -> None:
-    result = run_python(NO_WORKER, url=f"unix://{tmp_path}/nobody.sock")
+    result = run_python(NO_WORKER, url=f"unix://{tmp_path}/nobody.sock", via_cli=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["100", "100", "100"]  # hipErrorNoDevice, no abort
     assert result.stderr.count("no worker answered") == 1, result.stderr
 
 
-FORK = r'''
+FORK = r"""
 import array, os
 from hip import hip
 K = hip.hipMemcpyKind
@@ -83,7 +85,7 @@ if pid == 0:
 _, status = os.waitpid(pid, 0)
 roundtrip("parent-again")
 print("child-status", status)
-'''
+"""
 
 
 def test_fork_child_gets_its_own_session(worker_url: str) -> None:
@@ -91,7 +93,7 @@ def test_fork_child_gets_its_own_session(worker_url: str) -> None:
     assert lines == ["parent True", "child True", "parent-again True", "child-status 0"]
 
 
-THREADS = r'''
+THREADS = r"""
 import threading
 from hip import hip
 seen = {}
@@ -101,7 +103,7 @@ def worker():
 assert hip.hipSetDevice(0)[0] == 0
 t = threading.Thread(target=worker); t.start(); t.join()
 print(seen["thread"], hip.hipGetDevice()[1], int(hip.hipPeekAtLastError()[0]))
-'''
+"""
 
 
 def test_current_device_and_last_error_are_per_thread(worker_url: str) -> None:
@@ -109,10 +111,10 @@ def test_current_device_and_last_error_are_per_thread(worker_url: str) -> None:
     assert _ok(run_python(THREADS, url=worker_url)).strip() == "(0, 101, 101) 0 0"
 
 
-TOKEN = r'''
+TOKEN = r"""
 from hip import hip
 print(int(hip.hipGetDeviceCount()[0]))
-'''
+"""
 
 
 def test_tokens(tmp_path: Path, proxy_libs: None) -> None:
@@ -125,7 +127,7 @@ def test_tokens(tmp_path: Path, proxy_libs: None) -> None:
         good.write_text(token + "\n")
         bad = tmp_path / "bad"
         bad.write_text(new_token())
-        assert _ok(run_python(TOKEN, url=url, token_file=good)).strip() == "0"
+        assert _ok(run_python(TOKEN, url=url, token_file=good, via_cli=True)).strip() == "0"
         refused = run_python(TOKEN, url=url, token_file=bad)
         assert refused.returncode == 0 and refused.stdout.strip() != "0"
         assert "refused HELLO" in refused.stderr

@@ -12,8 +12,6 @@ import re
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from hipr.protocol.opcodes import Opcode
 from hipr.proxy.build import (
     LIB_DIR,
@@ -23,6 +21,7 @@ from hipr.proxy.build import (
     build,
     compiler,
 )
+from hipr.proxy.coverage import coverage, update
 from hipr.proxy.tables import render_tables
 
 C_DIR = Path(__file__).resolve().parent / "c"
@@ -46,9 +45,7 @@ def _sanitizer_clean(result: subprocess.CompletedProcess[str]) -> None:
         assert marker not in result.stderr, result.stderr
 
 
-def test_c_program_under_sanitizers(
-    proxy_libs: None, worker_url: str, tmp_path: Path
-) -> None:
+def test_c_program_under_sanitizers(proxy_libs: None, worker_url: str, tmp_path: Path) -> None:
     libs = tmp_path / "lib"
     build(libs, sanitize=True)
     program = tmp_path / "proxy_check"
@@ -77,7 +74,11 @@ def test_decoder_fuzz_under_sanitizers(proxy_libs: None, tmp_path: Path) -> None
     env = dict(os.environ, **SANITIZER_ENV)
     for seed in ("1", "977"):
         result = subprocess.run(
-            [str(harness), "6000", seed], env=env, capture_output=True, text=True, timeout=120,
+            [str(harness), "6000", seed],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
             check=False,
         )
         _sanitizer_clean(result)
@@ -107,6 +108,33 @@ def test_symbol_versions_and_sonames(proxy_libs: None) -> None:
 def test_generated_tables_are_current() -> None:
     for name, text in render_tables().items():
         assert (NATIVE / name).read_text() == text, f"run scripts/gen-proxy-tables ({name})"
+    doc = Path(__file__).resolve().parents[2] / "docs" / "proxy.md"
+    assert update(doc) == doc.read_text(), "run scripts/gen-proxy-tables (docs/proxy.md)"
+    served = {name for name, _, status in coverage() if status == "served"}
+    # What hip-python's hip and hiprtc examples call, served.
+    assert {
+        "hipGetDevicePropertiesR0600",
+        "hipDeviceGetAttribute",
+        "hipMalloc",
+        "hipMemcpy",
+        "hipMemcpyAsync",
+        "hipMemsetAsync",
+        "hipStreamCreate",
+        "hipStreamSynchronize",
+        "hipStreamDestroy",
+        "hipFree",
+        "hipModuleLoadData",
+        "hipModuleGetFunction",
+        "hipModuleLaunchKernel",
+        "hipModuleUnload",
+        "hiprtcCreateProgram",
+        "hiprtcCompileProgram",
+        "hiprtcGetProgramLogSize",
+        "hiprtcGetProgramLog",
+        "hiprtcGetCodeSize",
+        "hiprtcGetCode",
+        "hiprtcDestroyProgram",
+    } <= served
 
 
 def test_opcodes_match_the_protocol() -> None:
