@@ -449,15 +449,41 @@ static void *keeper(void *arg) {
     }
 }
 
-static void before_fork(void) { pthread_mutex_lock(&lock); }
-static void after_fork_parent(void) { pthread_mutex_unlock(&lock); }
+#define MAX_GUARDS 8
+struct guard {
+    pthread_mutex_t *lock;
+    void (*child)(void);
+};
+static struct guard guards[MAX_GUARDS];
+static int n_guards;
+
+void hipr_fork_guard(pthread_mutex_t *m, void (*child)(void)) {
+    /* Called from the fronts' constructors, before any thread of the program exists. */
+    if (n_guards < MAX_GUARDS) guards[n_guards++] = (struct guard){m, child};
+}
+
+static void before_fork(void) {
+    for (int i = 0; i < n_guards; i++) pthread_mutex_lock(guards[i].lock);
+    pthread_mutex_lock(&lock);
+}
+
+static void after_fork_parent(void) {
+    pthread_mutex_unlock(&lock);
+    for (int i = n_guards - 1; i >= 0; i--) pthread_mutex_unlock(guards[i].lock);
+}
+
 static void after_fork_child(void) {
     /* The child gets its own session on its first call (ready_locked): handles of the
      * parent's session are not valid there. */
     pthread_mutex_unlock(&lock);
+    for (int i = n_guards - 1; i >= 0; i--) {
+        if (guards[i].child) guards[i].child();
+        pthread_mutex_unlock(guards[i].lock);
+    }
 }
 
-__attribute__((constructor)) static void hipr_client_init(void) {
+/* Before the fronts' constructors (which register their locks here). */
+__attribute__((constructor(101))) static void hipr_client_init(void) {
     S.owner = getpid();
     pthread_atfork(before_fork, after_fork_parent, after_fork_child);
 }

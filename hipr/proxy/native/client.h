@@ -5,6 +5,7 @@
 #ifndef HIPR_CLIENT_H
 #define HIPR_CLIENT_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -52,5 +53,8 @@ HIPR_EXPORT const char *hipr_backend(void);
 HIPR_EXPORT int hipr_ensure(void);
 /* Prints `what` on stderr once per distinct pointer (unsupported calls name themselves). */
 HIPR_EXPORT void hipr_warn_once(const char *what, int *flag);
+/* A lock of a front that may be held while the session's is taken: fork takes it first
+ * (so a child never inherits it held), and `child`, if given, runs in the child. */
+HIPR_EXPORT void hipr_fork_guard(pthread_mutex_t *m, void (*child)(void));
 
 #endif

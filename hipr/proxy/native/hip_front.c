@@ -564,6 +564,14 @@ API hipError_t hipEventElapsedTime(float *ms, hipEvent_t start, hipEvent_t stop)
     return ret(rc);
 }
 
+static void forget_all(void) { n_allocs = 0; }
+
+__attribute__((constructor(102))) static void hip_front_init(void) {
+    hipr_fork_guard(&info_lock, NULL);
+    /* The parent's allocations are not the child's session's. */
+    hipr_fork_guard(&alloc_lock, forget_all);
+}
+
 /* For modules.c, which shares the thread's device and last error. */
 int hipr_front_device(void) { return tl_device; }
 hipError_t hipr_front_ret(hipError_t e) { return ret(e); }

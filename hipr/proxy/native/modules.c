@@ -33,6 +33,10 @@ struct hipr_module {
 
 static pthread_mutex_t module_lock = PTHREAD_MUTEX_INITIALIZER;
 
+__attribute__((constructor(102))) static void modules_init(void) {
+    hipr_fork_guard(&module_lock, NULL);
+}
+
 /* --- code object sizes ------------------------------------------------------------------ */
 
 static uint64_t rd(const uint8_t *p, int n) {
