@@ -44,6 +44,10 @@ def ensure_built(quiet: bool = False) -> str | None:
         return None
     why = missing_prerequisites()
     if why is not None:
+        if is_built():
+            # Libraries brought here without a toolchain (a copied lib/ folder): use them.
+            print(f"hipr: using {LIB_DIR} as found (cannot rebuild: {why})", file=sys.stderr)
+            return None
         return f"the native proxy is not built: {why}"
     if not quiet:
         print(f"hipr: building the native proxy into {LIB_DIR}", file=sys.stderr)
