@@ -23,8 +23,9 @@ assert hip.hipMemcpy(y_d, y, 4 * n, hip.hipMemcpyKind.hipMemcpyHostToDevice)[0] 
 err, module = hip.hipModuleLoadData(b"hipr:builtin\0"); assert err == 0, err
 err, axpy = hip.hipModuleGetFunction(module, b"axpy_f32"); assert err == 0, err
 # y[i] += 1.0 * x[i], with x = Alice's allocation: the bytes carry her address.
+extra = (y_d, ctypes.c_void_p(alice), ctypes.c_float(1.0), ctypes.c_uint64(n))
 launched = hip.hipModuleLaunchKernel(axpy, 1, 1, 1, 32, 1, 1, sharedMemBytes=0, stream=None,
-    kernelParams=None, extra=(y_d, ctypes.c_void_p(alice), ctypes.c_float(1.0), ctypes.c_uint64(n)))[0]
+    kernelParams=None, extra=extra)[0]
 synced = hip.hipDeviceSynchronize()[0]
 assert hip.hipMemcpy(y, y_d, 4 * n, hip.hipMemcpyKind.hipMemcpyDeviceToHost)[0] == 0
 print(int(launched), int(synced), list(y) == [0.0] * n, int(y_d) == alice)

@@ -41,7 +41,22 @@ static struct {
     uint8_t *rbuf;
     char url[1024];
     char backend[64];
+    int minor; /* the worker's protocol minor version */
+    int debug; /* HIPR_PROXY_DEBUG: error replies' messages on stderr */
 } S = {.state = S_IDLE, .fd = -1};
+
+/* Launches of one configuration waiting to go out as one frame. */
+#define BATCH_MAX 1024
+#define BATCH_BYTES (60 * 1024)
+static struct {
+    int count;
+    hipr_launch_config config;
+    uint8_t data[BATCH_BYTES];
+    size_t used;
+    uint16_t lens[BATCH_MAX];
+} B;
+
+static int put_batch(void);
 
 void hipr_warn_once(const char *what, int *flag) {
     if (__atomic_exchange_n(flag, 1, __ATOMIC_RELAXED)) return;
@@ -80,6 +95,7 @@ static int lose(const char *why) {
 }
 
 static int flush_out(void) {
+    if (B.count && put_batch() != HIPR_SUCCESS) return -1;
     size_t n;
     const uint8_t *p = hipr_wire_output(&S.wire, &n);
     if (!n) return 0;
@@ -130,7 +146,9 @@ static int await_reply(uint32_t id, void *sink, size_t sink_size, hipr_reply *r)
         if (f.flags & HIPR_F_ERROR) {
             /* The error map stays with the reply: callers read its details. */
             r->map = hipr_cbor_load(f.cbor, f.cbor_len);
-            return hipr_error_code(r->map, r->message, sizeof r->message);
+            int code = hipr_error_code(r->map, r->message, sizeof r->message);
+            if (S.debug) fprintf(stderr, "hipr proxy: error %d: %s\n", code, r->message);
+            return code;
         }
         if (f.bulk_len) {
             if (sink) {
@@ -176,6 +194,58 @@ static int put_request(uint16_t opcode, uint32_t id, uint32_t flags, const uint8
     return HIPR_SUCCESS;
 }
 
+/* The queued launches as one frame (LAUNCH_KERNEL for one, LAUNCH_KERNELS for more). */
+static int put_batch(void) {
+    int count = B.count;
+    B.count = 0; /* put_request below must not come back here */
+    const hipr_launch_config *c = &B.config;
+    hipr_map m;
+    hipr_map_init(&m, 7);
+    hipr_map_u64(&m, "function", c->function);
+    hipr_map_u64_list(&m, "grid", c->grid, 3);
+    hipr_map_u64_list(&m, "block", c->block, 3);
+    hipr_map_u64(&m, "shared_mem", c->shared_mem);
+    if (c->stream) hipr_map_u64(&m, "stream", c->stream);
+    hipr_map_u64_list(&m, "ptrs", c->ptrs, c->n_ptrs);
+    if (count == 1) {
+        hipr_map_bytes(&m, "args", B.data, B.used);
+    } else {
+        cbor_item_t *list = cbor_new_definite_array((size_t)count);
+        size_t off = 0;
+        for (int i = 0; list && i < count; i++) {
+            cbor_item_t *b = cbor_build_bytestring(B.data + off, B.lens[i]);
+            if (!b || !cbor_array_push(list, b)) m.failed = 1;
+            if (b) cbor_decref(&b);
+            off += B.lens[i];
+        }
+        if (!list) m.failed = 1;
+        else hipr_map_item(&m, "args", list);
+    }
+    B.used = 0;
+    uint8_t *cbor;
+    size_t len;
+    int rc = hipr_map_encode(&m, &cbor, &len) == 0 ? HIPR_SUCCESS : HIPR_OUT_OF_MEMORY;
+    hipr_map_free(&m);
+    if (rc) return rc;
+    uint32_t id = hipr_wire_take_id(&S.wire);
+    rc = put_request(count == 1 ? OP_LAUNCH_KERNEL : OP_LAUNCH_KERNELS, id, HIPR_F_NO_REPLY, cbor,
+                     len, NULL, 0);
+    free(cbor);
+    return rc;
+}
+
+/* The id of the next request. Queued launches are framed first: requests run in the
+ * order they were made, and the worker takes ids in increasing order (a lower one is a
+ * replay to it). */
+static int take_id(uint32_t *id) {
+    if (B.count) {
+        int rc = put_batch();
+        if (rc) return rc;
+    }
+    *id = hipr_wire_take_id(&S.wire);
+    return HIPR_SUCCESS;
+}
+
 static int encode_args(hipr_map *args, uint8_t **cbor, size_t *len) {
     *cbor = NULL;
     *len = 0;
@@ -188,8 +258,9 @@ static int encode_args(hipr_map *args, uint8_t **cbor, size_t *len) {
 /* With the lock held and the session ready. */
 static int call_locked(uint16_t opcode, const uint8_t *cbor, size_t cbor_len, const void *bulk,
                        size_t bulk_len, void *sink, size_t sink_size, hipr_reply *r) {
-    uint32_t id = hipr_wire_take_id(&S.wire);
-    int rc = put_request(opcode, id, 0, cbor, cbor_len, bulk, bulk_len);
+    uint32_t id;
+    int rc = take_id(&id);
+    if (rc == HIPR_SUCCESS) rc = put_request(opcode, id, 0, cbor, cbor_len, bulk, bulk_len);
     if (rc) return rc;
     if (flush_out() < 0) return lose("cannot write to the worker");
     return await_reply(id, sink, sink_size, r);
@@ -288,6 +359,7 @@ static int hello(char *err, size_t err_size) {
             return HIPR_NO_DEVICE;
         }
         if (hipr_cbor_uint(map, "chunk_bytes", &chunk) == 0 && chunk >= 4096) S.chunk_bytes = chunk;
+        S.minor = (int)(proto & 0xff);
         if (hipr_cbor_uint(map, "max_frame_bytes", &max_frame) == 0 && max_frame > S.chunk_bytes)
             S.wire.max_payload = max_frame + 64 * 1024;
         if (hipr_cbor_float(map, "heartbeat_interval", &hb) == 0 && hb > 0) S.heartbeat_s = hb;
@@ -299,6 +371,8 @@ static int hello(char *err, size_t err_size) {
 
 static int connect_locked(void) {
     const char *url = getenv("HIPR_URL");
+    const char *debug = getenv("HIPR_PROXY_DEBUG");
+    S.debug = debug && *debug && strcmp(debug, "0") != 0;
     snprintf(S.url, sizeof S.url, "%s", url && *url ? url : DEFAULT_URL);
     double timeout = 5.0;
     const char *t = getenv("HIPR_CONNECT_TIMEOUT");
@@ -350,6 +424,8 @@ static int ready_locked(void) {
         S.state = S_IDLE;
         S.keeper_running = 0;
         S.owner = getpid();
+        B.count = 0; /* the parent's launches */
+        B.used = 0;
     }
     if (S.state == S_READY) return HIPR_SUCCESS;
     if (S.state == S_FAILED || S.state == S_LOST) return S.fail_code;
@@ -398,13 +474,44 @@ int hipr_notify(int device, uint16_t opcode, hipr_map *args, const void *bulk, s
     rc = ready_locked();
     if (rc == HIPR_SUCCESS) rc = use_device(device);
     if (rc == HIPR_SUCCESS) {
-        uint32_t id = hipr_wire_take_id(&S.wire);
-        rc = put_request(opcode, id, HIPR_F_NO_REPLY, cbor, len, bulk, bulk_len);
+        uint32_t id;
+        rc = take_id(&id);
+        if (rc == HIPR_SUCCESS) rc = put_request(opcode, id, HIPR_F_NO_REPLY, cbor, len, bulk, bulk_len);
         if (rc == HIPR_SUCCESS && S.wire.out_len >= COALESCE_BYTES && flush_out() < 0)
             rc = lose("cannot write to the worker");
     }
     pthread_mutex_unlock(&lock);
     free(cbor);
+    return rc;
+}
+
+int hipr_launch(int device, const hipr_launch_config *config, const void *args, size_t len) {
+    if (len > 4096 || config->n_ptrs > 256) return HIPR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    int rc = ready_locked();
+    if (rc == HIPR_SUCCESS) rc = use_device(device);
+    if (rc == HIPR_SUCCESS) {
+        int same = B.count && B.count < BATCH_MAX && B.used + len <= BATCH_BYTES &&
+                   memcmp(&B.config, config, offsetof(hipr_launch_config, ptrs)) == 0 &&
+                   memcmp(B.config.ptrs, config->ptrs, config->n_ptrs * sizeof *config->ptrs) == 0;
+        if (!same && B.count) rc = put_batch();
+        if (rc == HIPR_SUCCESS) {
+            if (!B.count) {
+                /* Copied whole: the unused tail of ptrs stays zero, so configs compare. */
+                memset(&B.config, 0, sizeof B.config);
+                memcpy(&B.config, config, offsetof(hipr_launch_config, ptrs));
+                memcpy(B.config.ptrs, config->ptrs, config->n_ptrs * sizeof *config->ptrs);
+            }
+            if (len) memcpy(B.data + B.used, args, len);
+            B.used += len;
+            B.lens[B.count++] = (uint16_t)len;
+            /* A worker before protocol 1.1 takes launches one frame each. */
+            if (S.minor < 1) rc = put_batch();
+        }
+        if (rc == HIPR_SUCCESS && S.wire.out_len >= COALESCE_BYTES && flush_out() < 0)
+            rc = lose("cannot write to the worker");
+    }
+    pthread_mutex_unlock(&lock);
     return rc;
 }
 
@@ -428,9 +535,9 @@ static void *keeper(void *arg) {
             pthread_mutex_unlock(&lock);
             return NULL;
         }
-        if (S.wire.out_len && S.wire.out_len == waiting && flush_out() < 0)
-            lose("cannot write to the worker");
-        waiting = S.wire.out_len;
+        size_t queued = S.wire.out_len + B.used + (size_t)B.count;
+        if (queued && queued == waiting && flush_out() < 0) lose("cannot write to the worker");
+        waiting = S.wire.out_len + B.used + (size_t)B.count;
         while (S.state == S_READY && hipr_transport_wait_readable(S.fd, 0) == 1) {
             if (read_more() < 0) {
                 lose("the worker closed the connection");
@@ -493,8 +600,10 @@ __attribute__((constructor(101))) static void hipr_client_init(void) {
 __attribute__((destructor)) static void hipr_client_fini(void) {
     pthread_mutex_lock(&lock);
     if (S.state == S_READY && S.owner == getpid()) {
+        int rc = B.count ? put_batch() : HIPR_SUCCESS;
         uint32_t id = hipr_wire_take_id(&S.wire);
-        if (hipr_wire_put(&S.wire, OP_GOODBYE, id, HIPR_F_NO_REPLY, NULL, 0, NULL, 0) == 0)
+        if (rc == HIPR_SUCCESS &&
+            hipr_wire_put(&S.wire, OP_GOODBYE, id, HIPR_F_NO_REPLY, NULL, 0, NULL, 0) == 0)
             (void)flush_out();
         drop_link();
         S.state = S_LOST;

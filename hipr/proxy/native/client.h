@@ -47,6 +47,19 @@ HIPR_EXPORT int hipr_call(int device, uint16_t opcode, hipr_map *args, const voi
 HIPR_EXPORT int hipr_notify(int device, uint16_t opcode, hipr_map *args, const void *bulk,
                             size_t bulk_len);
 HIPR_EXPORT void hipr_reply_free(hipr_reply *reply);
+
+/* A launch's configuration: launches of equal configurations queued one after another go
+ * to the worker as one LAUNCH_KERNELS frame (protocol 1.1), else as LAUNCH_KERNEL. */
+typedef struct hipr_launch_config {
+    uint64_t function, shared_mem, stream; /* stream 0: the null stream */
+    uint64_t grid[3], block[3];
+    size_t n_ptrs;
+    uint64_t ptrs[256];
+} hipr_launch_config;
+
+/* Fire-and-forget launch of `args` (at most 4096 bytes) with `config`. */
+HIPR_EXPORT int hipr_launch(int device, const hipr_launch_config *config, const void *args,
+                            size_t args_len);
 /* The worker's backend as HELLO named it ("cuda", "hip", "emulator"); "" without a session. */
 HIPR_EXPORT const char *hipr_backend(void);
 /* Connects if needed; HIPR_SUCCESS or the error every call returns without a worker. */

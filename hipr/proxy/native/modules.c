@@ -303,17 +303,18 @@ static hipError_t launch(struct hipr_function *f, const unsigned grid[3], const 
     size_t n_ptrs = 0;
     for (size_t i = 0; layout == 1 && i < f->n_params; i++)
         if (f->is_pointer[i] && f->offsets[i] + 8 <= args_len) ptrs[n_ptrs++] = f->offsets[i];
-    uint64_t g[3] = {grid[0], grid[1], grid[2]}, b[3] = {block[0], block[1], block[2]};
-    hipr_map m;
-    hipr_map_init(&m, 7);
-    hipr_map_u64(&m, "function", f->id);
-    hipr_map_u64_list(&m, "grid", g, 3);
-    hipr_map_u64_list(&m, "block", b, 3);
-    hipr_map_u64(&m, "shared_mem", shared);
-    if (stream) hipr_map_u64(&m, "stream", (uint64_t)(uintptr_t)stream);
-    hipr_map_bytes(&m, "args", args, args_len);
-    hipr_map_u64_list(&m, "ptrs", ptrs, n_ptrs);
-    return hipr_notify(hipr_front_device(), OP_LAUNCH_KERNEL, &m, NULL, 0);
+    hipr_launch_config c;
+    memset(&c, 0, sizeof c);
+    c.function = f->id;
+    c.shared_mem = shared;
+    c.stream = (uint64_t)(uintptr_t)stream;
+    for (int i = 0; i < 3; i++) {
+        c.grid[i] = grid[i];
+        c.block[i] = block[i];
+    }
+    c.n_ptrs = n_ptrs;
+    memcpy(c.ptrs, ptrs, n_ptrs * sizeof *ptrs);
+    return hipr_launch(hipr_front_device(), &c, args, args_len);
 }
 
 API hipError_t hipModuleLaunchKernel(hipFunction_t f, unsigned gx, unsigned gy, unsigned gz,

@@ -189,6 +189,28 @@ int main(void) {
     CHECK(hipMemcpy(filled, out, sizeof filled, D2H));
     EXPECT(filled[0] == 4.0f && filled[1] == 4.0f);
 
+    /* launches in a row of one configuration travel as one frame (LAUNCH_KERNELS): they
+     * must still run in order, before and after the calls around them */
+    hipFunction_t fill = NULL, scale2 = NULL;
+    CHECK(hipModuleGetFunction(&fill, mod, "fill_f32"));
+    CHECK(hipModuleGetFunction(&scale2, mod, "scale_f32"));
+    float one = 1.0f, two = 2.0f, three = 3.0f;
+    uint64_t sixteen = 16;
+    void *fill_args[] = {&out, &one, &sixteen};
+    void *twice[] = {&out, &two, &sixteen};
+    void *thrice[] = {&out, &three, &sixteen};
+    CHECK(hipModuleLaunchKernel(fill, 1, 1, 1, 16, 1, 1, 0, NULL, fill_args, NULL));
+    for (int i = 0; i < 40; i++)
+        CHECK(hipModuleLaunchKernel(scale2, 1, 1, 1, 16, 1, 1, 0, NULL, twice, NULL));
+    CHECK(hipModuleLaunchKernel(scale2, 1, 1, 1, 16, 1, 1, 0, NULL, thrice, NULL));
+    CHECK(hipMemset(out, 0, 4)); /* element 0 only, between two launches */
+    for (int i = 0; i < 3; i++)
+        CHECK(hipModuleLaunchKernel(scale2, 1, 1, 1, 16, 1, 1, 0, NULL, twice, NULL));
+    float chain[16];
+    CHECK(hipMemcpy(chain, out, sizeof chain, D2H));
+    EXPECT(chain[0] == 0.0f);
+    EXPECT(chain[1] == ldexpf(3.0f, 43) && chain[15] == ldexpf(3.0f, 43));
+
     /* a deferred error: a memset past an allocation is fire-and-forget, its error comes
      * with the next synchronising call, as HIP reports asynchronous errors */
     CHECK(hipMemset((char *)a + sizeof host - 4, 0, 64));
