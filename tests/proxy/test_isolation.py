@@ -12,7 +12,7 @@ import hipr
 from hipr.worker.tenants import new_token, token_hash
 from tests.proxy.conftest import run_python, start_worker, stop_worker
 
-BOB = r'''
+BOB = r"""
 import array, ctypes, sys
 from hip import hip
 alice = int(sys.argv[1])
@@ -29,7 +29,7 @@ launched = hip.hipModuleLaunchKernel(axpy, 1, 1, 1, 32, 1, 1, sharedMemBytes=0, 
 synced = hip.hipDeviceSynchronize()[0]
 assert hip.hipMemcpy(y, y_d, 4 * n, hip.hipMemcpyKind.hipMemcpyDeviceToHost)[0] == 0
 print(int(launched), int(synced), list(y) == [0.0] * n, int(y_d) == alice)
-'''
+"""
 
 
 def test_bob_cannot_read_alice_through_raw_arguments(tmp_path: Path, proxy_libs: None) -> None:
