@@ -209,6 +209,13 @@ class Backend(Protocol):
         """Load the built-in kernels (hipr.kernels) as a module of this backend."""
         ...
 
+    def function_params(self, function: Handle) -> list[tuple[int, int, bool]]:
+        """``(offset, size, is_pointer)`` of each parameter of a kernel, in order, so that
+        a client given bare argument pointers (``kernelParams``) can pack them;
+        hipErrorNotSupported where the runtime cannot tell. ``is_pointer`` is False where
+        the runtime does not say."""
+        ...
+
     def launch(
         self,
         function: Handle,

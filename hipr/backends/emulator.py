@@ -1053,6 +1053,14 @@ class EmulatorBackend:
                 self._modules.add(module)
         return module
 
+    def function_params(self, function: Handle) -> list[tuple[int, int, bool]]:
+        """The built-in kernel's parameters as its C signature lays them out."""
+        layout = self._function(function).layout
+        return [
+            (offset, _kind_size_align(kind)[0], kind == "ptr")
+            for kind, offset in zip(layout.kinds, layout.offsets, strict=True)
+        ]
+
     def _kernel_op(
         self, function: Handle, grid: Dim3, block: Dim3, shared_mem: int, args: bytes
     ) -> _KernelOp:

@@ -1172,6 +1172,31 @@ class GpuBackend:
         self._param_sizes[key] = size
         return size
 
+    def function_params(self, function: Handle) -> list[tuple[int, int, bool]]:
+        """Each parameter's (offset, size) from the runtime's parameter-info call
+        (``cuFuncGetParamInfo``, CUDA 12.4+); pointer-ness is not reported there.
+        hipErrorNotSupported on HIP (reading the code object's ``amdhsa.kernels`` metadata
+        is later work) and on older CUDA drivers."""
+        call = self._rt.param_info_call
+        if call is None or not self._rt.provides(call):
+            raise HipError(
+                HipErrorCode.hipErrorNotSupported,
+                "this runtime cannot report a kernel's parameter layout",
+            )
+        params: list[tuple[int, int, bool]] = []
+        while len(params) < _MAX_PARAMS:
+            result = self._rt.raw(call, function, len(params))
+            err = int(result[0])
+            if err == _INVALID_VALUE:
+                break  # past the last parameter
+            if err != _SUCCESS:
+                raise HipError(
+                    HipErrorCode.hipErrorNotSupported,
+                    f"{call} failed ({err}): the kernel's parameter layout is unknown",
+                )
+            params.append((int(result[1]), int(result[2]), False))
+        return params
+
     def _fit_args(self, function: Any, args: bytes) -> bytes:
         """``args`` without zero tail padding past the kernel's last parameter.
 

@@ -37,6 +37,8 @@ from hipr.cli.common import (
 )
 from hipr.cli.completion import add_completion_parser
 from hipr.cli.fleet import info_many, urls_of
+from hipr.cli.proxy import add_proxy_parser
+from hipr.cli.run import add_run_parser
 from hipr.cli.status_view import add_status_parser
 from hipr.cli.workers import add_workers_parser
 from hipr.errors import AuthError, HipConnectionError, HipError, UsageError
@@ -144,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_completion_parser(sub, parser)
 
     add_bench_parser(sub)
+    add_proxy_parser(sub)
+    add_run_parser(sub)
     return parser
 
 

@@ -138,6 +138,24 @@ async def module_builtin(session: Session, request: Request) -> Any:
     return {"module": module_id, "function": await _get_function(session, module_id, name)}
 
 
+@handler(Opcode.FUNCTION_PARAMS)
+async def function_params(session: Session, request: Request) -> Any:
+    """``{function}`` -> ``{offsets, sizes, pointers}``: where each parameter of the kernel
+    sits in its argument buffer and how many bytes it takes, and the indices of those that
+    are device pointers (as far as the runtime tells), so that a client given bare argument
+    pointers (HIP's ``kernelParams``) packs them. hipErrorNotSupported where the runtime
+    cannot tell (HIP backends for now; CUDA before 12.4)."""
+    function_id = request.args.handle("function")
+    assert function_id is not None
+    entry = session.functions.get(function_id)
+    params = await session.gpu(session.backend.function_params, entry.handle)
+    return {
+        "offsets": [offset for offset, _, _ in params],
+        "sizes": [size for _, size, _ in params],
+        "pointers": [i for i, (_, _, pointer) in enumerate(params) if pointer],
+    }
+
+
 def launch_arguments(session: Session, args: Args) -> tuple[Any, Any, Any, int, bytes]:
     """Read and check a launch's function, geometry and packed arguments. Each pointer
     argument must be null or inside one of the session's allocations."""

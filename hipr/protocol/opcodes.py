@@ -77,6 +77,9 @@ class Opcode(IntEnum):
     COMPILE_AND_GET_FUNCTION = 0x0506
     #: Compile only: the code object comes back (hiprtcGetCode), nothing is loaded.
     PROGRAM_COMPILE = 0x0507
+    #: A kernel's parameter layout, for clients given bare argument pointers (the proxy's
+    #: kernelParams). Asked only of a worker that lists it; older ones answer unknown-opcode.
+    FUNCTION_PARAMS = 0x0508
     LAUNCH_KERNEL = 0x0510
     #: Protocol 1.1: launches of one kernel configuration, one argument buffer each.
     LAUNCH_KERNELS = 0x0511

@@ -58,6 +58,7 @@ BACKEND_METHODS: tuple[str, ...] = (
     "module_unload",
     "module_get_function",
     "builtin_module",
+    "function_params",
     "launch",
     "stream_begin_capture",
     "stream_end_capture",
@@ -341,6 +342,10 @@ class FaultBackend:
     def module_get_function(self, module: Handle, name: str) -> Handle:
         """See :meth:`Backend.module_get_function`."""
         return self._call("module_get_function", self.inner.module_get_function, module, name)
+
+    def function_params(self, function: Handle) -> list[tuple[int, int, bool]]:
+        """See :meth:`Backend.function_params`."""
+        return self._call("function_params", self.inner.function_params, function)
 
     def builtin_module(self) -> Handle:
         """See :meth:`Backend.builtin_module`."""

@@ -1,0 +1,73 @@
+/* The proxy's one session with the worker: connection, HELLO, requests and replies,
+ * fire-and-forget coalescing, heartbeats, fork handling. Thread-safe: one mutex around
+ * the session. Exported (under the private version HIPR_PRIVATE) so that libhiprtc.so
+ * shares libamdhip64.so's session. */
+#ifndef HIPR_CLIENT_H
+#define HIPR_CLIENT_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cborx.h"
+
+#define HIPR_EXPORT __attribute__((visibility("default")))
+
+/* hipError_t values the core itself returns. */
+#define HIPR_SUCCESS 0
+#define HIPR_INVALID_VALUE 1
+#define HIPR_OUT_OF_MEMORY 2
+#define HIPR_NO_DEVICE 100
+#define HIPR_NOT_SUPPORTED 801
+#define HIPR_UNKNOWN 999
+
+/* Not tied to the calling thread's current device (device facts, compiles). */
+#define HIPR_ANY_DEVICE (-1)
+
+typedef struct hipr_reply {
+    cbor_item_t *map; /* the reply's CBOR map, or NULL; owned, see hipr_reply_free */
+    /* Bulk bytes when the call gave no sink. */
+    uint8_t *bulk;
+    size_t bulk_len;
+    /* Bytes written into the caller's sink. */
+    size_t sink_len;
+    /* For an error reply, `map` is the error map {code, kind, message, details?}, and this
+     * its message (or the core's own). */
+    char message[512];
+} hipr_reply;
+
+/* A request that waits for its reply. `args` may be NULL (no CBOR part); it is freed
+ * here. `device`: the thread's current device, made the session's current one first;
+ * HIPR_ANY_DEVICE for none. Reply bulk goes to `sink` (at most sink_size bytes; more is a
+ * protocol error) or, without a sink, to reply->bulk. Returns a hipError_t. */
+HIPR_EXPORT int hipr_call(int device, uint16_t opcode, hipr_map *args, const void *bulk,
+                          size_t bulk_len, void *sink, size_t sink_size, hipr_reply *reply);
+/* Fire-and-forget: queued and sent with the next synchronising call (or when the queue
+ * fills, or by the heartbeat thread when idle); its error is reported by a later call. */
+HIPR_EXPORT int hipr_notify(int device, uint16_t opcode, hipr_map *args, const void *bulk,
+                            size_t bulk_len);
+HIPR_EXPORT void hipr_reply_free(hipr_reply *reply);
+
+/* A launch's configuration: launches of equal configurations queued one after another go
+ * to the worker as one LAUNCH_KERNELS frame (protocol 1.1), else as LAUNCH_KERNEL. */
+typedef struct hipr_launch_config {
+    uint64_t function, shared_mem, stream; /* stream 0: the null stream */
+    uint64_t grid[3], block[3];
+    size_t n_ptrs;
+    uint64_t ptrs[256];
+} hipr_launch_config;
+
+/* Fire-and-forget launch of `args` (at most 4096 bytes) with `config`. */
+HIPR_EXPORT int hipr_launch(int device, const hipr_launch_config *config, const void *args,
+                            size_t args_len);
+/* The worker's backend as HELLO named it ("cuda", "hip", "emulator"); "" without a session. */
+HIPR_EXPORT const char *hipr_backend(void);
+/* Connects if needed; HIPR_SUCCESS or the error every call returns without a worker. */
+HIPR_EXPORT int hipr_ensure(void);
+/* Prints `what` on stderr once per distinct pointer (unsupported calls name themselves). */
+HIPR_EXPORT void hipr_warn_once(const char *what, int *flag);
+/* A lock of a front that may be held while the session's is taken: fork takes it first
+ * (so a child never inherits it held), and `child`, if given, runs in the child. */
+HIPR_EXPORT void hipr_fork_guard(pthread_mutex_t *m, void (*child)(void));
+
+#endif

@@ -1,0 +1,326 @@
+/* Modules, functions and launches: code objects loaded on the worker, kernel parameter
+ * layouts asked once per function (kernelParams), `extra` buffers passed through. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client.h"
+#include "modules.h"
+#include "opcodes.h"
+
+#define API HIPR_EXPORT
+#define MAX_PARAMS 256
+#define MAX_ARGS_BYTES 4096
+
+struct hipr_function {
+    uint64_t id;
+    /* 0: not asked yet; 1: known; -1: the worker cannot tell. */
+    int layout;
+    size_t n_params;
+    uint32_t offsets[MAX_PARAMS], sizes[MAX_PARAMS];
+    uint8_t is_pointer[MAX_PARAMS];
+    size_t args_size;
+    struct hipr_function *next;
+};
+
+struct hipr_module {
+    uint64_t id; /* 0 for the built-in module until its first function names it */
+    int builtin;
+    struct hipr_function *functions;
+};
+
+static pthread_mutex_t module_lock = PTHREAD_MUTEX_INITIALIZER;
+
+__attribute__((constructor(102))) static void modules_init(void) {
+    hipr_fork_guard(&module_lock, NULL);
+}
+
+/* --- code object sizes ------------------------------------------------------------------ */
+
+static uint64_t rd(const uint8_t *p, int n) {
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+static size_t elf_size(const uint8_t *p, size_t limit) {
+    if (limit < 64 || p[4] != 2 || p[5] != 1) return 0; /* 64-bit little-endian only */
+    uint64_t phoff = rd(p + 32, 8), shoff = rd(p + 40, 8);
+    uint64_t phentsize = rd(p + 54, 2), phnum = rd(p + 56, 2);
+    uint64_t shentsize = rd(p + 58, 2), shnum = rd(p + 60, 2);
+    uint64_t end = 64;
+    if (shoff && shoff + shnum * shentsize > end) end = shoff + shnum * shentsize;
+    if (phoff && phoff + phnum * phentsize > end) end = phoff + phnum * phentsize;
+    /* Section contents after the section header table (rare) extend the file. */
+    if (shoff && shentsize >= 64 && end <= limit) {
+        for (uint64_t i = 0; i < shnum; i++) {
+            const uint8_t *sh = p + shoff + i * shentsize;
+            uint64_t type = rd(sh + 4, 4), off = rd(sh + 24, 8), size = rd(sh + 32, 8);
+            if (type != 8 /* SHT_NOBITS */ && off + size > end) end = off + size;
+        }
+    }
+    return end <= limit ? (size_t)end : 0;
+}
+
+static size_t bundle_size(const uint8_t *p, size_t limit) {
+    /* "__CLANG_OFFLOAD_BUNDLE__", u64 entries, then per entry u64 offset, u64 size,
+     * u64 triple length, the triple. */
+    if (limit < 32) return 0;
+    uint64_t n = rd(p + 24, 8), at = 32, end = 32;
+    for (uint64_t i = 0; i < n && i < 4096; i++) {
+        if (at + 24 > limit) return 0;
+        uint64_t off = rd(p + at, 8), size = rd(p + at + 8, 8), tl = rd(p + at + 16, 8);
+        at += 24 + tl;
+        if (off + size > end) end = off + size;
+        if (at > end) end = at;
+    }
+    return end <= limit ? (size_t)end : 0;
+}
+
+size_t hipr_image_size(const void *image, size_t limit) {
+    const uint8_t *p = image;
+    if (!p || limit < 4) return 0;
+    if (limit >= sizeof HIPR_BUILTIN_IMAGE &&
+        memcmp(p, HIPR_BUILTIN_IMAGE, sizeof HIPR_BUILTIN_IMAGE) == 0)
+        return sizeof HIPR_BUILTIN_IMAGE;
+    if (memcmp(p, "\x7f" "ELF", 4) == 0) return elf_size(p, limit);
+    if (limit >= 24 && memcmp(p, "__CLANG_OFFLOAD_BUNDLE__", 24) == 0) return bundle_size(p, limit);
+    if (rd(p, 4) == 0xBA55ED50u && limit >= 16) { /* CUDA fat binary: header + fatSize */
+        uint64_t size = rd(p + 6, 2) + rd(p + 8, 8);
+        return size <= limit ? (size_t)size : 0;
+    }
+    /* PTX: text up to its NUL. */
+    const uint8_t *nul = memchr(p, 0, limit > (64u << 20) ? (64u << 20) : limit);
+    if (nul && (memcmp(p, "//", 2) == 0 || memcmp(p, ".version", 8) == 0))
+        return (size_t)(nul - p) + 1;
+    return 0;
+}
+
+/* --- modules ------------------------------------------------------------------------- */
+
+static hipError_t load_image(hipModule_t *module, const void *image, size_t size) {
+    struct hipr_module *m = calloc(1, sizeof *m);
+    if (!m) return hipErrorOutOfMemory;
+    if (size == sizeof HIPR_BUILTIN_IMAGE && memcmp(image, HIPR_BUILTIN_IMAGE, size) == 0) {
+        m->builtin = 1;
+        *module = m;
+        return hipSuccess;
+    }
+    hipr_reply r;
+    hipError_t rc =
+        hipr_call(hipr_front_device(), OP_MODULE_LOAD, NULL, image, size, NULL, 0, &r);
+    if (rc == hipSuccess && (hipr_cbor_uint(r.map, "module", &m->id) || !m->id))
+        rc = hipErrorUnknown;
+    hipr_reply_free(&r);
+    if (rc) {
+        free(m);
+        return rc;
+    }
+    *module = m;
+    return hipSuccess;
+}
+
+API hipError_t hipModuleLoadData(hipModule_t *module, const void *image) {
+    if (!module || !image) return hipr_front_ret(hipErrorInvalidValue);
+    size_t size = hipr_image_size(image, SIZE_MAX);
+    if (!size) return hipr_front_ret(hipErrorInvalidImage);
+    return hipr_front_ret(load_image(module, image, size));
+}
+
+API hipError_t hipModuleLoadDataEx(hipModule_t *module, const void *image, unsigned int n,
+                                   int *options, void **values) {
+    (void)n;
+    (void)options;
+    (void)values;
+    return hipModuleLoadData(module, image);
+}
+
+API hipError_t hipModuleLoad(hipModule_t *module, const char *fname) {
+    if (!module || !fname) return hipr_front_ret(hipErrorInvalidValue);
+    FILE *fp = fopen(fname, "rb");
+    if (!fp) return hipr_front_ret(hipErrorFileNotFound);
+    uint8_t *buf = NULL;
+    size_t len = 0, cap = 0;
+    hipError_t rc = hipSuccess;
+    for (;;) {
+        if (len == cap) {
+            cap = cap ? cap * 2 : 1 << 16;
+            uint8_t *p = realloc(buf, cap);
+            if (!p) {
+                rc = hipErrorOutOfMemory;
+                break;
+            }
+            buf = p;
+        }
+        size_t k = fread(buf + len, 1, cap - len, fp);
+        len += k;
+        if (k == 0) break;
+    }
+    fclose(fp);
+    if (rc == hipSuccess) rc = len ? load_image(module, buf, len) : hipErrorInvalidImage;
+    free(buf);
+    return hipr_front_ret(rc);
+}
+
+API hipError_t hipModuleGetFunction(hipFunction_t *function, hipModule_t module, const char *name) {
+    if (!function || !module || !name) return hipr_front_ret(hipErrorInvalidValue);
+    struct hipr_function *f = calloc(1, sizeof *f);
+    if (!f) return hipr_front_ret(hipErrorOutOfMemory);
+    hipr_map m;
+    hipr_map_init(&m, 2);
+    if (!module->builtin) hipr_map_u64(&m, "module", module->id);
+    hipr_map_str(&m, "name", name, strlen(name));
+    hipr_reply r;
+    hipError_t rc = hipr_call(hipr_front_device(),
+                              module->builtin ? OP_MODULE_BUILTIN : OP_MODULE_GET_FUNCTION, &m,
+                              NULL, 0, NULL, 0, &r);
+    if (rc == hipSuccess && (hipr_cbor_uint(r.map, "function", &f->id) || !f->id))
+        rc = hipErrorUnknown;
+    hipr_reply_free(&r);
+    if (rc) {
+        free(f);
+        return hipr_front_ret(rc);
+    }
+    pthread_mutex_lock(&module_lock);
+    f->next = module->functions;
+    module->functions = f;
+    pthread_mutex_unlock(&module_lock);
+    *function = f;
+    return hipSuccess;
+}
+
+API hipError_t hipModuleUnload(hipModule_t module) {
+    if (!module) return hipr_front_ret(hipErrorInvalidHandle);
+    hipError_t rc = hipSuccess;
+    /* The built-in module is shared by the worker's sessions and never unloaded. */
+    if (!module->builtin) {
+        hipr_map m;
+        hipr_map_init(&m, 1);
+        hipr_map_u64(&m, "module", module->id);
+        hipr_reply r;
+        rc = hipr_call(hipr_front_device(), OP_MODULE_UNLOAD, &m, NULL, 0, NULL, 0, &r);
+        hipr_reply_free(&r);
+    }
+    if (rc == hipSuccess) {
+        for (struct hipr_function *f = module->functions, *next; f; f = next) {
+            next = f->next;
+            free(f);
+        }
+        free(module);
+    }
+    return hipr_front_ret(rc);
+}
+
+/* --- launches ------------------------------------------------------------------------- */
+
+static int read_list(const cbor_item_t *map, const char *key, uint32_t *out, size_t *n) {
+    cbor_item_t *list = hipr_cbor_get(map, key);
+    if (!list || !cbor_isa_array(list) || cbor_array_size(list) > MAX_PARAMS) return -1;
+    *n = cbor_array_size(list);
+    for (size_t i = 0; i < *n; i++) {
+        cbor_item_t *v = cbor_array_get(list, i);
+        int bad = !v || !cbor_isa_uint(v) || cbor_get_int(v) > MAX_ARGS_BYTES;
+        if (!bad) out[i] = (uint32_t)cbor_get_int(v);
+        if (v) cbor_decref(&v);
+        if (bad) return -1;
+    }
+    return 0;
+}
+
+/* The function's parameter layout, asked once (FUNCTION_PARAMS). */
+static void learn_layout(struct hipr_function *f) {
+    if (f->layout) return;
+    hipr_map m;
+    hipr_map_init(&m, 1);
+    hipr_map_u64(&m, "function", f->id);
+    hipr_reply r;
+    hipError_t rc = hipr_call(hipr_front_device(), OP_FUNCTION_PARAMS, &m, NULL, 0, NULL, 0, &r);
+    uint32_t ptrs[MAX_PARAMS];
+    size_t n = 0, n2 = 0, np = 0;
+    int ok = rc == hipSuccess && read_list(r.map, "offsets", f->offsets, &n) == 0 &&
+             read_list(r.map, "sizes", f->sizes, &n2) == 0 && n == n2 &&
+             read_list(r.map, "pointers", ptrs, &np) == 0;
+    hipr_reply_free(&r);
+    memset(f->is_pointer, 0, sizeof f->is_pointer);
+    f->args_size = 0;
+    for (size_t i = 0; ok && i < n; i++) {
+        if (f->offsets[i] + f->sizes[i] > MAX_ARGS_BYTES || f->sizes[i] == 0) ok = 0;
+        else if (f->offsets[i] + f->sizes[i] > f->args_size)
+            f->args_size = f->offsets[i] + f->sizes[i];
+    }
+    for (size_t i = 0; ok && i < np; i++) {
+        if (ptrs[i] >= n) ok = 0;
+        else f->is_pointer[ptrs[i]] = 1;
+    }
+    f->n_params = ok ? n : 0;
+    f->layout = ok ? 1 : -1;
+}
+
+static hipError_t launch(struct hipr_function *f, const unsigned grid[3], const unsigned block[3],
+                         unsigned shared, hipStream_t stream, void **params, void **extra) {
+    pthread_mutex_lock(&module_lock);
+    learn_layout(f);
+    int layout = f->layout;
+    pthread_mutex_unlock(&module_lock);
+    uint8_t buf[MAX_ARGS_BYTES];
+    const uint8_t *args = buf;
+    size_t args_len = 0;
+    if (extra) {
+        const void *p = NULL;
+        size_t size = 0;
+        int have_size = 0;
+        for (size_t i = 0; extra[i] != HIP_LAUNCH_PARAM_END; i += 2) {
+            if (i >= 64) return hipErrorInvalidValue;
+            if (extra[i] == HIP_LAUNCH_PARAM_BUFFER_POINTER) p = extra[i + 1];
+            else if (extra[i] == HIP_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1]) {
+                memcpy(&size, extra[i + 1], sizeof size);
+                have_size = 1;
+            } else return hipErrorInvalidValue;
+        }
+        if (!have_size || (size && !p) || size > MAX_ARGS_BYTES) return hipErrorInvalidValue;
+        args = p;
+        args_len = size;
+    } else if (params) {
+        if (layout != 1) {
+            static int warned;
+            hipr_warn_once("hipModuleLaunchKernel with kernelParams needs the kernel's "
+                           "parameter layout, which this worker cannot report; pass `extra`",
+                           &warned);
+            return hipErrorNotSupported;
+        }
+        memset(buf, 0, f->args_size);
+        for (size_t i = 0; i < f->n_params; i++) {
+            if (!params[i]) return hipErrorInvalidValue;
+            memcpy(buf + f->offsets[i], params[i], f->sizes[i]);
+        }
+        args_len = f->args_size;
+    }
+    /* Pointer arguments, where the layout tells them, are checked by the worker against
+     * the session's allocations. */
+    uint64_t ptrs[MAX_PARAMS];
+    size_t n_ptrs = 0;
+    for (size_t i = 0; layout == 1 && i < f->n_params; i++)
+        if (f->is_pointer[i] && f->offsets[i] + 8 <= args_len) ptrs[n_ptrs++] = f->offsets[i];
+    hipr_launch_config c;
+    memset(&c, 0, sizeof c);
+    c.function = f->id;
+    c.shared_mem = shared;
+    c.stream = (uint64_t)(uintptr_t)stream;
+    for (int i = 0; i < 3; i++) {
+        c.grid[i] = grid[i];
+        c.block[i] = block[i];
+    }
+    c.n_ptrs = n_ptrs;
+    memcpy(c.ptrs, ptrs, n_ptrs * sizeof *ptrs);
+    return hipr_launch(hipr_front_device(), &c, args, args_len);
+}
+
+API hipError_t hipModuleLaunchKernel(hipFunction_t f, unsigned gx, unsigned gy, unsigned gz,
+                                     unsigned bx, unsigned by, unsigned bz, unsigned shared,
+                                     hipStream_t stream, void **kernelParams, void **extra) {
+    if (!f) return hipr_front_ret(hipErrorInvalidHandle);
+    const unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+    return hipr_front_ret(launch(f, grid, block, shared, stream, kernelParams, extra));
+}

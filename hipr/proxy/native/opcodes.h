@@ -1,0 +1,41 @@
+/* Opcodes of docs/protocol.md used by the proxy (hipr/protocol/opcodes.py is the source;
+ * tests/proxy/test_native_build.py checks that the two agree). */
+#ifndef HIPR_OPCODES_H
+#define HIPR_OPCODES_H
+
+#define OP_HELLO 0x0001
+#define OP_GOODBYE 0x0002
+#define OP_PING 0x0003
+#define OP_DATA 0x0004
+#define OP_DEVICE_COUNT 0x0101
+#define OP_SET_DEVICE 0x0102
+#define OP_DEVICE_PROPERTIES 0x0104
+#define OP_DEVICE_SYNCHRONIZE 0x0105
+#define OP_MEM_GET_INFO 0x0106
+#define OP_MALLOC 0x0201
+#define OP_FREE 0x0202
+#define OP_MEMCPY_HTOD 0x0210
+#define OP_MEMCPY_DTOH 0x0211
+#define OP_MEMCPY_DTOD 0x0212
+#define OP_MEMSET 0x0220
+#define OP_STREAM_CREATE 0x0301
+#define OP_STREAM_DESTROY 0x0302
+#define OP_STREAM_SYNCHRONIZE 0x0303
+#define OP_STREAM_QUERY 0x0304
+#define OP_STREAM_WAIT_EVENT 0x0305
+#define OP_EVENT_CREATE 0x0401
+#define OP_EVENT_DESTROY 0x0402
+#define OP_EVENT_RECORD 0x0403
+#define OP_EVENT_SYNCHRONIZE 0x0404
+#define OP_EVENT_QUERY 0x0405
+#define OP_EVENT_ELAPSED_TIME 0x0406
+#define OP_MODULE_LOAD 0x0502
+#define OP_MODULE_UNLOAD 0x0503
+#define OP_MODULE_GET_FUNCTION 0x0504
+#define OP_MODULE_BUILTIN 0x0505
+#define OP_PROGRAM_COMPILE 0x0507
+#define OP_FUNCTION_PARAMS 0x0508
+#define OP_LAUNCH_KERNEL 0x0510
+#define OP_LAUNCH_KERNELS 0x0511
+
+#endif

@@ -1,0 +1,195 @@
+/* Feeds the proxy core's decoder (hipr/proxy/native/wire.c and cborx.c, compiled in)
+ * well-formed, malformed, truncated and oversized reply frames, in pieces of random size,
+ * then reads every decoded frame's CBOR part as the client does (error maps, fields).
+ * Deterministic for a seed; run under ASan/UBSan by tests/proxy/test_native_c.py.
+ * Usage: fuzz_wire ITERATIONS SEED. Prints "ok" and the counts when nothing failed. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cborx.h"
+#include "wire.h"
+
+static uint64_t state;
+
+static uint64_t next(void) {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+}
+
+static size_t below(size_t n) { return n ? (size_t)(next() % n) : 0; }
+
+static int failures;
+#define EXPECT(c)                                                              \
+    do {                                                                       \
+        if (!(c)) {                                                            \
+            fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #c);  \
+            failures++;                                                        \
+        }                                                                      \
+    } while (0)
+
+/* A random CBOR map: a reply as the worker sends it (or an error map). */
+static int random_map(uint8_t **out, size_t *len) {
+    static const char *const keys[] = {"code", "kind", "message", "ptr", "count", "ms",
+                                       "details", "done", "offsets", "x"};
+    hipr_map m;
+    size_t n = below(6);
+    hipr_map_init(&m, n);
+    for (size_t i = 0; i < n; i++) {
+        const char *k = keys[below(10)];
+        switch (below(5)) {
+        case 0: hipr_map_u64(&m, k, next()); break;
+        case 1: hipr_map_str(&m, k, "some text\nlog", below(14)); break;
+        case 2: {
+            uint8_t b[40];
+            for (size_t j = 0; j < sizeof b; j++) b[j] = (uint8_t)next();
+            hipr_map_bytes(&m, k, b, below(sizeof b));
+            break;
+        }
+        case 3: {
+            uint64_t v[5] = {next(), 1, 2, next() % 4096, 8};
+            hipr_map_u64_list(&m, k, v, below(6));
+            break;
+        }
+        default: hipr_map_item(&m, k, cbor_build_float8((double)next() / 7.0));
+        }
+    }
+    int rc = hipr_map_encode(&m, out, len);
+    hipr_map_free(&m);
+    return rc;
+}
+
+/* Read a decoded frame's CBOR part the ways the client does. */
+static void read_frame(const hipr_frame *f) {
+    cbor_item_t *map = hipr_cbor_load(f->cbor, f->cbor_len);
+    char msg[64];
+    int code = hipr_error_code(map, msg, sizeof msg);
+    EXPECT(code > 0);
+    EXPECT(strlen(msg) < sizeof msg);
+    uint64_t u;
+    int64_t i;
+    double d;
+    char text[16];
+    (void)hipr_cbor_uint(map, "ptr", &u);
+    (void)hipr_cbor_int(map, "count", &i);
+    (void)hipr_cbor_float(map, "ms", &d);
+    (void)hipr_cbor_text(map, "kind", text, sizeof text);
+    cbor_item_t *details = hipr_cbor_get(map, "details");
+    if (details) (void)hipr_cbor_int(details, "rtc_result", &i);
+    if (map) cbor_decref(&map);
+}
+
+int main(int argc, char **argv) {
+    long iterations = argc > 1 ? atol(argv[1]) : 1000;
+    state = argc > 2 ? strtoull(argv[2], NULL, 10) | 1 : 88172645463325252ull;
+    long frames = 0, broken = 0, roundtrips = 0;
+    /* Headers that declare more than the bytes that follow are refused before libcbor
+     * allocates for them: a map of 2^32 pairs, a string of 2^40 bytes, deep nesting. */
+    static const uint8_t huge_map[] = {0xbb, 0, 0, 0, 1, 0, 0, 0, 0};
+    static const uint8_t huge_text[] = {0x7b, 0, 0, 1, 0, 0, 0, 0, 0, 'a'};
+    uint8_t deep[100];
+    memset(deep, 0x81, sizeof deep); /* [[[[...]]]] */
+    deep[sizeof deep - 1] = 0x00;
+    EXPECT(hipr_cbor_load(huge_map, sizeof huge_map) == NULL);
+    EXPECT(hipr_cbor_load(huge_text, sizeof huge_text) == NULL);
+    EXPECT(hipr_cbor_load(deep, sizeof deep) == NULL);
+    static const uint8_t ok_map[] = {0xa1, 0x64, 'c', 'o', 'd', 'e', 0x18, 101};
+    cbor_item_t *okm = hipr_cbor_load(ok_map, sizeof ok_map);
+    EXPECT(okm != NULL && hipr_error_code(okm, NULL, 0) == 101);
+    if (okm) cbor_decref(&okm);
+    for (long it = 0; it < iterations; it++) {
+        /* Build a stream of 1-4 frames with the encoder, then damage it (or not). */
+        hipr_wire enc;
+        hipr_wire_init(&enc, 1 << 20);
+        size_t count = 1 + below(4);
+        uint16_t ops[4];
+        size_t bulks[4];
+        for (size_t k = 0; k < count; k++) {
+            uint8_t *cbor = NULL;
+            size_t cbor_len = 0;
+            if (below(4) && random_map(&cbor, &cbor_len) != 0) cbor_len = 0;
+            uint8_t bulk[300];
+            for (size_t j = 0; j < sizeof bulk; j++) bulk[j] = (uint8_t)j;
+            bulks[k] = below(4) ? 0 : below(sizeof bulk);
+            ops[k] = (uint16_t)next();
+            EXPECT(hipr_wire_put(&enc, ops[k], (uint32_t)next(), (uint32_t)below(16), cbor,
+                                 cbor_len, bulk, bulks[k]) == HIPR_WIRE_OK);
+            free(cbor);
+        }
+        size_t len;
+        const uint8_t *wire = hipr_wire_output(&enc, &len);
+        uint8_t *data = malloc(len + 64);
+        memcpy(data, wire, len);
+        int damage = (int)below(6);
+        switch (damage) {
+        case 1: /* flip bytes anywhere */
+            for (size_t j = 0, n = 1 + below(8); j < n; j++) data[below(len)] ^= (uint8_t)(1 + below(255));
+            break;
+        case 2: /* truncated */
+            len = below(len);
+            break;
+        case 3: /* oversized payload length */
+            for (int j = 16; j < 24; j++) data[j] = 0xff;
+            break;
+        case 4: /* a CBOR length that overruns the payload */
+            if (len >= 28) data[24 + below(4)] = 0xff;
+            break;
+        case 5: /* garbage appended */
+            for (size_t j = 0; j < 64; j++) data[len + j] = (uint8_t)next();
+            len += 64;
+            break;
+        }
+        /* Decode, fed in random pieces. */
+        hipr_wire dec;
+        hipr_wire_init(&dec, 1 << 20);
+        size_t off = 0, got_frames = 0;
+        int stream_broken = 0;
+        while (off < len && !stream_broken) {
+            size_t piece = 1 + below(len - off);
+            EXPECT(hipr_wire_feed(&dec, data + off, piece) == HIPR_WIRE_OK);
+            off += piece;
+            hipr_frame f;
+            int rc;
+            while ((rc = hipr_wire_next(&dec, &f)) == 1) {
+                EXPECT(f.cbor_len + f.bulk_len <= len);
+                read_frame(&f);
+                if (damage == 0 && got_frames < count) {
+                    EXPECT(f.opcode == ops[got_frames]);
+                    EXPECT(f.bulk_len == bulks[got_frames]);
+                    for (size_t j = 0; j < f.bulk_len; j++) EXPECT(f.bulk[j] == (uint8_t)j);
+                }
+                got_frames++;
+                frames++;
+            }
+            if (rc < 0) {
+                stream_broken = 1;
+                broken++;
+                EXPECT(dec.error[0] != '\0');
+            }
+        }
+        if (damage == 0) {
+            EXPECT(got_frames == count && !stream_broken);
+            roundtrips++;
+        }
+        if (damage == 3) EXPECT(stream_broken);
+        hipr_wire_free(&dec);
+        hipr_wire_free(&enc);
+        free(data);
+
+        /* Raw CBOR garbage straight into the reply readers. */
+        uint8_t junk[48];
+        size_t jl = below(sizeof junk);
+        for (size_t j = 0; j < jl; j++) junk[j] = (uint8_t)next();
+        hipr_frame f = {.cbor = junk, .cbor_len = jl};
+        read_frame(&f);
+    }
+    if (failures) {
+        fprintf(stderr, "%d check(s) failed\n", failures);
+        return 1;
+    }
+    printf("ok %ld iterations, %ld frames decoded, %ld broken streams, %ld clean round trips\n",
+           iterations, frames, broken, roundtrips);
+    return 0;
+}
