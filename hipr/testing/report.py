@@ -185,20 +185,39 @@ async def _backend_of(name: str) -> AsyncIterator[Backend | None]:
 
 
 async def _run_all(
-    plan: Plan, backend: str = "emulator", trace: bool = False, load: bool = True
+    plan: Plan, backend: str = "emulator", trace: bool = False, load: bool = True, rounds: int = 1
 ) -> tuple[FuzzReport, FaultReport, LoadReport | None]:
-    say(f"fuzz: {plan.fuzz.frames:,} frames, {plan.fuzz.processes or 'in-process'} fuzzers")
-    async with _backend_of(backend) as chosen:
-        fuzz = await run_fuzz_campaign(plan.fuzz, chosen, trace=trace)
-    say(f"fuzz done: {fuzz.summary()}")
-    for line in [*fuzz.memory.lines(), *fuzz.trace]:
-        say(f"fuzz: {line}")
-    say(f"faults: {plan.faults.sessions} sessions for {plan.faults.seconds:g} s")
-    async with _backend_of(backend) as chosen:
-        faults = await run_fault_campaign(plan.faults, inner=chosen, trace=trace)
-    say(f"faults done: {faults.summary()}")
-    for line in [*faults.memory.lines(), *faults.trace]:
-        say(f"faults: {line}")
+    """Each campaign ``rounds`` times in this process: device memory that grows in the
+    first round and not in the later ones is the runtime's one-time growth (its pools,
+    lazily loaded code), memory that grows every round a leak. The reports returned are
+    the first round's, with the later rounds' failures added to them."""
+    fuzz: FuzzReport | None = None
+    faults: FaultReport | None = None
+    for round_ in range(1, rounds + 1):
+        tag = f" (round {round_} of {rounds})" if rounds > 1 else ""
+        say(
+            f"fuzz{tag}: {plan.fuzz.frames:,} frames, {plan.fuzz.processes or 'in-process'} fuzzers"
+        )
+        async with _backend_of(backend) as chosen:
+            fuzzed = await run_fuzz_campaign(plan.fuzz, chosen, trace=trace)
+        say(f"fuzz done{tag}: {fuzzed.summary()}")
+        for line in [*fuzzed.memory.lines(), *fuzzed.trace]:
+            say(f"fuzz{tag}: {line}")
+        if fuzz is None:
+            fuzz = fuzzed
+        else:
+            _carry_failures(fuzz, fuzzed, round_)
+        say(f"faults{tag}: {plan.faults.sessions} sessions for {plan.faults.seconds:g} s")
+        async with _backend_of(backend) as chosen:
+            faulted = await run_fault_campaign(plan.faults, inner=chosen, trace=trace)
+        say(f"faults done{tag}: {faulted.summary()}")
+        for line in [*faulted.memory.lines(), *faulted.trace]:
+            say(f"faults{tag}: {line}")
+        if faults is None:
+            faults = faulted
+        else:
+            _carry_failures(faults, faulted, round_)
+    assert fuzz is not None and faults is not None  # rounds >= 1
     if not load:
         return fuzz, faults, None
     say(
@@ -209,6 +228,17 @@ async def _run_all(
         loaded = await run_load(plan.load, backend=chosen)
     say(f"load done: {loaded.summary()}")
     return fuzz, faults, loaded
+
+
+def _carry_failures(
+    first: FuzzReport | FaultReport, later: FuzzReport | FaultReport, round_: int
+) -> None:
+    """A later round's crashes, hangs, violations and leaks, named by round, in the
+    first round's report (whose figures the table shows)."""
+    for name in ("crashes", "hangs", "violations", "leaks"):
+        found = getattr(later, name, None)
+        if found:
+            getattr(first, name).extend(f"round {round_}: {item}" for item in found)
 
 
 def say(message: str) -> None:
@@ -227,6 +257,13 @@ def main_report(argv: list[str] | None = None) -> int:
     parser.add_argument("--loop", choices=("trio", "asyncio"), default="trio")
     parser.add_argument("--fuzz-minutes", type=float, help="cap the fuzzing time")
     parser.add_argument("--output", type=Path, help="also write the report to this file")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the fuzz and fault campaigns this many times in one process: growth of "
+        "device memory in the first round only is the runtime's, in every round a leak",
+    )
     _backend_arguments(parser)
     parser.add_argument(
         "--no-load", action="store_true", help="run the fuzz and fault campaigns only"
@@ -279,7 +316,13 @@ def main_report(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     described = describe_backend(args.backend)
     fuzz, faults, load = anyio.run(
-        _run_all, plan, args.backend, args.trace_leaks, not args.no_load, backend=args.loop
+        _run_all,
+        plan,
+        args.backend,
+        args.trace_leaks,
+        not args.no_load,
+        args.rounds,
+        backend=args.loop,
     )
     command = "scripts/reliability-report " + shlex.join(sys.argv[1:] if argv is None else argv)
     title = (
