@@ -601,7 +601,9 @@ def tame_launch(rng: random.Random, args: Any, t: Targets) -> Any:
     Malformed fields stay malformed (the worker refuses them before any kernel runs)."""
     if not isinstance(args, dict):
         return args
-    args = dict(args)
+    # Seen as the worker's decoder will see them: it drops the self-describing tag, so a
+    # tagged null is a null (an absent field) there, and must be tamed as one.
+    args = {key: _self_described(value) for key, value in args.items()}
     if args.get("function") != t.function:
         args["function"] = 2**64 - 1
     # A null or absent field is read as its default (no arguments, no pointer checked,
@@ -628,6 +630,16 @@ def tame_launch(rng: random.Random, args: Any, t: Targets) -> Any:
         args["shared_mem"] = need
     return args
 
+
+def _self_described(value: Any) -> Any:
+    """``value`` without its self-describing CBOR tags (55799), which decoders drop."""
+    while isinstance(value, cbor2.CBORTag) and value.tag == SELF_DESCRIBE_TAG:
+        value = value.value
+    return value
+
+
+#: RFC 8949's "self-described CBOR" tag: a decoder returns the value it wraps.
+SELF_DESCRIBE_TAG = 55799
 
 #: Dynamic shared memory a built-in kernel indexes by thread (bytes per thread of a
 #: block): launched with less, it writes past its shared memory and faults.
