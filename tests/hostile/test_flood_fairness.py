@@ -145,7 +145,9 @@ async def test_unread_replies_pause_reading_and_bound_memory(
     _check_victim(figures)
     flood = figures.flood
     # Her writes waited for most of the flood: the worker stopped reading her.
+    # (Not "nothing in the last second": the kernel's socket buffers grow as they fill,
+    # TCP's autotuning, and on a loaded machine the worker may take a later burst once
+    # they have room; what it holds itself stays bounded, below.)
     assert flood.blocked_seconds >= FLOOD_SECONDS / 3, flood
-    assert flood.frames_per_second[-1] == 0, flood
     # Before fair service, 7M such requests grew the worker by 1.6 GB and counting.
     assert figures.rss_peak - figures.rss_idle < 64 * MiB, figures.summary()
