@@ -110,3 +110,29 @@ def test_sync_objects_show_their_methods(url: str) -> None:
         assert event.query() is True  # the method works as before
         assert type(event).__name__ == "SyncEvent"
         stream.destroy()
+
+
+def test_a_method_held_from_before_its_first_call_binds_once(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``post = gpu.memcpy_htod_async`` taken before any call is the class's method: each
+    call must reuse the instance's blocking version, made once (made per call, it halved
+    the rate of fire-and-forget copies in hipr bench)."""
+    from hipr.client.sync import SyncProxy
+
+    binds: list[str] = []
+    bind = SyncProxy._bind
+
+    def counting(self: SyncProxy, name: str) -> object:
+        binds.append(name)
+        return bind(self, name)
+
+    monkeypatch.setattr(SyncProxy, "_bind", counting)
+    with hipr.connect(url) as gpu:
+        post = gpu.memcpy_htod_async
+        ptr = gpu.malloc(4)
+        for _ in range(3):
+            post(ptr, b"abcd")
+        gpu.synchronize()
+        assert gpu.memcpy_dtoh(ptr, 4) == b"abcd"
+    assert binds.count("memcpy_htod_async") == 1, binds

@@ -158,7 +158,13 @@ class SyncProxy:
 def _sync_method(name: str, coroutine_function: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(coroutine_function)
     def method(self: SyncProxy, *args: Any, **kwargs: Any) -> Any:
-        return self._bind(name)(*args, **kwargs)
+        # A caller may hold this class method (``post = gpu.memcpy_htod_async``) from
+        # before the instance's blocking version existed: it then finds that version,
+        # made once, rather than making one per call.
+        bound = self.__dict__.get(name)
+        if bound is None:
+            bound = self._bind(name)
+        return bound(*args, **kwargs)
 
     method.__doc__ = (inspect.getdoc(coroutine_function) or "") + (
         "\n\nBlocking: the coroutine of the async API, run in the caller's thread."
