@@ -39,6 +39,7 @@ import anyio.abc
 from hipr.protocol.codec import ARGS_LENGTH, encode_frame
 from hipr.protocol.header import HEADER, MAGIC, PROTOCOL_VERSION, Flags
 from hipr.protocol.opcodes import Opcode
+from hipr.testing.floods import FloodStats, flood_fire_and_forget, flood_unread_replies
 from hipr.testing.harness import RawClient, raw_connect, rss_bytes
 from hipr.worker.tenants import new_token, token_hash
 
@@ -339,6 +340,26 @@ async def drip(target: Target, interval: float = 0.0) -> dict[str, Any]:
 
 
 #: Every attack, by name, in the order the report runs them.
+def _flood_notes(stats: FloodStats) -> dict[str, Any]:
+    return {
+        "frames_sent": stats.frames_sent,
+        "frames_per_second": stats.frames_per_second,
+        "blocked_s": round(stats.blocked_seconds, 2),
+        **({"ended": stats.error} if stats.error else {}),
+    }
+
+
+async def fire_and_forget_flood(target: Target) -> dict[str, Any]:
+    """Alice's fire-and-forget MEMSETs from one authenticated connection, as fast as
+    the worker reads them, for ``target.flood_seconds`` (:mod:`hipr.testing.floods`)."""
+    return _flood_notes(await flood_fire_and_forget(target.url, target.alice, target.flood_seconds))
+
+
+async def unread_replies_flood(target: Target) -> dict[str, Any]:
+    """Alice's MEMSETs that each want a reply, from a connection that never reads one."""
+    return _flood_notes(await flood_unread_replies(target.url, target.alice, target.flood_seconds))
+
+
 ATTACKS: list[tuple[str, Attack]] = [
     ("HELLO bomb: 32 MiB of empty maps", hello_bomb_maps),
     ("HELLO bomb: 8 MiB of empty arrays", hello_bomb_arrays),
@@ -350,6 +371,8 @@ ATTACKS: list[tuple[str, Attack]] = [
     ("bad-magic flood", bad_magic_flood),
     ("wrong-token flood, 16 parallel", wrong_token_flood),
     ("one-byte drip after the handshake", drip),
+    ("fire-and-forget flood, one connection", fire_and_forget_flood),
+    ("unread-replies flood, one connection", unread_replies_flood),
 ]
 
 
