@@ -236,7 +236,7 @@ def configuration_markdown() -> str:
         "quota optional; unset means unlimited, except `max_request_rate`: 1,000,000 "
         "requests/s unless set, and `inf` lifts it). `weight` is a tenant's share of the "
         "worker's event loop while several tenants flood it (default 1; see "
-        "docs/operations.md, \"Fair service\"). Reloaded on SIGHUP.\n"
+        'docs/operations.md, "Fair service"). Reloaded on SIGHUP.\n'
         "\n"
         "```toml\n" + example + "\n```\n"
     )
