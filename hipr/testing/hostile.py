@@ -142,6 +142,24 @@ async def _send_bomb(
     return {"sent": sent, "answer": message, "closed": closed}
 
 
+async def _await_answers(streams: list[anyio.abc.ByteStream], timeout: float) -> tuple[int, int]:
+    """Wait on every stream at once for the worker's answer or close: (how many got an
+    error answer, how many the worker closed)."""
+    refused = closed = 0
+
+    async def one(stream: anyio.abc.ByteStream) -> None:
+        nonlocal refused, closed
+        message, ended = await _answer(stream, timeout)
+        # Counted after the await: ``closed += await ...`` would lose updates.
+        refused += message is not None
+        closed += ended
+
+    async with anyio.create_task_group() as tg:
+        for stream in streams:
+            tg.start_soon(one, stream)
+    return refused, closed
+
+
 async def _read_one(stream: anyio.abc.ByteStream) -> None:
     from hipr.protocol.codec import FrameDecoder
 
@@ -200,15 +218,7 @@ async def unfinished_hellos(target: Target, count: int = 20) -> dict[str, Any]:
             with contextlib.suppress(*_LINK_ENDS):
                 await stream.send(_head(Opcode.HELLO, limit, limit - 4) + b"\xa0" * (limit - 5))
 
-        async def wait_closed(stream: anyio.abc.ByteStream) -> None:
-            nonlocal refused, closed
-            message, ended = await _answer(stream, target.handshake_timeout + 5)
-            refused += message is not None
-            closed += ended
-
-        async with anyio.create_task_group() as tg:
-            for stream in streams:
-                tg.start_soon(wait_closed, stream)
+        refused, closed = await _await_answers(streams, target.handshake_timeout + 5)
     finally:
         for stream in streams:
             await anyio.aclose_forcefully(stream)
@@ -227,14 +237,7 @@ async def idle_connections(target: Target) -> dict[str, Any]:
             except OSError:
                 failed += 1
 
-        async def wait_closed(stream: anyio.abc.ByteStream) -> None:
-            nonlocal closed
-            ended = (await _answer(stream, target.handshake_timeout + 5))[1]
-            closed += ended  # after the await: ``closed += await ...`` loses updates
-
-        async with anyio.create_task_group() as tg:
-            for stream in streams:
-                tg.start_soon(wait_closed, stream)
+        closed = (await _await_answers(streams, target.handshake_timeout + 5))[1]
     finally:
         for stream in streams:
             await anyio.aclose_forcefully(stream)
