@@ -11,24 +11,16 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from hipr.worker.config import ConfigError
-from hipr.worker.fairness import (
-    FRAME_COST,
-    SLICE_FRAMES,
+from hipr.sessions.limits import DEFAULT_MAX_REQUEST_RATE, Quotas, TokenBucket
+from hipr.sessions.quotas import (
     THROTTLE_MAX_SECONDS,
-    FairScheduler,
-    frame_charge,
+    QuotaGate,
+    TenantState,
     throttle_seconds,
 )
-from hipr.worker.quotas import QuotaGate, TenantState
-from hipr.worker.tenants import (
-    DEFAULT_MAX_REQUEST_RATE,
-    Quotas,
-    TokenBucket,
-    load_tenants,
-    new_token,
-    token_hash,
-)
+from hipr.worker.config import ConfigError
+from hipr.worker.fairness import FRAME_COST, SLICE_FRAMES, FairScheduler, frame_charge
+from hipr.worker.tenants import load_tenants, new_token, token_hash
 
 
 def test_every_frame_is_charged_at_least_frame_cost() -> None:

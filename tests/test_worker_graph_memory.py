@@ -1,13 +1,13 @@
 """What a session's graphs may write, and the allocations their frees wait for
-(hipr.worker.graph_memory, AllocationTable.retire): the books a deferred free keeps."""
+(hipr.sessions.graph_memory, AllocationTable.retire): the books a deferred free keeps."""
 
 from __future__ import annotations
 
 import pytest
 
 from hipr.errors import HipError
-from hipr.worker.graph_memory import GraphMemory
-from hipr.worker.resources import Allocation, AllocationTable
+from hipr.sessions.graph_memory import GraphMemory
+from hipr.sessions.resources import Allocation, AllocationTable
 
 
 def test_a_retired_allocation_is_unnameable_but_still_counted() -> None:

@@ -10,7 +10,7 @@ import pytest
 from hipr.backends.emulator import EmulatorBackend
 from hipr.protocol.opcodes import Opcode
 from hipr.testing.harness import RawClient, rss_bytes, wait_for_no_sessions
-from hipr.worker import memory
+from hipr.worker import heap_trim
 from hipr.worker.config import WorkerConfig
 from hipr.worker.server import IDLE_TRIM_DELAY, running_worker
 
@@ -18,9 +18,9 @@ pytestmark = pytest.mark.anyio
 
 
 def test_trim_heap_where_glibc_has_it() -> None:
-    assert memory.trim_heap() is (memory._trim is not None)
+    assert heap_trim.trim_heap() is (heap_trim._trim is not None)
     if sys.platform.startswith("linux") and "musl" not in sys.version:
-        assert memory._trim is not None
+        assert heap_trim._trim is not None
 
 
 async def test_the_last_session_ending_trims_the_heap(

@@ -9,7 +9,7 @@ import pytest
 
 from hipr.backends.base import Handle
 from hipr.backends.emulator import EmulatorBackend
-from hipr.worker.session import Session
+from hipr.sessions.state import Session
 
 pytestmark = pytest.mark.anyio
 
@@ -35,7 +35,7 @@ WINDOW = 0.05
 async def test_a_poll_that_just_ran_out_is_not_run_in_full_again(
     anyio_backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("hipr.worker.session._INLINE_POLL_SECONDS", WINDOW)
+    monkeypatch.setattr("hipr.sessions.state._INLINE_POLL_SECONDS", WINDOW)
     backend = BusyEmulator()
     session = Session(backend)
     try:

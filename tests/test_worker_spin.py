@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 import pytest
 
-from hipr.worker.spin import BusyPoll
+from hipr.sessions.spin import BusyPoll
 
 pytestmark = pytest.mark.anyio
 

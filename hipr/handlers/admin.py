@@ -34,16 +34,27 @@ from hipr.observability.metrics import Worker as MetricsWorker
 from hipr.observability.telemetry import device_telemetry
 from hipr.protocol.header import PROTOCOL_VERSION
 from hipr.protocol.opcodes import Opcode, OpcodeRange
-from hipr.worker.config import WorkerConfig
-from hipr.worker.session import Session
-from hipr.worker.spin import BusyPoll
+from hipr.sessions.spin import BusyPoll
+from hipr.sessions.state import Session
+
+
+class AdminConfig(Protocol):
+    """What admin calls read of the worker's configuration (``hipr.worker.config``'s
+    ``WorkerConfig`` has it; handlers never import the worker)."""
+
+    @property
+    def max_clients(self) -> int | None: ...
+    @property
+    def admin_token_sha256(self) -> str | None: ...
 
 
 class Worker(MetricsWorker, Protocol):
     """What the status call reads of the worker behind a connection (the server
     implements it; handlers never import the server)."""
 
-    config: WorkerConfig
+    @property
+    def config(self) -> AdminConfig: ...
+
     started_at: float
     bound_urls: list[str]
     #: The event loop's busy polling (its ``seconds``: ``spin_wait`` in force).

@@ -11,7 +11,7 @@ from hipr.errors import HipError
 from hipr.handlers.args import Args
 
 if TYPE_CHECKING:
-    from hipr.worker.session import Session
+    from hipr.sessions.state import Session
 
 
 T = TypeVar("T")

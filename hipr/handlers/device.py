@@ -8,7 +8,7 @@ from hipr.errors import HipError, HipErrorCode
 from hipr.handlers.context import Request
 from hipr.handlers.registry import LATER, answers_now, handler
 from hipr.protocol.opcodes import Opcode, OpcodeRange
-from hipr.worker.session import Session
+from hipr.sessions.state import Session
 
 OPCODE_RANGE = OpcodeRange.DEVICE
 

@@ -8,7 +8,7 @@ from typing import Any
 from hipr.handlers.context import Request, or_restore, post_ordered, run_ordered
 from hipr.handlers.registry import LATER, answers_now, handler
 from hipr.protocol.opcodes import Opcode, OpcodeRange
-from hipr.worker.session import Session
+from hipr.sessions.state import Session
 
 OPCODE_RANGE = OpcodeRange.EVENT
 

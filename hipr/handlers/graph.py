@@ -11,9 +11,9 @@ from hipr.handlers.context import Request, or_restore, run_ordered
 from hipr.handlers.module import launch_arguments
 from hipr.handlers.registry import handler
 from hipr.protocol.opcodes import Opcode, OpcodeRange
-from hipr.worker.graph_memory import GraphKey
-from hipr.worker.resources import GraphEntry, GraphNodeEntry
-from hipr.worker.session import Session
+from hipr.sessions.graph_memory import GraphKey
+from hipr.sessions.resources import GraphEntry, GraphNodeEntry
+from hipr.sessions.state import Session
 
 OPCODE_RANGE = OpcodeRange.GRAPH
 

@@ -21,9 +21,9 @@ from hipr.errors import HipError, invalid_value
 from hipr.handlers.context import Reply, Request, admit_each, post_ordered, run_batch, run_ordered
 from hipr.handlers.registry import LATER, answers_now, handler
 from hipr.protocol.opcodes import Opcode, OpcodeRange
-from hipr.worker.gpu_thread import PendingCall
-from hipr.worker.resources import Allocation
-from hipr.worker.session import Session
+from hipr.sessions.gpu_thread import PendingCall
+from hipr.sessions.resources import Allocation
+from hipr.sessions.state import Session
 
 OPCODE_RANGE = OpcodeRange.MEMORY
 

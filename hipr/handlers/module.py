@@ -20,8 +20,8 @@ from hipr.handlers.context import (
 )
 from hipr.handlers.registry import LATER, answers_now, handler
 from hipr.protocol.opcodes import Opcode, OpcodeRange
-from hipr.worker.resources import FunctionEntry, ModuleEntry
-from hipr.worker.session import Session, as_hip_error
+from hipr.sessions.resources import FunctionEntry, ModuleEntry
+from hipr.sessions.state import Session, as_hip_error
 
 OPCODE_RANGE = OpcodeRange.MODULE
 

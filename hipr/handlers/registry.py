@@ -17,7 +17,7 @@ from hipr.protocol.opcodes import Opcode, OpcodeRange
 
 if TYPE_CHECKING:
     from hipr.handlers.context import Request
-    from hipr.worker.session import Session
+    from hipr.sessions.state import Session
 
 HandlerFn = Callable[["Session", "Request"], Awaitable[Any]]
 #: A handler's synchronous variant: the result now, or :data:`LATER`.

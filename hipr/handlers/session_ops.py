@@ -9,7 +9,7 @@ from hipr.errors import ProtocolError
 from hipr.handlers.context import Request
 from hipr.handlers.registry import handler
 from hipr.protocol.opcodes import Opcode, OpcodeRange
-from hipr.worker.session import Session
+from hipr.sessions.state import Session
 
 OPCODE_RANGE = OpcodeRange.SESSION
 

@@ -9,8 +9,8 @@ from hipr.errors import HipError, HipErrorCode
 from hipr.handlers.context import Request, or_restore, post_ordered, run_ordered
 from hipr.handlers.registry import LATER, answers_now, handler
 from hipr.protocol.opcodes import Opcode, OpcodeRange
-from hipr.worker.resources import GraphEntry
-from hipr.worker.session import Session
+from hipr.sessions.resources import GraphEntry
+from hipr.sessions.state import Session
 
 OPCODE_RANGE = OpcodeRange.STREAM
 

@@ -33,6 +33,8 @@ from hipr.errors import HipConnectionError, InvalidUrlError
 from hipr.transports.base import (
     BlockingStream,
     BlockingTransport,
+    PushDelivery,
+    ThreadWriter,
     Transport,
     TransportAttribute,
     TransportConfig,
@@ -46,6 +48,8 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "BlockingStream",
     "BlockingTransport",
+    "PushDelivery",
+    "ThreadWriter",
     "Transport",
     "TransportAttribute",
     "TransportConfig",

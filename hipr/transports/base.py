@@ -10,6 +10,7 @@ module knows nothing of the wire protocol either: bytes in, bytes out.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -22,6 +23,8 @@ from hipr.errors import HipConnectionError, InvalidUrlError
 __all__ = [
     "BlockingStream",
     "BlockingTransport",
+    "PushDelivery",
+    "ThreadWriter",
     "Transport",
     "TransportAttribute",
     "TransportConfig",
@@ -166,12 +169,79 @@ class TransportFailedError(HipConnectionError, BrokenResourceError):
     """
 
 
+class PushDelivery(Protocol):
+    """A stream that can hand arriving bytes to a callback in the event loop's own I/O
+    callback, instead of waiting for ``receive`` (a stream's optional capability, found
+    with ``stream.extra(TransportAttribute.push_delivery, None)``).
+
+    The worker decodes requests as they arrive this way, with no task woken just to
+    read, and receives a large payload straight into its own buffer."""
+
+    def deliver_to(
+        self,
+        on_data: Callable[[bytes], None],
+        on_end: Callable[[], None],
+        target: Callable[[], memoryview | None] | None = None,
+        target_filled: Callable[[int], None] | None = None,
+    ) -> None:
+        """From now on hand each arriving chunk to ``on_data`` (bytes already buffered
+        first), and call ``on_end`` at end of stream or when the link breaks. Before each
+        read, ``target()`` may name the buffer the next bytes must land in; then
+        ``target_filled(n)`` reports them instead of ``on_data``."""
+        ...
+
+    def pause_reading(self, paused: bool) -> None:
+        """Back-pressure: stop (or restart) reading from the peer."""
+        ...
+
+    @property
+    def writable_now(self) -> bool:
+        """True when a write would be taken at once (open, and the peer reads)."""
+        ...
+
+    def write_nowait(self, data: bytes) -> None:
+        """Queue ``data`` for sending without waiting; the caller keeps whole frames
+        whole. ``anyio.BrokenResourceError`` once the link is gone."""
+        ...
+
+
+class ThreadWriter(Protocol):
+    """A stream that lets a thread other than its loop's write whole frames to it (a
+    stream's optional capability, found with
+    ``stream.extra(TransportAttribute.thread_writer, None)``): a worker session's GPU
+    thread puts a synchronize's reply on the wire itself, without waking the loop."""
+
+    def write_from_thread(self, data: bytes, busy: Callable[[], bool]) -> bool:
+        """From a thread other than the loop's: send ``data`` (one whole frame) at once,
+        unless ``busy()`` (a frame half-written) or the stream's own queue says it must
+        wait; False, with nothing sent, then."""
+        ...
+
+    @property
+    def thread_write_held(self) -> bool:
+        """True while the rest of a frame a thread began waits unsent (the socket took
+        only part of it)."""
+        ...
+
+    async def flush_thread_write(self) -> None:
+        """On the loop: send the rest of a frame a thread began, if the socket took only
+        part of it (before the connection's next frame, under its send lock)."""
+        ...
+
+
 class TransportAttribute(TypedAttributeSet):
-    """Typed attributes a transport may put on its streams (anyio's ``stream.extra``)."""
+    """Typed attributes a transport may put on its streams (anyio's ``stream.extra``).
+
+    Besides facts about the stream, a stream offers its optional capabilities this way:
+    whoever uses one asks for it by attribute and never names a stream class."""
 
     #: how the stream is described in logs, when the transport knows better than the
     #: socket (e.g. ``"ssh me@gpu01:22 -> /run/hipr/worker.sock"``)
     description: str = typed_attribute()
+    #: the stream itself, where it can deliver bytes in the loop's I/O callback
+    push_delivery: PushDelivery = typed_attribute()
+    #: the stream itself, where another thread may write whole frames to it
+    thread_writer: ThreadWriter = typed_attribute()
 
 
 @runtime_checkable

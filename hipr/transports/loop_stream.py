@@ -27,6 +27,7 @@ import anyio
 from anyio.abc import ByteStream
 
 from hipr.transports._common import socket_attributes
+from hipr.transports.base import TransportAttribute
 from hipr.transports.thread_writes import ThreadWrites
 
 __all__ = ["LoopSocketStream", "open_loop_stream"]
@@ -290,6 +291,11 @@ class LoopSocketStream(ByteStream):
         (``hipr.transports.thread_writes``); False, with nothing sent, otherwise."""
         return self.thread_writes.write(data, busy, self._transport.get_write_buffer_size)
 
+    @property
+    def thread_write_held(self) -> bool:
+        """True while the rest of a frame a thread began waits unsent."""
+        return bool(self.thread_writes.held)
+
     async def flush_thread_write(self) -> None:
         """Send the rest of a frame that :meth:`write_from_thread` began, if the socket
         took only part of it (call before the connection's next frame, under its send
@@ -318,8 +324,13 @@ class LoopSocketStream(ByteStream):
 
     @property
     def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
-        """anyio's ``SocketAttribute`` family (addresses, ports for TCP, raw socket)."""
-        return socket_attributes(self._sock, connected=True)
+        """anyio's ``SocketAttribute`` family (addresses, ports for TCP, raw socket), and
+        the stream's capabilities: push delivery and writes from other threads."""
+        return {
+            **socket_attributes(self._sock, connected=True),
+            TransportAttribute.push_delivery: lambda: self,
+            TransportAttribute.thread_writer: lambda: self,
+        }
 
 
 async def open_loop_stream(sock: socket.socket) -> LoopSocketStream:

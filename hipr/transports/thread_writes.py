@@ -22,9 +22,8 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Callable
-from typing import Protocol, runtime_checkable
 
-__all__ = ["ThreadWritable", "ThreadWrites"]
+__all__ = ["ThreadWrites"]
 
 
 class ThreadWrites:
@@ -82,23 +81,3 @@ class ThreadWrites:
         if self._dup is not None:
             self._dup.close()
             self._dup = None
-
-
-@runtime_checkable
-class ThreadWritable(Protocol):
-    """A stream that lets another thread write whole frames to its socket (the plain
-    socket streams of ``hipr.transports.loop_stream`` and ``hipr.transports.unix``)."""
-
-    #: The lock and the unsent rest of a frame a thread began (``held``).
-    thread_writes: ThreadWrites
-
-    def write_from_thread(self, data: bytes, busy: Callable[[], bool]) -> bool:
-        """From a thread other than the loop's: send ``data`` (one whole frame) at once,
-        unless ``busy()`` (a frame half-written) or the stream's own queue says it must
-        wait; False, with nothing sent, then."""
-        ...
-
-    async def flush_thread_write(self) -> None:
-        """On the loop: send the rest of a frame a thread began, if the socket took only
-        part of it (before the connection's next frame, under its send lock)."""
-        ...

@@ -39,7 +39,7 @@ from hipr.transports._common import (
     merge_options,
     socket_attributes,
 )
-from hipr.transports.base import TransportConfig, TransportUrl
+from hipr.transports.base import TransportAttribute, TransportConfig, TransportUrl
 from hipr.transports.listener import SocketListener
 from hipr.transports.loop_stream import open_loop_stream
 from hipr.transports.thread_writes import ThreadWrites
@@ -141,6 +141,11 @@ class UnixSocketStream(ByteStream):
         False, with nothing sent, otherwise."""
         return self.thread_writes.write(data, busy, _nothing_queued)
 
+    @property
+    def thread_write_held(self) -> bool:
+        """True while the rest of a frame a thread began waits unsent."""
+        return bool(self.thread_writes.held)
+
     async def flush_thread_write(self) -> None:
         """Send the rest of a frame that :meth:`write_from_thread` began, if the socket
         took only part of it (call before the connection's next frame, under its send
@@ -170,8 +175,12 @@ class UnixSocketStream(ByteStream):
 
     @property
     def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
-        """anyio's ``SocketAttribute`` family (addresses, ports for TCP, raw socket)."""
-        return socket_attributes(self._sock, connected=True)
+        """anyio's ``SocketAttribute`` family (addresses, ports for TCP, raw socket), and
+        the stream's capability to take writes from other threads."""
+        return {
+            **socket_attributes(self._sock, connected=True),
+            TransportAttribute.thread_writer: lambda: self,
+        }
 
 
 def _nothing_queued() -> int:

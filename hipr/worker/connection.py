@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import anyio
@@ -52,9 +52,12 @@ from hipr.protocol.header import (
     version_text,
 )
 from hipr.protocol.opcodes import Opcode, opcode_name
+from hipr.sessions.loop_wakeup import OneShot
+from hipr.sessions.reply_cache import MAX_ONE_REPLY
+from hipr.sessions.spin import BusyPoll
+from hipr.sessions.state import DeferredError, Session, as_hip_error
 from hipr.transports import connect as transport_connect
-from hipr.transports.loop_stream import LoopSocketStream as PushStream
-from hipr.transports.thread_writes import ThreadWritable
+from hipr.transports.base import PushDelivery, ThreadWriter, TransportAttribute
 from hipr.worker.config import WorkerConfig
 from hipr.worker.fairness import (
     PUMP_FRAMES,
@@ -67,10 +70,7 @@ from hipr.worker.fairness import (
 from hipr.worker.isolation import TenantProcesses
 from hipr.worker.payloads import PayloadBuffers, Placements
 from hipr.worker.recovery import ContextRecovery
-from hipr.worker.replay import MAX_ONE_REPLY
-from hipr.worker.session import DeferredError, Session, as_hip_error
 from hipr.worker.slow_links import HEADER_UNDER_WAY, FrameClock
-from hipr.worker.spin import BusyPoll
 from hipr.worker.tenants import Tenant, TenantRegistry
 
 
@@ -148,40 +148,6 @@ _SETTLED_BY_WAITING = {
 }
 
 
-class _Wakeup:
-    """A one-shot wake-up of the task that waits on it, in the running loop's own terms:
-    an asyncio future or a trio event. ``anyio.Event`` looks its backend up on every
-    creation and wait, which measured ~5 µs of each small request on the worker."""
-
-    __slots__ = ("_fire", "_wait")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
-        """``loop``: the running asyncio loop, or None under trio."""
-        if loop is None:
-            import trio
-
-            event = trio.Event()
-            self._fire: Callable[[], object] = event.set
-            self._wait: Callable[[], Awaitable[object]] = event.wait
-        else:
-            future = loop.create_future()
-
-            def fire() -> None:
-                if not future.done():
-                    future.set_result(None)
-
-            self._fire = fire
-            self._wait = lambda: future
-
-    def set(self) -> None:
-        """Wake the waiter (again: no effect)."""
-        self._fire()
-
-    async def wait(self) -> None:
-        """Until :meth:`set` (at once if it was)."""
-        await self._wait()
-
-
 class _FrameQueue:
     """Frames from the reader task to the executor, in order. Unbounded in frames (the
     reader bounds it in bytes). A plain deque and one wake-up per wait: an anyio memory
@@ -192,7 +158,7 @@ class _FrameQueue:
 
     def __init__(self) -> None:
         self._frames: deque[Frame] = deque()
-        self._waiter: _Wakeup | None = None
+        self._waiter: OneShot | None = None
         self._closed = False
         #: Looked up once: the loop the executor waits on (None under trio).
         self._loop: asyncio.AbstractEventLoop | None = (
@@ -241,7 +207,7 @@ class _FrameQueue:
         while not self._frames:
             if self._closed:
                 raise anyio.EndOfStream
-            self._waiter = _Wakeup(self._loop)
+            self._waiter = OneShot(self._loop)
             try:
                 await self._waiter.wait()
             finally:
@@ -290,7 +256,7 @@ class WorkerConnection:
         self._between_requests = False
         self._queue_drained = anyio.Event()
         #: Push mode (asyncio): the stream's protocol hands bytes to ``_on_data``.
-        self._push: PushStream | None = None
+        self._push: PushDelivery | None = None
         #: Push mode: a decoded frame waiting for read-ahead or in-flight room.
         self._held_frame: Frame | None = None
         #: Push mode: answers to heartbeats that arrived while a frame was being sent.
@@ -329,8 +295,8 @@ class WorkerConnection:
         #: (``answer_from_gpu_thread``); written by that thread, taken by the executor.
         self._answered_early: tuple[int, bytes] | None = None
         #: The stream, where other threads may write to it (plain sockets), else None.
-        self._thread_writable: ThreadWritable | None = (
-            stream if isinstance(stream, ThreadWritable) else None
+        self._thread_writable: ThreadWriter | None = stream.extra(
+            TransportAttribute.thread_writer, None
         )
         self._last_received = time.monotonic()
         self._done = anyio.Event()
@@ -431,7 +397,7 @@ class WorkerConnection:
             session.defer_error(error, name, request_id)
         session.replies.put(request_id, data)
         stream = self._thread_writable
-        if stream is not None and stream.thread_writes.held:
+        if stream is not None and stream.thread_write_held:
             await self._send_lock.acquire()
             try:
                 await stream.flush_thread_write()
@@ -761,7 +727,7 @@ class WorkerConnection:
         bytes straight to the decoder, in place of a reader task that the loop would
         wake for every request (one event-loop pass and its bookkeeping, measured at
         a tenth of a null request's round trip). Elsewhere (trio, TLS) the reader task."""
-        push = self.stream if isinstance(self.stream, PushStream) else None
+        push = self.stream.extra(TransportAttribute.push_delivery, None)
         if push is None:
             return False
         self._push = push

@@ -25,10 +25,10 @@ keep a flood to its share:
   longer queue by the million.
 
 A request refused by ``max_request_rate`` is refused as before (counted, and its error
-reported), and then its connection is throttled (:func:`throttle_seconds`): its executor
-waits until the tenant's bucket holds tokens again, so the flood backs up into the
-read-ahead and then into the peer's socket instead of being read and refused at line
-rate (refusing costs the loop as much as running).
+reported), and then its connection is throttled
+(``hipr.sessions.quotas.throttle_seconds``): its executor waits until the tenant's
+bucket holds tokens again, so the flood backs up into the read-ahead and then into the
+peer's socket instead of being read and refused at line rate (refusing costs the loop as much as running).
 
 A connection served by a request that needs none of this pays for it an attribute test
 per request: the fast path (one request in flight) never finds a queue to slice.
@@ -57,25 +57,11 @@ READER_FRAMES = 64
 #: How long after a light request's bytes arrived heavy slices still leave the loop
 #: idle between them (see :meth:`TurnMember.next_turn`).
 SHARE_SECONDS = 0.1
-#: A throttled connection waits for this much of its tenant's rate to refill (and at
-#: least one request's worth), so that it wakes tens of times a second, not per token.
-THROTTLE_REFILL_SECONDS = 0.01
-#: Longest single throttle wait (a very low rate still gets its requests looked at).
-THROTTLE_MAX_SECONDS = 1.0
 
 
 def frame_charge(payload_length: int) -> int:
     """What a frame with ``payload_length`` payload bytes counts for (see :data:`FRAME_COST`)."""
     return payload_length if payload_length > FRAME_COST else FRAME_COST
-
-
-def throttle_seconds(rate: float, missing_tokens: float) -> float:
-    """How long a connection refused by a ``rate`` requests/s bucket waits before it runs
-    requests again, when the bucket lacks ``missing_tokens`` of one request's worth."""
-    if rate <= 0:
-        return THROTTLE_MAX_SECONDS
-    wanted = max(missing_tokens, rate * THROTTLE_REFILL_SECONDS)
-    return min(THROTTLE_MAX_SECONDS, wanted / rate)
 
 
 class _Waiter:

@@ -37,8 +37,8 @@ import anyio
 import structlog
 
 from hipr.errors import HipError, RunawayKernelError, SessionLostError
+from hipr.sessions.state import Session
 from hipr.worker.retirement import RETIRE_EXIT_STATUS
-from hipr.worker.session import Session
 from hipr.worker.tenants import Quotas
 
 log = structlog.get_logger("hipr.runaway")

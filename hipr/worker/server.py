@@ -27,6 +27,9 @@ from hipr.handlers.args import Args
 from hipr.observability.log import set_levels
 from hipr.observability.metrics import MetricsServer, start_metrics_server
 from hipr.observability.observer import NullObserver, WorkerObserver
+from hipr.sessions.quotas import QuotaGate, TenantState
+from hipr.sessions.spin import BusyPoll
+from hipr.sessions.state import Session
 from hipr.transports import listen as transport_listen
 from hipr.transports import peer_certificate_subject, peer_description, peer_uid
 from hipr.transports.base import TransportConfig
@@ -43,6 +46,7 @@ from hipr.worker.config import ConfigError, WorkerConfig, load_config, spin_seco
 from hipr.worker.connection import WorkerConnection
 from hipr.worker.deadline import EXIT_MARGIN, ShutdownDeadline, exit_now
 from hipr.worker.fairness import FairScheduler
+from hipr.worker.heap_trim import trim_heap
 from hipr.worker.isolation import (
     ChildLink,
     ChildStatus,
@@ -51,14 +55,10 @@ from hipr.worker.isolation import (
     fetch_json,
     serve_json,
 )
-from hipr.worker.memory import trim_heap
-from hipr.worker.quotas import QuotaGate, TenantState
 from hipr.worker.recovery import ContextRecovery
 from hipr.worker.retirement import RUNAWAY, Retirement, retire_listeners
 from hipr.worker.runaway import RunawayLedger, RunawayWatch, StoppedWork, stopped_from_wire
-from hipr.worker.session import Session
 from hipr.worker.sharing import resolve_isolation, warn_if_shared
-from hipr.worker.spin import BusyPoll
 from hipr.worker.tenants import Quotas, Tenant, load_tenants
 
 log = structlog.get_logger("hipr.worker")

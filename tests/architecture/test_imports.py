@@ -38,6 +38,9 @@ ALLOWED: dict[str, set[str]] = {
     "hiprtc": {"facade"},
     # The native proxy's build and generated tables (the tables read hipr.facade's names).
     "proxy": {"facade"},
+    # A client's session on the worker as handlers act on it: its handle and allocation
+    # tables, quotas, GPU thread and reply cache.
+    "sessions": {"errors", "backends", "observability"},
     "handlers": {
         "errors",
         "_version",
@@ -45,7 +48,7 @@ ALLOWED: dict[str, set[str]] = {
         "kernels",
         "backends",
         "observability",
-        "worker",
+        "sessions",
     },
     "worker": {
         "errors",
@@ -57,6 +60,7 @@ ALLOWED: dict[str, set[str]] = {
         "kernels",
         "backends",
         "observability",
+        "sessions",
         "handlers",
     },
     "testing": {

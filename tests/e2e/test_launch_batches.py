@@ -203,7 +203,7 @@ async def test_pieces_in_one_buffer_are_checked_with_one_look_up(
 ) -> None:
     """Pieces that all lie in one allocation cost one range check for the batch; pieces
     in two allocations are checked one by one, and land as well."""
-    from hipr.worker.session import Session
+    from hipr.sessions.state import Session
 
     looked: list[int] = []
     check_range = Session.check_range

@@ -58,7 +58,7 @@ async def test_a_failed_destroy_keeps_the_handle_for_the_teardown(faulty: Faulty
     faulty.backend.fail_next("graph_exec_destroy", crash=True)
     with pytest.raises(HipError):
         await client.call(Opcode.GRAPH_EXEC_DESTROY, {"exec": exe})
-    # The graph still writes ptr: its free waits for the graph (hipr.worker.graph_memory),
+    # The graph still writes ptr: its free waits for the graph (hipr.sessions.graph_memory),
     # so a free that fails is shown on memory no graph writes.
     loose = (await client.call(Opcode.MALLOC, {"size": 64}))["ptr"]
     faulty.backend.fail_next("free", crash=True)

@@ -21,7 +21,7 @@ from hipr.observability.log import configure_logging, set_levels
 from hipr.observability.metrics import PrometheusObserver
 from hipr.testing.hostile import Target
 from hipr.worker.config import WorkerConfig
-from hipr.worker.memory import trim_heap
+from hipr.worker.heap_trim import trim_heap
 from hipr.worker.server import Worker, running_worker
 from hipr.worker.tenants import new_token, token_hash
 

@@ -37,7 +37,7 @@ class AllocationTable:
     An allocation the client freed while a graph of the session may still write it is
     *retired* (:meth:`retire`): no request can name it any more, but the device memory
     stays held, and counted, until the last such graph is gone (see
-    :mod:`hipr.worker.graph_memory`)."""
+    :mod:`hipr.sessions.graph_memory`)."""
 
     def __init__(self) -> None:
         self._bases: list[int] = []

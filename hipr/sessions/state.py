@@ -21,11 +21,12 @@ import structlog
 from hipr.backends.base import Backend
 from hipr.errors import HipError, HipErrorCode
 from hipr.observability.observer import NullObserver, WorkerObserver
-from hipr.worker.gpu_thread import GpuThread, PendingCall
-from hipr.worker.graph_memory import GraphMemory
-from hipr.worker.quotas import QuotaGate, TenantState
-from hipr.worker.replay import ReplyCache
-from hipr.worker.resources import (
+from hipr.sessions.gpu_thread import GpuThread, PendingCall
+from hipr.sessions.graph_memory import GraphMemory
+from hipr.sessions.limits import ANONYMOUS, Quotas
+from hipr.sessions.quotas import QuotaGate, TenantState
+from hipr.sessions.reply_cache import ReplyCache
+from hipr.sessions.resources import (
     Allocation,
     AllocationTable,
     FunctionEntry,
@@ -34,8 +35,7 @@ from hipr.worker.resources import (
     HandleTable,
     ModuleEntry,
 )
-from hipr.worker.spin import BusyPoll
-from hipr.worker.tenants import ANONYMOUS, Quotas
+from hipr.sessions.spin import BusyPoll
 
 T = TypeVar("T")
 #: Which backend and device the event-loop thread has current, for inline calls.
@@ -350,7 +350,7 @@ class Session:
         """The backend stream of ``stream_id``; None is the default stream."""
         return None if stream_id is None else self.streams.get(stream_id)
 
-    # --- memory that a graph may still write (hipr.worker.graph_memory) ---------------------
+    # --- memory that a graph may still write (hipr.sessions.graph_memory) ---------------------
     def keeps_for_graphs(self, base: int) -> bool:
         """True when freeing the allocation at ``base`` now could leave a graph of this
         session writing memory that is no longer the session's: a capture is running,

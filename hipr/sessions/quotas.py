@@ -18,9 +18,23 @@ from typing import Any, Protocol
 import anyio
 
 from hipr.errors import HipError, HipErrorCode, QuotaError
-from hipr.worker.fairness import throttle_seconds
-from hipr.worker.resources import AllocationTable, HandleTable
-from hipr.worker.tenants import Quotas, TokenBucket
+from hipr.sessions.limits import Quotas, TokenBucket
+from hipr.sessions.resources import AllocationTable, HandleTable
+
+#: A throttled connection waits for this much of its tenant's rate to refill (and at
+#: least one request's worth), so that it wakes tens of times a second, not per token.
+THROTTLE_REFILL_SECONDS = 0.01
+#: Longest single throttle wait (a very low rate still gets its requests looked at).
+THROTTLE_MAX_SECONDS = 1.0
+
+
+def throttle_seconds(rate: float, missing_tokens: float) -> float:
+    """How long a connection refused by a ``rate`` requests/s bucket waits before it runs
+    requests again, when the bucket lacks ``missing_tokens`` of one request's worth."""
+    if rate <= 0:
+        return THROTTLE_MAX_SECONDS
+    wanted = max(missing_tokens, rate * THROTTLE_REFILL_SECONDS)
+    return min(THROTTLE_MAX_SECONDS, wanted / rate)
 
 
 class Session(Protocol):
@@ -171,7 +185,7 @@ class QuotaGate:
 
     def refill_seconds(self) -> float:
         """How long a connection refused by max_request_rate waits before it runs
-        requests again (``hipr.worker.fairness.throttle_seconds``); 0 when unlimited."""
+        requests again (:func:`throttle_seconds`); 0 when unlimited."""
         bucket = self._bucket()
         if bucket is None:
             return 0.0

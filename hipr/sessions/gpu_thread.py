@@ -15,30 +15,13 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 import anyio
-import sniffio
 import structlog
+
+from hipr.sessions.loop_wakeup import LoopWaker
 
 T = TypeVar("T")
 log = structlog.get_logger("hipr.gpu_thread")
 _STOP = object()
-
-
-def _loop_waker() -> Callable[[Callable[[], object]], None]:
-    """A thread-safe 'run this callback on the current event loop soon'."""
-    library = sniffio.current_async_library()
-    if library == "trio":
-        import trio
-
-        token = trio.lowlevel.current_trio_token()
-        return lambda callback: token.run_sync_soon(callback)
-    import asyncio
-
-    loop = asyncio.get_running_loop()
-
-    def wake(callback: Callable[[], object]) -> None:
-        loop.call_soon_threadsafe(callback)
-
-    return wake
 
 
 class _Call:
@@ -48,7 +31,7 @@ class _Call:
         self,
         fn: Callable[..., Any],
         args: tuple[Any, ...],
-        waker: Callable[[Callable[[], object]], None] | None,
+        waker: Callable[[Callable[[], object]], object] | None,
         done: anyio.Event | None,
         on_error: Callable[[BaseException], None] | None,
         then: Callable[[], object] | None = None,
@@ -153,7 +136,7 @@ class GpuThread:
         the event loop's wake-up."""
         if self._closed:
             raise RuntimeError("GPU thread is closed")
-        item = _Call(fn, args, _loop_waker(), anyio.Event(), None, then)
+        item = _Call(fn, args, LoopWaker().call_soon, anyio.Event(), None, then)
         self.flush()  # everything posted before runs before this call
         self._handed += 1
         self._queue.put(item)
