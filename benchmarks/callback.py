@@ -42,8 +42,8 @@ from hipr.protocol.codec import Frame, FrameDecoder, encode_frame
 from hipr.protocol.header import Flags
 from hipr.protocol.opcodes import Opcode
 from hipr.transports.loop_stream import LoopSocketStream, _Protocol
+from hipr.worker.client_link import WorkerConnection
 from hipr.worker.config import WorkerConfig
-from hipr.worker.connection import WorkerConnection
 from hipr.worker.server import Worker
 
 #: Launches in one LAUNCH_KERNELS frame, as the clients batch them.
@@ -97,15 +97,15 @@ class InProcessLink:
         tenant = worker.tenants.authenticate(None)
         session = worker.open_session(tenant, "in-process")
         session.connection = self.connection
-        self.connection.session = session
+        self._requests = self.connection.attach(session)
         self._decoder = FrameDecoder()
         self._next_id = 0
-        self._executor: asyncio.Task[None] | None = None
+        self._executor: asyncio.Task[bool] | None = None
 
     async def start(self) -> None:
         """Start the executor task and push mode, as a served connection does."""
-        self._executor = asyncio.ensure_future(self.connection._executor())
-        self.connection._start_push()
+        self._executor = asyncio.ensure_future(self._requests.run())
+        self.connection.reader.start_push()
         await asyncio.sleep(0)
 
     def request_id(self) -> int:

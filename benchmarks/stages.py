@@ -128,8 +128,10 @@ _WAITING_CALLS = frozenset({"synchronize", "stream_synchronize", "event_synchron
 def _serve(dump: str, worker_argv: list[str]) -> int:
     """The instrumented worker: record timestamps, write them to ``dump`` on SIGUSR1."""
     from hipr.protocol.header import Flags
+    from hipr.sessions import gpu_thread
+    from hipr.sessions import state as session
     from hipr.transports import loop_stream, thread_writes
-    from hipr.worker import connection, gpu_thread, session
+    from hipr.worker import request_executor
 
     marks: dict[str, list[int]] = {"recv": [], "exec": [], "send0": [], "send1": []}
     #: Every request's start, as (time, opcode) pairs flattened: also fire-and-forget ones.
@@ -154,7 +156,7 @@ def _serve(dump: str, worker_argv: list[str]) -> int:
         marks["recv"].append(now())
         received(self, data)
 
-    execute = connection.WorkerConnection._execute
+    execute = request_executor.RequestExecutor.execute
 
     async def timed_execute(self: Any, frame: Any) -> bool:
         started = now()
@@ -162,7 +164,7 @@ def _serve(dump: str, worker_argv: list[str]) -> int:
         starts.extend((started, frame.opcode))
         return await execute(self, frame)
 
-    answer_now = connection.WorkerConnection._answer_now
+    answer_now = request_executor.RequestExecutor.answer_now
 
     def timed_answer_now(self: Any, frame: Any) -> bool:
         # A request answered in the I/O callback starts executing here; one handed to
@@ -251,8 +253,8 @@ def _serve(dump: str, worker_argv: list[str]) -> int:
     gpu_thread.GpuThread._run = timed_run  # type: ignore[method-assign]
     session.Session.spin_until_done = timed_spin  # type: ignore[method-assign]
     loop_stream._Protocol.data_received = data_received  # type: ignore[method-assign]
-    connection.WorkerConnection._execute = timed_execute  # type: ignore[method-assign]
-    connection.WorkerConnection._answer_now = timed_answer_now  # type: ignore[method-assign]
+    request_executor.RequestExecutor.execute = timed_execute  # type: ignore[method-assign]
+    request_executor.RequestExecutor.answer_now = timed_answer_now  # type: ignore[method-assign]
     loop_stream.LoopSocketStream.send = timed_send  # type: ignore[method-assign]
     loop_stream.LoopSocketStream.write_nowait = timed_write_nowait  # type: ignore[method-assign]
     thread_writes.ThreadWrites.write = timed_thread_write  # type: ignore[method-assign]

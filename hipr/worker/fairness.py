@@ -28,7 +28,8 @@ A request refused by ``max_request_rate`` is refused as before (counted, and its
 reported), and then its connection is throttled
 (``hipr.sessions.quotas.throttle_seconds``): its executor waits until the tenant's
 bucket holds tokens again, so the flood backs up into the read-ahead and then into the
-peer's socket instead of being read and refused at line rate (refusing costs the loop as much as running).
+peer's socket instead of being read and refused at line rate (refusing costs the loop
+as much as running).
 
 A connection served by a request that needs none of this pays for it an attribute test
 per request: the fast path (one request in flight) never finds a queue to slice.

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import mmap
 import sys
+import time
 from collections.abc import Callable
 
 from hipr.protocol.codec import ARGS_LENGTH, Frame
@@ -42,9 +43,8 @@ _FREE = free_refcount()
 class PayloadBuffers:
     """A connection's payload buffers (see the module doc). ``keep`` covers the chunks
     an upload can have outstanding: four read ahead of the executor (16 MiB), four in
-    the copy pipeline, the one arriving, and spares. With six, a tcp upload outran the
-    list and fell back to fresh mappings: 256 MiB at 37-41 % of the blocking stream
-    instead of 54-57 % (``hipr bench --local --transport tcp --only floor,sync``)."""
+    the copy pipeline, the one arriving, and spares; with fewer, a tcp upload outruns
+    the list and falls back to fresh mappings (benchmarks/README.md, "Worker")."""
 
     def __init__(
         self, keep: int = 12, pinned: Callable[[int], memoryview | None] | None = None
@@ -54,9 +54,13 @@ class PayloadBuffers:
         self._keep = keep
         self._buffers: list[mmap.mmap] = []
         self._pinned = pinned
+        #: ``time.monotonic()`` of the last :meth:`take`: an idle connection lets its
+        #: buffers go a while after it.
+        self.last_taken = 0.0
 
     def take(self, size: int) -> memoryview:
         """A writable buffer of exactly ``size`` bytes (its contents undefined)."""
+        self.last_taken = time.monotonic()
         if self._pinned is not None:
             view = self._pinned(size)
             if view is not None:

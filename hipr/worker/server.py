@@ -42,8 +42,8 @@ from hipr.worker.admission import (
     raise_open_file_limit,
     source_of,
 )
+from hipr.worker.client_link import WorkerConnection
 from hipr.worker.config import ConfigError, WorkerConfig, load_config, spin_seconds
-from hipr.worker.connection import WorkerConnection
 from hipr.worker.deadline import EXIT_MARGIN, ShutdownDeadline, exit_now
 from hipr.worker.fairness import FairScheduler
 from hipr.worker.heap_trim import trim_heap

@@ -13,7 +13,7 @@ import pytest
 from hipr.errors import HipError
 from hipr.kernels.args import pack_args
 from hipr.protocol import Flags, Opcode, encode_frame
-from hipr.worker import connection
+from hipr.worker import request_executor
 from tests.e2e.raw import RawSession, launch_frame
 
 pytestmark = pytest.mark.anyio
@@ -28,13 +28,13 @@ def transport_kind(request: pytest.FixtureRequest) -> str:
 def executed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The opcodes that went through the executor task."""
     seen: list[int] = []
-    execute = connection.WorkerConnection._execute
+    execute = request_executor.RequestExecutor.execute
 
     async def counting(self: Any, frame: Any) -> bool:
         seen.append(frame.opcode)
         return await execute(self, frame)
 
-    monkeypatch.setattr(connection.WorkerConnection, "_execute", counting)
+    monkeypatch.setattr(request_executor.RequestExecutor, "execute", counting)
     return seen
 
 

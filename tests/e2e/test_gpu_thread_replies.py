@@ -204,12 +204,12 @@ async def test_the_thread_gives_way_while_the_loop_writes_a_frame(
         await gpu.synchronize()
         (connection,) = worker.connections
         with anyio.fail_after(5):  # the executor has finished that request too
-            while not connection._between_requests:
+            while connection.executor is None or not connection.executor.between_requests:
                 await anyio.sleep(0.001)
         release = anyio.Event()
 
         async def hold_the_send_lock(*, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
-            async with connection._send_lock:
+            async with connection.writer.lock:
                 task_status.started()
                 await release.wait()
 
