@@ -186,7 +186,7 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]
 
 @pytest.fixture
 def fake_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
-    """A stand-in ``hipr.server`` whose ``run_worker`` records how it was called."""
+    """A stand-in ``hipr.worker.service`` whose ``run_worker`` records how it was called."""
     seen: dict[str, Any] = {"raise": None}
 
     async def run_worker(config: WorkerConfig, config_path: Any = None) -> None:
@@ -196,9 +196,9 @@ def fake_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
         if seen["raise"] is not None:
             raise seen["raise"]
 
-    module = types.ModuleType("hipr.worker.server")
+    module = types.ModuleType("hipr.worker.service")
     module.run_worker = run_worker  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "hipr.worker.server", module)
+    monkeypatch.setitem(sys.modules, "hipr.worker.service", module)
     monkeypatch.delenv("HIPR_LOG_LEVEL", raising=False)
     monkeypatch.delenv("HIPR_LOG_FORMAT", raising=False)
     yield seen

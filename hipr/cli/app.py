@@ -172,7 +172,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     get_logger("hipr.cli").debug("config loaded", file=args.config, config=config)
 
     # Imported late: the worker pulls in backends that the client commands never need.
-    from hipr.worker.server import run_worker
+    from hipr.worker.service import run_worker
 
     backend, options = event_loop(args.loop)
     anyio.run(run_worker, config, args.config, backend=backend, backend_options=options)

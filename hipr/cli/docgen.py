@@ -62,7 +62,7 @@ def _cell(text: str) -> str:
 #: registry. Argument lists belong in the handlers' docstrings, not here.
 CONNECTION_NOTES = {
     "HELLO": "Must be the first frame of a connection; the connection answers it (the "
-    "registered handler refuses a second one). See `hipr/worker/connection.py` for its map.",
+    "registered handler refuses a second one). See `hipr/worker/client_link.py` for its map.",
     "RESUME": "Valid only as the first frame of a new connection, in place of HELLO: "
     "re-attaches a session kept after its link dropped (`resume_grace`).",
     "DATA": "A continuation of the bulk data of the request with the same id (whose first "

@@ -66,7 +66,7 @@ class LoadOptions:
     #: the report (slows the worker; for hunting what grows, not for the figures).
     trace: bool = False
     #: Seconds to wait once a round's sessions have ended before sampling: the worker
-    #: gives freed memory back after a second idle (hipr/worker/memory.py).
+    #: gives freed memory back after a second idle (hipr/worker/heap_trim.py).
     settle_seconds: float = 0.0
     #: Called with each round's sample as it is taken (progress of a long soak).
     on_sample: Callable[[Sample], None] | None = None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from anyio import BrokenResourceError, TypedAttributeSet, typed_attribute
@@ -33,8 +33,10 @@ __all__ = [
     "format_host_port",
     "parse_url",
     "query_values",
+    "stream_capability",
 ]
 
+T = TypeVar("T")
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*$")
 
 
@@ -242,6 +244,15 @@ class TransportAttribute(TypedAttributeSet):
     push_delivery: PushDelivery = typed_attribute()
     #: the stream itself, where another thread may write whole frames to it
     thread_writer: ThreadWriter = typed_attribute()
+
+
+def stream_capability(stream: ByteStream, attribute: T) -> T | None:
+    """``stream``'s own capability ``attribute`` (``TransportAttribute.push_delivery``,
+    ``.thread_writer``), or None. A wrapping stream forwards the attributes of the stream
+    it wraps (anyio's TLS stream does): bytes pushed or written past the wrapper would
+    skip its encryption, so a capability counts only when the stream itself offers it."""
+    value = stream.extra(attribute, None)
+    return value if value is stream else None
 
 
 @runtime_checkable

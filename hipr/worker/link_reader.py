@@ -27,7 +27,7 @@ from hipr.protocol.header import Flags, Header
 from hipr.protocol.opcodes import Opcode
 from hipr.sessions.spin import BusyPoll
 from hipr.sessions.state import Session
-from hipr.transports.base import PushDelivery, TransportAttribute
+from hipr.transports.base import PushDelivery, TransportAttribute, stream_capability
 from hipr.worker.fairness import PUMP_FRAMES, PUMP_SECONDS, READER_FRAMES, TurnMember, frame_charge
 from hipr.worker.frame_queue import READ_AHEAD_BYTES, FrameQueue
 from hipr.worker.link_writer import LinkWriter
@@ -201,7 +201,7 @@ class LinkReader:
         bytes straight to the decoder, in place of a reader task that the loop would
         wake for every request (one event-loop pass and its bookkeeping, about a tenth
         of a null request's round trip). False elsewhere (trio, TLS): run :meth:`pull`."""
-        push = self.stream.extra(TransportAttribute.push_delivery, None)
+        push = stream_capability(self.stream, TransportAttribute.push_delivery)
         if push is None:
             return False
         self.push = self.writer.push = push

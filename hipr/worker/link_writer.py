@@ -13,7 +13,12 @@ from hipr.errors import HipError
 from hipr.protocol.codec import Frame, encode_frame, encode_frame_parts
 from hipr.protocol.header import Flags
 from hipr.protocol.opcodes import Opcode
-from hipr.transports.base import PushDelivery, ThreadWriter, TransportAttribute
+from hipr.transports.base import (
+    PushDelivery,
+    ThreadWriter,
+    TransportAttribute,
+    stream_capability,
+)
 
 __all__ = ["LINK_ERRORS", "LinkLost", "LinkWriter"]
 
@@ -38,8 +43,8 @@ class LinkWriter:
         #: Push mode: the stream's delivery, once the reader has started it.
         self.push: PushDelivery | None = None
         #: The stream, where other threads may write to it (plain sockets), else None.
-        self.thread_writer: ThreadWriter | None = stream.extra(
-            TransportAttribute.thread_writer, None
+        self.thread_writer: ThreadWriter | None = stream_capability(
+            stream, TransportAttribute.thread_writer
         )
         #: Push mode: answers to heartbeats that arrived while a frame was being sent.
         self._owed_pongs: list[bytes] = []

@@ -94,7 +94,7 @@ async def hostile(
     )
     backend = EmulatorBackend(device_count=1, total_memory=256 << 20)
     settle_memory()
-    # As hipr.worker.server.run_worker does once started: what exists now stays out of
+    # As hipr.worker.service.run_worker does once started: what exists now stays out of
     # full collections (here: the test session's objects, which would make each a
     # pause of 100 ms on this machine).
     gc.freeze()
