@@ -8,13 +8,9 @@ from pathlib import Path
 import pytest
 
 from hipr.errors import AuthError
+from hipr.sessions.limits import TokenBucket
 from hipr.worker.config import ConfigError
-from hipr.worker.tenants import (
-    TokenBucket,
-    load_tenants,
-    new_token,
-    token_hash,
-)
+from hipr.worker.tenants import load_tenants, new_token, token_hash
 
 ALICE = new_token()
 BOB = new_token()

@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 import pytest
 
-from hipr.sessions.spin import BusyPoll
+from hipr.sessions.busy_poll import BusyPoll
 
 pytestmark = pytest.mark.anyio
 

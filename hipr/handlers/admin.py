@@ -34,7 +34,7 @@ from hipr.observability.metrics import Worker as MetricsWorker
 from hipr.observability.telemetry import device_telemetry
 from hipr.protocol.header import PROTOCOL_VERSION
 from hipr.protocol.opcodes import Opcode, OpcodeRange
-from hipr.sessions.spin import BusyPoll
+from hipr.sessions.busy_poll import BusyPoll
 from hipr.sessions.state import Session
 
 

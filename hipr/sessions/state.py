@@ -21,6 +21,7 @@ import structlog
 from hipr.backends.base import Backend
 from hipr.errors import HipError, HipErrorCode
 from hipr.observability.observer import NullObserver, WorkerObserver
+from hipr.sessions.busy_poll import BusyPoll
 from hipr.sessions.gpu_thread import GpuThread, PendingCall
 from hipr.sessions.graph_memory import GraphMemory
 from hipr.sessions.limits import ANONYMOUS, Quotas
@@ -35,7 +36,6 @@ from hipr.sessions.resources import (
     HandleTable,
     ModuleEntry,
 )
-from hipr.sessions.spin import BusyPoll
 
 T = TypeVar("T")
 #: Which backend and device the event-loop thread has current, for inline calls.

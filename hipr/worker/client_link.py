@@ -38,7 +38,7 @@ from hipr.protocol.header import (
     version_text,
 )
 from hipr.protocol.opcodes import Opcode, opcode_name
-from hipr.sessions.spin import BusyPoll
+from hipr.sessions.busy_poll import BusyPoll
 from hipr.sessions.state import Session
 from hipr.worker.config import WorkerConfig
 from hipr.worker.fairness import FairScheduler
@@ -271,7 +271,7 @@ class WorkerConnection:
             try:
                 if not await executor.run():
                     self._ends_session = True
-                elif reader.protocol_error is not None:
+                if reader.protocol_error is not None:
                     await self.writer.try_send_error(0, 0, reader.protocol_error)
             except (Closing, *LINK_ERRORS) as exc:
                 ending = exc

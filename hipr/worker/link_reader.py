@@ -25,7 +25,7 @@ from hipr.observability.observer import WorkerObserver
 from hipr.protocol.codec import ARGS_LENGTH, Frame, FrameDecoder
 from hipr.protocol.header import Flags, Header
 from hipr.protocol.opcodes import Opcode
-from hipr.sessions.spin import BusyPoll
+from hipr.sessions.busy_poll import BusyPoll
 from hipr.sessions.state import Session
 from hipr.transports.base import PushDelivery, TransportAttribute, stream_capability
 from hipr.worker.fairness import PUMP_FRAMES, PUMP_SECONDS, READER_FRAMES, TurnMember, frame_charge

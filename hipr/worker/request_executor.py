@@ -28,8 +28,8 @@ from hipr.observability.observer import WorkerObserver
 from hipr.protocol.codec import Frame, FrameDecoder, encode_frame_parts
 from hipr.protocol.header import Flags
 from hipr.protocol.opcodes import Opcode, opcode_name
+from hipr.sessions.busy_poll import BusyPoll
 from hipr.sessions.reply_cache import MAX_ONE_REPLY
-from hipr.sessions.spin import BusyPoll
 from hipr.sessions.state import DeferredError, Session, as_hip_error
 from hipr.worker.fairness import TurnMember, frame_charge
 from hipr.worker.frame_queue import READ_AHEAD_BYTES, FrameQueue

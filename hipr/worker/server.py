@@ -26,8 +26,8 @@ from hipr.handlers.admin import session_status, worker_status
 from hipr.handlers.args import Args
 from hipr.observability.log import set_levels
 from hipr.observability.observer import NullObserver, WorkerObserver
+from hipr.sessions.busy_poll import BusyPoll
 from hipr.sessions.quotas import QuotaGate, TenantState
-from hipr.sessions.spin import BusyPoll
 from hipr.sessions.state import Session
 from hipr.transports import listen as transport_listen
 from hipr.transports import peer_certificate_subject, peer_description, peer_uid

@@ -3,9 +3,9 @@
 The tenants file holds token *hashes* only (SHA-256, hex): a leaked file grants nothing.
 Tokens are compared by hash in constant time. Every quota is optional; a tenant with
 none set is bounded only by the worker's own limits, and by the default
-``max_request_rate`` (:data:`DEFAULT_MAX_REQUEST_RATE`, far above any client's pace:
-``inf`` lifts it). ``weight`` is the tenant's share of the worker's event loop against
-other tenants while several flood it (``hipr.worker.fairness``).
+``max_request_rate`` (``hipr.sessions.limits.DEFAULT_MAX_REQUEST_RATE``, far above any
+client's pace: ``inf`` lifts it). ``weight`` is the tenant's share of the worker's event
+loop against other tenants while several flood it (``hipr.worker.fairness``).
 
 ```toml
 [tenants.alice]

@@ -4,6 +4,7 @@ executor, and the same tests must pass."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import anyio
@@ -195,3 +196,46 @@ async def test_queries_answered_in_the_callback_report_earlier_errors_first(
     with pytest.raises(HipError, match="earlier asynchronous LAUNCH_KERNEL.*did not run"):
         await raw_session.replies(data, 1)
     assert await raw_session.call(Opcode.GET_DEVICE, {}) == {"device": 0}
+
+
+async def _outcomes(session: RawSession, function: int) -> list[str]:
+    """Replies and errors of requests that take every branch of the request path:
+    answered, refused by the handler, refused for an earlier fire-and-forget error
+    (a query, which does not run) and reported by a synchronize (which waited)."""
+    seen: list[str] = []
+    scenarios = [
+        session.frame(Opcode.GET_DEVICE, {}),
+        session.frame(Opcode.DEVICE_PROPERTIES, {"device": 7}),
+        refused_launch(session, function) + session.frame(Opcode.GET_DEVICE, {}),
+        refused_launch(session, function) + session.frame(Opcode.DEVICE_SYNCHRONIZE, {}),
+        session.frame(Opcode.DEVICE_SYNCHRONIZE, {}),
+    ]
+    for data in scenarios:
+        try:
+            seen.append(repr(await session.replies(data, 1)))
+        except HipError as exc:
+            # The request ids differ between the two runs; the rest must not.
+            seen.append(f"{type(exc).__name__} {exc.code} " + re.sub(r"request \d+", "", str(exc)))
+    return seen
+
+
+async def test_the_executor_and_the_inline_answer_give_the_same_replies(
+    raw_session: RawSession,
+    executed: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+    anyio_backend: str,
+) -> None:
+    """One request path: the same requests, answered in the I/O callback and then all
+    forced through the executor task, get the same replies and the same errors."""
+    _, function = await fill_function(raw_session)
+    executed.clear()
+    inline = await _outcomes(raw_session, function)
+    if anyio_backend == "asyncio":
+        assert Opcode.GET_DEVICE not in executed  # answered in the I/O callback
+    monkeypatch.setattr(request_executor.RequestExecutor, "answer_now", lambda self, frame: False)
+    executed.clear()
+    queued = await _outcomes(raw_session, function)
+    assert Opcode.GET_DEVICE in executed and Opcode.DEVICE_PROPERTIES in executed
+    assert queued == inline
+    assert "does not exist" in inline[1]
+    assert "did not run" in inline[2] and "reported at this synchronisation" in inline[3]
