@@ -81,12 +81,9 @@ async def test_an_accepted_tcp_stream_offers_push_delivery_only_under_asyncio(
         accepted = anyio.Event()
 
         async def handler(stream: ByteStream) -> None:
-            seen.append(
-                (
-                    stream_capability(stream, TransportAttribute.push_delivery) is stream,
-                    stream_capability(stream, TransportAttribute.thread_writer) is stream,
-                )
-            )
+            push: object = stream_capability(stream, TransportAttribute.push_delivery)
+            writer: object = stream_capability(stream, TransportAttribute.thread_writer)
+            seen.append((push is stream, writer is stream))
             accepted.set()
             await stream.aclose()
 
