@@ -64,6 +64,9 @@ HIPR_EXPORT int hipr_launch(int device, const hipr_launch_config *config, const 
 HIPR_EXPORT const char *hipr_backend(void);
 /* Connects if needed; HIPR_SUCCESS or the error every call returns without a worker. */
 HIPR_EXPORT int hipr_ensure(void);
+/* How many times this process's session was resumed after its link dropped (tests and
+ * diagnostics). */
+HIPR_EXPORT unsigned hipr_resumes(void);
 /* Prints `what` on stderr once per distinct pointer (unsupported calls name themselves). */
 HIPR_EXPORT void hipr_warn_once(const char *what, int *flag);
 /* A lock of a front that may be held while the session's is taken: fork takes it first
