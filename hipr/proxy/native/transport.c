@@ -530,7 +530,9 @@ static void *spawner(void *arg) {
     pthread_mutex_lock(&sp_lock);
     for (;;) {
         while (sp.state != 1) pthread_cond_wait(&sp_cond, &sp_lock);
-        pid_t pid = fork();
+        /* A bare fork: fork() would run the program's atfork handlers, the proxy's
+         * among them, whose locks the thread asking for this ssh holds. */
+        pid_t pid = (pid_t)syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0);
         if (pid == 0) {
             /* Only async-signal-safe calls from here on. */
             setsid(); /* a Ctrl-C meant for the program leaves the tunnel alone */
