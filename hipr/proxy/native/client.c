@@ -220,10 +220,11 @@ static int send_direct(const direct *d) {
 /* Received bytes into the wire's input (no copy), spinning briefly before blocking as
  * the Python sync client does: a reply that comes within the spin is seen without the
  * kernel waking a sleeping thread. */
-static int read_more(int spin) {
+static int read_more_at_most(int spin, size_t limit) {
     size_t room;
     uint8_t *p = hipr_wire_space(&S.wire, RECV_CHUNK, &room);
     if (!p) return HIPR_OUT_OF_MEMORY;
+    if (limit && room > limit) room = limit;
     long n = -2;
     if (spin && S.spin_s > 0) {
         double until = now_s() + S.spin_s;
@@ -244,6 +245,8 @@ static int read_more(int spin) {
     S.last_rx = now_s();
     return 0;
 }
+
+static int read_more(int spin) { return read_more_at_most(spin, 0); }
 
 /* Exactly `n` bytes into `dst`, straight from the link. */
 static int read_exact(uint8_t *dst, size_t n) {
@@ -283,7 +286,13 @@ static int await_reply(uint32_t id, void *sink, size_t sink_size, hipr_reply *r)
                        : hipr_wire_next(&S.wire, &f);
         if (got < 0) return lose(S.wire.error);
         if (got == 0) {
-            int rc = read_more(1);
+            /* A large reply on its way into the sink: read no further than the next
+             * frame's head, so that its bulk goes straight into the sink. */
+            size_t buffered = S.wire.in_len - S.wire.in_off - S.wire.in_taken;
+            size_t limit = 0;
+            if (sink && sink_size - r->sink_len >= DIRECT_RECV && buffered < HIPR_HEADER_SIZE + 4)
+                limit = HIPR_HEADER_SIZE + 4 - buffered;
+            int rc = read_more_at_most(1, limit);
             if (rc) return rc;
             continue;
         }
