@@ -293,10 +293,16 @@ class Relay:
             upstream.connect(self.target)
             self.links += 1
             pair = (client, upstream)
-            threading.Thread(target=self._pump, args=(client, upstream, True, pair), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, False, pair), daemon=True).start()
+            threading.Thread(
+                target=self._pump, args=(client, upstream, True, pair), daemon=True
+            ).start()
+            threading.Thread(
+                target=self._pump, args=(upstream, client, False, pair), daemon=True
+            ).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket, up: bool, pair: tuple[socket.socket, ...]) -> None:
+    def _pump(
+        self, src: socket.socket, dst: socket.socket, up: bool, pair: tuple[socket.socket, ...]
+    ) -> None:
         while True:
             try:
                 data = src.recv(65536)

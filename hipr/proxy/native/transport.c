@@ -166,6 +166,14 @@ static void host_port(char *buf, size_t size, const char *host, int port) {
 
 /* --- plain sockets ----------------------------------------------------------------------- */
 
+/* HIPR_SOCKET_BUFFER: the send buffer to ask for (bytes); else `fallback` (0: the
+ * kernel's own, which for TCP keeps its autotuning). */
+static int socket_buffer(int fallback) {
+    const char *v = getenv("HIPR_SOCKET_BUFFER");
+    long n = v && *v ? atol(v) : 0;
+    return n > 0 && n <= (1L << 30) ? (int)n : fallback;
+}
+
 static int connect_timeout(int fd, const struct sockaddr *addr, socklen_t len, double timeout_s) {
     int flags = fcntl(fd, F_GETFL);
     if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) return -1;
@@ -208,7 +216,7 @@ static int connect_unix(const char *path, double timeout_s, char *err, size_t er
         if (fd >= 0) close(fd);
         return -1;
     }
-    int size = UNIX_SEND_BUFFER;
+    int size = socket_buffer(UNIX_SEND_BUFFER);
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
     return fd;
 }
@@ -246,6 +254,8 @@ static int connect_tcp(const char *host, int port, const char *scheme, double ti
     /* Small requests go at once; large ones are whole writes anyway. */
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    int size = socket_buffer(0);
+    if (size) setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
     return fd;
 }
 
