@@ -263,11 +263,14 @@ def test_ssh_wrong_key_is_a_clear_error(
 @dataclass
 class Relay:
     """A TCP relay to the worker's unix socket that cuts the link once the bytes sent
-    in one direction pass each of the given marks (cumulative over all links)."""
+    in one direction pass each of the given marks (cumulative over all links); with
+    ``freeze``, the first cut stops forwarding instead and leaves both sockets open (a
+    route that went silent)."""
 
     target: str
     up_cuts: list[int]
     down_cuts: list[int]
+    freeze: bool = False
     listener: socket.socket = field(init=False)
     port: int = field(init=False)
     cuts: int = 0
@@ -275,6 +278,7 @@ class Relay:
     _up: int = 0
     _down: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _frozen: tuple[socket.socket, ...] | None = None
 
     def __post_init__(self) -> None:
         self.listener = socket.socket()
@@ -308,6 +312,8 @@ class Relay:
                 data = src.recv(65536)
             except OSError:
                 data = b""
+            if self._frozen is pair:
+                return  # silent both ways from here on; the sockets stay open
             if not data:
                 break
             with self._lock:
@@ -322,6 +328,10 @@ class Relay:
                 if cut:
                     marks.pop(0)
                     self.cuts += 1
+            if cut and self.freeze:
+                self.freeze = False
+                self._frozen = pair
+                return
             if cut:
                 # Half of this piece gets through: the cut falls inside a frame.
                 try:
@@ -378,6 +388,37 @@ def test_a_link_that_cannot_come_back_says_so(program: Program, short_dir: Path)
         assert "AddressSanitizer" not in result.stderr and "LeakSanitizer" not in result.stderr
     finally:
         relay.close()
+        stop_worker(worker.process)
+
+
+def test_a_silent_link_is_taken_for_dead_and_resumed(program: Program, short_dir: Path) -> None:
+    # The worker pings every 0.3 s: the proxy takes 2 s of silence for a dead link.
+    worker = _start(
+        short_dir, "resume_grace = 30\nheartbeat_interval = 0.3\nheartbeat_timeout = 5\n"
+    )
+    relay = Relay(
+        worker.unix_url.removeprefix("unix://"), up_cuts=[40_000], down_cuts=[], freeze=True
+    )
+    try:
+        started = time.monotonic()
+        result = program.run(f"tcp://127.0.0.1:{relay.port}", "stream", "400")
+        _clean(result)
+        assert result.stdout.strip() == "ok stream rounds=400 resumes=1", result.stderr
+        assert "the worker was silent for 2 s" in result.stderr
+        assert time.monotonic() - started < 60
+    finally:
+        relay.close()
+        stop_worker(worker.process)
+
+
+def test_an_idle_program_keeps_its_session(program: Program, short_dir: Path) -> None:
+    # The worker drops a link silent for 0.8 s: the proxy answers its pings meanwhile.
+    worker = _start(short_dir, "heartbeat_interval = 0.2\nheartbeat_timeout = 0.8\n")
+    try:
+        result = program.run(worker.unix_url, "idle", "2.5")
+        _clean(result)
+        assert result.stdout.strip() == "ok idle resumes=0", result.stderr
+    finally:
         stop_worker(worker.process)
 
 

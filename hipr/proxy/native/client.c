@@ -689,6 +689,7 @@ static void accept_handshake(const cbor_item_t *map) {
     if (hipr_cbor_float(map, "heartbeat_interval", &hb) == 0 && hb > 0) S.heartbeat_s = hb;
     /* The worker pings every heartbeat_interval: three missed are a dead link. */
     S.silent_limit_s = 3 * S.heartbeat_s < 2 ? 2 : 3 * S.heartbeat_s;
+    if (S.link) hipr_link_set_send_timeout(S.link, S.silent_limit_s);
     /* RESUME's answer repeats the session id and may leave the token out: kept. */
     char text[sizeof S.resume_token];
     if (hipr_cbor_text(map, "session_id", text, sizeof S.session_id) == 0)

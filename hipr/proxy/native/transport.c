@@ -1110,6 +1110,15 @@ int hipr_link_wait_readable(hipr_link *l, int timeout_ms) {
     }
 }
 
+void hipr_link_set_send_timeout(hipr_link *l, double seconds) {
+    struct timeval tv = {0, 0};
+    if (seconds > 0) {
+        tv.tv_sec = (time_t)seconds;
+        tv.tv_usec = (suseconds_t)((seconds - (double)tv.tv_sec) * 1e6);
+    }
+    setsockopt(l->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
 const char *hipr_link_failure(hipr_link *l) {
     if (l->kind == K_SSH) {
         char tail[SSH_STDERR_TAIL];

@@ -7,6 +7,8 @@
  *                           copies, a synchronize every 64 rounds and a 2 MiB round trip
  *                           every 256: the test cuts the link under it; every launch
  *                           must run exactly once and every copy land
+ *   core_check idle S       an allocation, S seconds without a call, then the allocation
+ *                           used: the session lives on (heartbeats answered while idle)
  *   core_check threads      threads with their own current device and last error, all
  *                           sharing the session; then fork: the child gets a session of
  *                           its own, the parent's goes on
@@ -19,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef int hipError_t;
@@ -144,6 +147,23 @@ static int stream(long rounds) {
     return failures != 0;
 }
 
+static int idle(double seconds) {
+    void *d = NULL;
+    uint64_t v = 0x1234567890abcdefull, back = 0;
+    CHECK(hipMalloc(&d, sizeof v));
+    CHECK(hipMemcpy(d, &v, sizeof v, H2D));
+    CHECK(hipDeviceSynchronize());
+    struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+    CHECK(hipMemcpy(&back, d, sizeof back, D2H));
+    EXPECT(back == v);
+    CHECK(hipFree(d));
+    CHECK(hipDeviceSynchronize());
+    printf("ok idle resumes=%u\n", hipr_resumes());
+    return failures != 0;
+}
+
 static int device_count;
 
 static void *worker_thread(void *arg) {
@@ -206,6 +226,7 @@ int main(int argc, char **argv) {
     int rc;
     if (strcmp(mode, "stream") == 0) rc = stream(argc > 2 ? atol(argv[2]) : 2000);
     else if (strcmp(mode, "threads") == 0) rc = threads();
+    else if (strcmp(mode, "idle") == 0) rc = idle(argc > 2 ? atof(argv[2]) : 2.0);
     else rc = basic();
     return rc;
 }
