@@ -251,7 +251,13 @@ static int read_more(int spin) { return read_more_at_most(spin, 0); }
 /* Exactly `n` bytes into `dst`, straight from the link. */
 static int read_exact(uint8_t *dst, size_t n) {
     while (n) {
-        long k = hipr_link_recv(S.link, dst, n);
+        int ready = hipr_link_wait_readable(S.link, (int)(S.silent_limit_s * 1000));
+        if (ready == 0) {
+            char why[120];
+            snprintf(why, sizeof why, "the worker was silent for %.0f s", S.silent_limit_s);
+            return link_down(why);
+        }
+        long k = ready < 0 ? -1 : hipr_link_recv(S.link, dst, n);
         if (k <= 0) return link_down(k == 0 ? "the worker closed the connection" : strerror(errno));
         dst += k;
         n -= (size_t)k;
