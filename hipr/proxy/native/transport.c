@@ -50,6 +50,7 @@ struct hipr_link {
     pid_t ssh_pid;
     int ssh_err_fd;
     off_t ssh_err_mark; /* what ssh printed while connecting is not news */
+    int received;       /* anything came from the worker on this link */
     char failure[600];
 };
 
@@ -994,6 +995,27 @@ static void note_tls_failure(hipr_link *l) {
              tls_hint(reason));
 }
 
+/* A write failed because the worker closed the link: under TLS 1.3 a worker that
+ * refuses this client's certificate (or its lack of one) says so in an alert sent
+ * after the handshake, which may be waiting to be read. */
+static void tls_why_closed(hipr_link *l) {
+    struct pollfd p = {.fd = l->fd, .events = POLLIN};
+    if (poll(&p, 1, 200) == 1) {
+        char scratch[256];
+        ERR_clear_error();
+        int flags = fcntl(l->fd, F_GETFL);
+        if (flags >= 0 && fcntl(l->fd, F_SETFL, flags | O_NONBLOCK) == 0) {
+            (void)SSL_read(l->ssl, scratch, sizeof scratch);
+            fcntl(l->fd, F_SETFL, flags);
+        }
+        note_tls_failure(l);
+    }
+    if (!l->failure[0] && !l->received)
+        snprintf(l->failure, sizeof l->failure,
+                 "the worker closed the TLS connection before answering (does it require a "
+                 "client certificate? set HIPR_TLS_CERT and HIPR_TLS_KEY)");
+}
+
 static int tls_send(hipr_link *l, const void *data, size_t n) {
     const char *p = data;
     int rc = 0;
@@ -1007,6 +1029,7 @@ static int tls_send(hipr_link *l, const void *data, size_t n) {
             int e = SSL_get_error(l->ssl, k);
             if (e == SSL_ERROR_WANT_WRITE || e == SSL_ERROR_WANT_READ) continue;
             if (e == SSL_ERROR_SSL) note_tls_failure(l);
+            else tls_why_closed(l);
             rc = -1;
             break;
         }
@@ -1064,12 +1087,16 @@ static long tls_recv(hipr_link *l, void *buf, size_t n) {
     ERR_clear_error();
     for (;;) {
         int k = SSL_read(l->ssl, buf, n > (1u << 30) ? 1 << 30 : (int)n);
-        if (k > 0) return k;
+        if (k > 0) {
+            l->received = 1;
+            return k;
+        }
         int e = SSL_get_error(l->ssl, k);
         if (e == SSL_ERROR_ZERO_RETURN) return 0;
         if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) continue;
         if (e == SSL_ERROR_SYSCALL && errno == 0) return 0;
         if (e == SSL_ERROR_SSL) note_tls_failure(l);
+        else if (!l->received) tls_why_closed(l);
         return -1;
     }
 }
