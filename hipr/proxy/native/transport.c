@@ -625,7 +625,8 @@ static void read_tail(int fd, off_t start, char *buf, size_t size) {
     if (n <= 0) return;
     raw[n] = '\0';
     size_t o = 0;
-    for (char *line = strtok(raw, "\r\n"); line; line = strtok(NULL, "\r\n")) {
+    char *save = NULL;
+    for (char *line = strtok_r(raw, "\r\n", &save); line; line = strtok_r(NULL, "\r\n", &save)) {
         while (*line == ' ' || *line == '\t') line++;
         size_t len = strlen(line);
         while (len && (line[len - 1] == ' ' || line[len - 1] == '\t')) line[--len] = '\0';
