@@ -2,7 +2,8 @@
  * launch + synchronize, launches in a stream, and large copies. Build against the proxy:
  *   cc -O2 -std=c11 benchmarks/proxy/proxy_bench.c -o /tmp/proxy_bench \
  *      -L$(hipr proxy --path) -l:libamdhip64.so -Wl,-rpath,$(hipr proxy --path)
- * Usage: proxy_bench [COPY_MIB]. Prints one figure a line. */
+ * Usage: proxy_bench [COPY_MIB]. Prints one figure a line ("name value"): medians of the
+ * timed repeats (benchmarks/proxy/compare.py reads them beside the floors). */
 #define _POSIX_C_SOURCE 199309L
 #include <stdint.h>
 #include <stdio.h>
@@ -24,6 +25,16 @@ hipError_t hipModuleLoadData(hipModule_t *, const void *);
 hipError_t hipModuleGetFunction(hipFunction_t *, hipModule_t, const char *);
 hipError_t hipModuleLaunchKernel(hipFunction_t, unsigned, unsigned, unsigned, unsigned, unsigned,
                                  unsigned, unsigned, void *, void **, void **);
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
 
 static double now(void) {
     struct timespec t;
@@ -69,35 +80,64 @@ int main(int argc, char **argv) {
     MUST(hipModuleLaunchKernel(fill, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL));
     MUST(hipDeviceSynchronize());
     n = 2000;
-    t = now();
-    for (int i = 0; i < n; i++) {
+    static double each[2000];
+    for (int i = 0; i < n; i++) { /* a synchronize with nothing to wait for */
+        t = now();
+        MUST(hipDeviceSynchronize());
+        each[i] = now() - t;
+    }
+    printf("sync_us %.2f\n", median(each, n) * 1e6);
+    for (int i = 0; i < 200; i++) { /* warm-up */
         MUST(hipModuleLaunchKernel(fill, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL));
         MUST(hipDeviceSynchronize());
     }
-    printf("launch_sync_us %.2f\n", (now() - t) / n * 1e6);
+    for (int i = 0; i < n; i++) {
+        t = now();
+        MUST(hipModuleLaunchKernel(fill, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL));
+        MUST(hipDeviceSynchronize());
+        each[i] = now() - t;
+    }
+    printf("launch_sync_us %.2f\n", median(each, n) * 1e6);
     n = 1000;
-    for (int r = 0; r < 3; r++) {
+    double per[5];
+    for (int r = 0; r < 5; r++) {
         t = now();
         for (int i = 0; i < n; i++)
             MUST(hipModuleLaunchKernel(fill, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL));
         MUST(hipDeviceSynchronize());
-        printf("launch_in_stream_us %.2f\n", (now() - t) / n * 1e6);
+        per[r] = (now() - t) / n;
     }
+    printf("launch_in_stream_us %.2f\n", median(per, 5) * 1e6);
 
     size_t size = mib << 20;
     char *host = malloc(size);
+    char *back = malloc(size);
     void *dbig;
-    memset(host, 1, size);
+    memset(host, 7, size);
     MUST(hipMalloc(&dbig, size));
-    MUST(hipMemcpy(dbig, host, size, 1));
-    MUST(hipDeviceSynchronize());
-    t = now();
-    MUST(hipMemcpy(dbig, host, size, 1));
-    MUST(hipDeviceSynchronize());
-    printf("memcpy_h2d_GBps %.2f\n", (double)size / (now() - t) / 1e9);
-    t = now();
-    MUST(hipMemcpy(host, dbig, size, 2));
-    printf("memcpy_d2h_GBps %.2f\n", (double)size / (now() - t) / 1e9);
+    enum { REPEATS = 3 };
+    double up[REPEATS], down[REPEATS];
+    for (int r = -1; r < REPEATS; r++) { /* the first round warms up */
+        MUST(hipDeviceSynchronize());
+        t = now();
+        MUST(hipMemcpy(dbig, host, size, 1));
+        MUST(hipDeviceSynchronize());
+        double u = now() - t;
+        t = now();
+        MUST(hipMemcpy(back, dbig, size, 2));
+        double d = now() - t;
+        if (r >= 0) {
+            up[r] = u;
+            down[r] = d;
+        }
+    }
+    if (back[0] != 7 || back[size - 1] != 7) {
+        fprintf(stderr, "the copy came back wrong\n");
+        return 1;
+    }
+    printf("memcpy_h2d_GBps %.2f\n", (double)size / median(up, REPEATS) / 1e9);
+    printf("memcpy_d2h_GBps %.2f\n", (double)size / median(down, REPEATS) / 1e9);
+    free(back);
     MUST(hipFree(dbig));
     MUST(hipFree(p));
     MUST(hipDeviceSynchronize());

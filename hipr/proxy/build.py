@@ -29,13 +29,15 @@ HIP_SOURCES = (*CORE_SOURCES, "hip_front.c", "modules.c", "stubs.c")
 #: cborx.c again: its helpers are private to each library.
 RTC_SOURCES = ("hiprtc_front.c", "cborx.c")
 WARNINGS = ("-Wall", "-Wextra", "-Werror")
+#: Libraries of libamdhip64 (the core): libcbor, and OpenSSL for tls:// links.
+LIBS = ("-lcbor", "-lssl", "-lcrypto")
 CFLAGS = ("-std=c11", "-O2", "-fPIC", "-fvisibility=hidden", *WARNINGS)
 SANITIZE = ("-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g", "-O1")
 #: Symbol versions of libamdhip64: everything at hip_4.2 but the symbols ROCm 6 added.
 HIP_6_0 = ("hipGetDevicePropertiesR0600",)
 BUILD_HINT = (
-    "the native proxy needs a C compiler (cc/gcc) and libcbor's headers (Debian/Ubuntu: "
-    "apt-get install gcc libcbor-dev); then run `hipr proxy build`"
+    "the native proxy needs a C compiler (cc/gcc), libcbor's and OpenSSL's headers "
+    "(Debian/Ubuntu: apt-get install gcc libcbor-dev libssl-dev); then run `hipr proxy build`"
 )
 
 
@@ -66,20 +68,23 @@ def missing_prerequisites(cc: str | None = None) -> str | None:
         return f"no C compiler found; {BUILD_HINT}"
     probe = (
         "#include <cbor.h>\n"
-        "int main(void) { cbor_item_t *i = cbor_new_null(); cbor_decref(&i); return 0; }\n"
+        "#include <openssl/ssl.h>\n"
+        "int main(void) { cbor_item_t *i = cbor_new_null(); cbor_decref(&i);\n"
+        "  SSL_CTX *c = SSL_CTX_new(TLS_client_method()); SSL_CTX_free(c); return 0; }\n"
     )
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "probe.c"
         src.write_text(probe)
         result = subprocess.run(
-            [cc, str(src), "-o", str(Path(tmp) / "probe"), "-lcbor"],
+            [cc, str(src), "-o", str(Path(tmp) / "probe"), *LIBS],
             capture_output=True,
             text=True,
             check=False,
         )
     if result.returncode != 0:
         return (
-            f"libcbor (cbor.h, -lcbor) is not usable: {result.stderr.strip()[:300]}; {BUILD_HINT}"
+            "libcbor or OpenSSL (cbor.h, openssl/ssl.h, -lcbor -lssl -lcrypto) is not usable: "
+            f"{result.stderr.strip()[:300]}; {BUILD_HINT}"
         )
     return None
 
@@ -157,7 +162,7 @@ def build(out_dir: Path | None = None, *, sanitize: bool = False, cc: str | None
                 # $ORIGIN: a libcbor.so.0.8 copied beside the library is found (hosts
                 # without libcbor installed, see docs/proxy.md).
                 "-Wl,-rpath,$ORIGIN",
-                "-o", str(hip_tmp), *map(str, objects), "-lcbor", "-pthread",
+                "-o", str(hip_tmp), *map(str, objects), *LIBS, "-lm", "-pthread",
             ]
         )  # fmt: skip
         rtc_tmp = tmp / RTC_LIBRARY

@@ -1,13 +1,27 @@
 /* The proxy's session with the worker; see client.h. The protocol state lives in the
- * sans-I/O hipr_wire; this file adds the socket, the lock, heartbeats and fork. */
+ * sans-I/O hipr_wire (framing and the resend log); this file adds the link, the lock,
+ * reconnection with RESUME, heartbeats and fork.
+ *
+ * Exactly once over a flaky link, as the Python client (hipr/client/link.py): request
+ * ids increase in wire order; every request stays in the wire's resend log until a reply
+ * to it or to a later request proves that the worker ran it (the worker runs a session's
+ * requests in order). When the link drops, the session reconnects, sends RESUME, drops
+ * the fire-and-forget requests up to the worker's last_executed_id and sends the rest of
+ * the log again; the worker skips what already ran and answers replied requests from its
+ * reply cache. A request whose bulk is large (DIRECT_BYTES) is not copied into the log:
+ * it goes straight from the caller's memory and the call waits for its reply, so the
+ * caller's buffer is there to send again until the worker has it. */
 #define _GNU_SOURCE
 #include "client.h"
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -15,14 +29,29 @@
 #include "transport.h"
 #include "wire.h"
 
+#ifndef OP_RESUME
+#define OP_RESUME 0x0005
+#endif
+#ifndef OP_BARRIER
+#define OP_BARRIER 0x0007
+#endif
+
 #define DEFAULT_URL "tcp://127.0.0.1:18515"
 /* Before HELLO tells the worker's limits. */
 #define DEFAULT_MAX_PAYLOAD ((uint64_t)64 * 1024 * 1024 + 64 * 1024)
 /* Fire-and-forget frames are sent once this many bytes wait (HIP Remote used 64 KiB). */
 #define COALESCE_BYTES (64 * 1024)
-/* While a large request is being framed, bytes are written out past this much. */
-#define FLUSH_BYTES (4 * 1024 * 1024)
+/* Request bulk this large goes straight from the caller's memory (no copy into the log)
+ * and its call waits for the reply. */
+#define DIRECT_BYTES (1024 * 1024)
+/* Reply bulk this large is read straight into the caller's buffer. */
+#define DIRECT_RECV (64 * 1024)
+/* Bytes of unacknowledged requests kept for a resend before the session waits for the
+ * worker to catch up (a BARRIER). */
+#define LOG_LIMIT (16 * 1024 * 1024)
 #define RECV_CHUNK (256 * 1024)
+/* Internal: the link failed; the caller recovers (reconnect + RESUME) and goes on. */
+#define LINK_DOWN (-1)
 
 enum state { S_IDLE, S_READY, S_FAILED, S_LOST };
 
@@ -30,20 +59,29 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct {
     enum state state;
     int fail_code;
-    int fd;
+    hipr_link *link;
     pid_t owner;
     hipr_wire wire;
     int wire_ready;
     uint64_t chunk_bytes;
     int worker_device;
     double heartbeat_s;
+    double silent_limit_s; /* a link silent this long is dead */
+    double last_rx;
+    double spin_s;
     int keeper_running;
-    uint8_t *rbuf;
+    int closing;
     char url[1024];
     char backend[64];
+    char session_id[128];
+    char resume_token[256];
+    char why[400]; /* why the last link failed */
     int minor; /* the worker's protocol minor version */
     int debug; /* HIPR_PROXY_DEBUG: error replies' messages on stderr */
-} S = {.state = S_IDLE, .fd = -1};
+    double reconnect_s;
+    int reconnect_attempts;
+    unsigned resumes;
+} S = {.state = S_IDLE};
 
 /* Launches of one configuration waiting to go out as one frame. */
 #define BATCH_MAX 1024
@@ -57,6 +95,12 @@ static struct {
 } B;
 
 static int put_batch(void);
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
 
 void hipr_warn_once(const char *what, int *flag) {
     if (__atomic_exchange_n(flag, 1, __ATOMIC_RELAXED)) return;
@@ -78,15 +122,16 @@ static void set_message(hipr_reply *r, const char *fmt, const char *arg) {
 /* --- the link ----------------------------------------------------------------------- */
 
 static void drop_link(void) {
-    if (S.fd >= 0) close(S.fd);
-    S.fd = -1;
+    hipr_link_close(S.link);
+    S.link = NULL;
 }
 
+/* The session is over for good: every call returns hipErrorUnknown from now on. */
 static int lose(const char *why) {
     if (S.state == S_READY)
         fprintf(stderr,
-                "hipr proxy: lost the link to the worker at %s (%s); HIP calls now return "
-                "hipErrorUnknown\n",
+                "hipr proxy: lost the session with the worker at %s (%s); HIP calls now "
+                "return hipErrorUnknown\n",
                 S.url, why);
     drop_link();
     S.state = S_LOST;
@@ -94,20 +139,131 @@ static int lose(const char *why) {
     return HIPR_UNKNOWN;
 }
 
+/* Notes why the link failed (the transport's own words where it has them). */
+static int link_down(const char *why) {
+    const char *more = S.link ? hipr_link_failure(S.link) : "";
+    snprintf(S.why, sizeof S.why, "%.190s%s%.200s", why, *more ? ": " : "", more);
+    return LINK_DOWN;
+}
+
+static int send_bytes(const void *p, size_t n) {
+    struct iovec v = {(void *)p, n};
+    return hipr_link_send(S.link, &v, 1);
+}
+
+/* The log's unsent frames (queued launches first). 0, LINK_DOWN or an error. */
 static int flush_out(void) {
-    if (B.count && put_batch() != HIPR_SUCCESS) return -1;
+    if (B.count) {
+        int rc = put_batch();
+        if (rc) return rc;
+    }
     size_t n;
     const uint8_t *p = hipr_wire_output(&S.wire, &n);
     if (!n) return 0;
-    if (hipr_transport_send_all(S.fd, p, n) < 0) return -1;
+    if (!S.link || send_bytes(p, n) < 0) return link_down("cannot write to the worker");
     hipr_wire_sent(&S.wire, n);
     return 0;
 }
 
-static int read_more(void) {
-    long n = hipr_transport_recv(S.fd, S.rbuf, RECV_CHUNK);
-    if (n <= 0) return -1;
-    return hipr_wire_feed(&S.wire, S.rbuf, (size_t)n) == HIPR_WIRE_OK ? 0 : -1;
+/* A frame outside the log (heartbeat answers, handshakes, GOODBYE). */
+static int send_frame(uint16_t opcode, uint32_t id, uint32_t flags, const uint8_t *cbor,
+                      size_t cbor_len) {
+    uint8_t head[28];
+    size_t n = hipr_wire_head(head, opcode, id, flags, cbor_len, 0);
+    struct iovec v[2] = {{head, n}, {(void *)cbor, cbor_len}};
+    if (!S.link || hipr_link_send(S.link, v, cbor_len ? 2 : 1) < 0)
+        return link_down("cannot write to the worker");
+    return 0;
+}
+
+/* A request straight from the caller's memory: the first frame and DATA frames of
+ * chunk_bytes, written with sendmsg from `bulk` itself. */
+typedef struct direct {
+    uint16_t opcode;
+    uint32_t id, flags;
+    const uint8_t *cbor;
+    size_t cbor_len;
+    const uint8_t *bulk;
+    size_t bulk_len;
+} direct;
+
+static int send_direct(const direct *d) {
+    size_t chunk = (size_t)S.chunk_bytes;
+    enum { FRAMES = 16 };
+    uint8_t heads[FRAMES][28];
+    struct iovec v[FRAMES * 3];
+    size_t off = 0;
+    int first = 1;
+    while (first || off < d->bulk_len) {
+        int nv = 0;
+        for (int k = 0; k < FRAMES && (first || off < d->bulk_len); k++) {
+            size_t n = d->bulk_len - off < chunk ? d->bulk_len - off : chunk;
+            uint32_t more = off + n < d->bulk_len ? HIPR_F_MORE : 0;
+            size_t h;
+            if (first) {
+                h = hipr_wire_head(heads[k], d->opcode, d->id, d->flags | more, d->cbor_len, n);
+                v[nv++] = (struct iovec){heads[k], h};
+                if (d->cbor_len) v[nv++] = (struct iovec){(void *)d->cbor, d->cbor_len};
+                first = 0;
+            } else {
+                h = hipr_wire_head(heads[k], OP_DATA, d->id, more, 0, n);
+                v[nv++] = (struct iovec){heads[k], h};
+            }
+            if (n) v[nv++] = (struct iovec){(void *)(d->bulk + off), n};
+            off += n;
+        }
+        if (hipr_link_send(S.link, v, nv) < 0) return link_down("cannot write to the worker");
+    }
+    return 0;
+}
+
+/* Received bytes into the wire's input (no copy), spinning briefly before blocking as
+ * the Python sync client does: a reply that comes within the spin is seen without the
+ * kernel waking a sleeping thread. */
+static int read_more_at_most(int spin, size_t limit) {
+    size_t room;
+    uint8_t *p = hipr_wire_space(&S.wire, RECV_CHUNK, &room);
+    if (!p) return HIPR_OUT_OF_MEMORY;
+    if (limit && room > limit) room = limit;
+    long n = -2;
+    if (spin && S.spin_s > 0) {
+        double until = now_s() + S.spin_s;
+        do n = hipr_link_recv_nowait(S.link, p, room);
+        while (n == -2 && now_s() < until);
+    }
+    if (n == -2) {
+        int ready = hipr_link_wait_readable(S.link, (int)(S.silent_limit_s * 1000));
+        if (ready == 0) {
+            char why[120];
+            snprintf(why, sizeof why, "the worker was silent for %.0f s", S.silent_limit_s);
+            return link_down(why);
+        }
+        n = ready < 0 ? -1 : hipr_link_recv(S.link, p, room);
+    }
+    if (n <= 0) return link_down(n == 0 ? "the worker closed the connection" : strerror(errno));
+    hipr_wire_commit(&S.wire, (size_t)n);
+    S.last_rx = now_s();
+    return 0;
+}
+
+static int read_more(int spin) { return read_more_at_most(spin, 0); }
+
+/* Exactly `n` bytes into `dst`, straight from the link. */
+static int read_exact(uint8_t *dst, size_t n) {
+    while (n) {
+        int ready = hipr_link_wait_readable(S.link, (int)(S.silent_limit_s * 1000));
+        if (ready == 0) {
+            char why[120];
+            snprintf(why, sizeof why, "the worker was silent for %.0f s", S.silent_limit_s);
+            return link_down(why);
+        }
+        long k = ready < 0 ? -1 : hipr_link_recv(S.link, dst, n);
+        if (k <= 0) return link_down(k == 0 ? "the worker closed the connection" : strerror(errno));
+        dst += k;
+        n -= (size_t)k;
+    }
+    S.last_rx = now_s();
+    return 0;
 }
 
 static int error_code_of(const uint8_t *cbor, size_t len, char *msg, size_t msg_size) {
@@ -118,30 +274,72 @@ static int error_code_of(const uint8_t *cbor, size_t len, char *msg, size_t msg_
 }
 
 /* A frame the worker sent on its own (request id 0): heartbeats, a closing session.
- * Returns 0, or -1 when the session is over. */
+ * 0, LINK_DOWN, or HIPR_UNKNOWN when the worker ended the session. */
 static int from_worker(const hipr_frame *f) {
-    if (f->opcode == OP_PING && !(f->flags & HIPR_F_REPLY)) {
-        if (hipr_wire_put(&S.wire, OP_PING, 0, HIPR_F_REPLY, NULL, 0, NULL, 0)) return -1;
-        return flush_out();
-    }
-    if (f->opcode == OP_GOODBYE || (f->flags & HIPR_F_ERROR)) return -1;
+    if (f->opcode == OP_PING && !(f->flags & HIPR_F_REPLY))
+        return send_frame(OP_PING, 0, HIPR_F_REPLY, NULL, 0);
+    if (f->opcode == OP_GOODBYE || (f->flags & HIPR_F_ERROR))
+        return lose("the worker ended the session");
     return 0;
 }
 
-/* Read frames until the final reply to `id`. */
+/* Read frames until the final reply to `id`. A hipError_t, or LINK_DOWN. */
 static int await_reply(uint32_t id, void *sink, size_t sink_size, hipr_reply *r) {
     for (;;) {
         hipr_frame f;
-        int got = hipr_wire_next(&S.wire, &f);
+        size_t rest = 0;
+        int got = sink ? hipr_wire_next_head(&S.wire, &f, DIRECT_RECV, &rest)
+                       : hipr_wire_next(&S.wire, &f);
         if (got < 0) return lose(S.wire.error);
         if (got == 0) {
-            if (read_more() < 0) return lose("the worker closed the connection");
+            /* A large reply on its way into the sink: read no further than the next
+             * frame's head, so that its bulk goes straight into the sink. */
+            size_t buffered = S.wire.in_len - S.wire.in_off - S.wire.in_taken;
+            size_t limit = 0;
+            if (sink && sink_size - r->sink_len >= DIRECT_RECV && buffered < HIPR_HEADER_SIZE + 4)
+                limit = HIPR_HEADER_SIZE + 4 - buffered;
+            int rc = read_more_at_most(1, limit);
+            if (rc) return rc;
             continue;
+        }
+        if (got == 2) {
+            /* A large bulk part on its way: straight into the sink when it is ours. */
+            int ours = f.request_id == id && !(f.flags & HIPR_F_ERROR);
+            if (ours && f.bulk_len + rest > sink_size - r->sink_len)
+                return lose("a reply carried more bytes than were asked for");
+            uint8_t *dst = NULL;
+            if (ours) {
+                dst = (uint8_t *)sink + r->sink_len;
+                memcpy(dst, f.bulk, f.bulk_len);
+                r->sink_len += f.bulk_len;
+                int rc = read_exact((uint8_t *)sink + r->sink_len, rest);
+                if (rc) return rc;
+                r->sink_len += rest;
+            } else {
+                uint8_t scratch[4096];
+                while (rest) {
+                    size_t n = rest < sizeof scratch ? rest : sizeof scratch;
+                    int rc = read_exact(scratch, n);
+                    if (rc) return rc;
+                    rest -= n;
+                }
+            }
+            hipr_wire_skip_rest(&S.wire);
+            if (f.flags & HIPR_F_MORE) continue;
+            hipr_wire_ack(&S.wire, f.request_id);
+            if (!ours) continue;
+            if (f.cbor_len) {
+                r->map = hipr_cbor_load(f.cbor, f.cbor_len);
+                if (!r->map) return lose("a reply's CBOR part is malformed");
+            }
+            return HIPR_SUCCESS;
         }
         if (f.request_id == 0) {
-            if (from_worker(&f) < 0) return lose("the worker ended the session");
+            int rc = from_worker(&f);
+            if (rc) return rc;
             continue;
         }
+        if (!(f.flags & HIPR_F_MORE) && f.opcode != OP_PING) hipr_wire_ack(&S.wire, f.request_id);
         if (f.request_id != id) continue; /* a reply nobody waits for */
         if (f.flags & HIPR_F_ERROR) {
             /* The error map stays with the reply: callers read its details. */
@@ -173,7 +371,7 @@ static int await_reply(uint32_t id, void *sink, size_t sink_size, hipr_reply *r)
     }
 }
 
-/* Frame a request (the bulk split into DATA frames of chunk_bytes) into the output. */
+/* Frame a request (the bulk split into DATA frames of chunk_bytes) into the log. */
 static int put_request(uint16_t opcode, uint32_t id, uint32_t flags, const uint8_t *cbor,
                        size_t cbor_len, const uint8_t *bulk, size_t bulk_len) {
     size_t chunk = (size_t)S.chunk_bytes;
@@ -183,8 +381,6 @@ static int put_request(uint16_t opcode, uint32_t id, uint32_t flags, const uint8
         return HIPR_OUT_OF_MEMORY;
     size_t off = first;
     while (off < bulk_len) {
-        if (S.wire.out_len >= FLUSH_BYTES && flush_out() < 0)
-            return lose("cannot write to the worker");
         size_t n = bulk_len - off < chunk ? bulk_len - off : chunk;
         uint32_t fl = off + n < bulk_len ? HIPR_F_MORE : 0;
         if (hipr_wire_put(&S.wire, OP_DATA, id, fl, NULL, 0, bulk + off, n))
@@ -255,15 +451,134 @@ static int encode_args(hipr_map *args, uint8_t **cbor, size_t *len) {
     return rc;
 }
 
+/* --- reconnecting ---------------------------------------------------------------------- */
+
+static int handshake(uint16_t opcode, hipr_map *m, cbor_item_t **reply, char *err,
+                     size_t err_size);
+static void accept_handshake(const cbor_item_t *map);
+
+/* The link failed: reconnect and RESUME the session, then send the log again (from
+ * the caller's next flush). HIPR_SUCCESS, or the error every call returns from now on.
+ * Runs under the lock, so exactly one thread reconnects. */
+static int recover(void) {
+    if (S.state != S_READY) return S.fail_code ? S.fail_code : HIPR_UNKNOWN;
+    drop_link();
+    if (S.closing || !S.session_id[0] || S.reconnect_attempts <= 0) return lose(S.why);
+    fprintf(stderr, "hipr proxy: lost the link to the worker at %s (%s); reconnecting\n", S.url,
+            S.why);
+    double deadline = now_s() + S.reconnect_s;
+    double delay = 0.05;
+    char err[700];
+    for (int attempt = 1; attempt <= S.reconnect_attempts; attempt++) {
+        double left = deadline - now_s();
+        if (left <= 0) break;
+        S.link = hipr_link_open(S.url, left < 30 ? left : 30, err, sizeof err);
+        if (S.link) {
+            hipr_wire_reset_input(&S.wire);
+            hipr_map m;
+            hipr_map_init(&m, 2);
+            hipr_map_str(&m, "session_id", S.session_id, strlen(S.session_id));
+            hipr_map_str(&m, "resume_token", S.resume_token, strlen(S.resume_token));
+            cbor_item_t *reply = NULL;
+            int rc = handshake(OP_RESUME, &m, &reply, err, sizeof err);
+            if (rc == HIPR_SUCCESS) {
+                uint64_t last = 0;
+                hipr_cbor_uint(reply, "last_executed_id", &last);
+                accept_handshake(reply);
+                cbor_decref(&reply);
+                hipr_wire_rewind(&S.wire, (uint32_t)last);
+                S.last_rx = now_s();
+                S.resumes++;
+                fprintf(stderr,
+                        "hipr proxy: resumed the session with the worker at %s (attempt %d)\n",
+                        S.url, attempt);
+                return HIPR_SUCCESS;
+            }
+            drop_link();
+            if (rc != LINK_DOWN) {
+                /* The worker answered and refused: the session is gone for good. */
+                char why[900];
+                snprintf(why, sizeof why, "session %.100s cannot resume: %.700s", S.session_id,
+                         err);
+                return lose(why);
+            }
+        }
+        double wait = delay < deadline - now_s() ? delay : deadline - now_s();
+        if (wait > 0) {
+            /* Full jitter: clients cut off together do not come back in lockstep. */
+            wait *= 0.5 + 0.5 * ((double)(rand() & 0xffff) / 65536.0);
+            struct timespec ts = {(time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9)};
+            nanosleep(&ts, NULL);
+        }
+        delay = delay * 2 > 5 ? 5 : delay * 2;
+    }
+    char why[1200];
+    snprintf(why, sizeof why,
+             "could not reconnect within %d attempts / %g s (last error: %.700s); the session "
+             "and its handles are gone",
+             S.reconnect_attempts, S.reconnect_s, err);
+    return lose(why);
+}
+
+static void reset_reply(hipr_reply *r) {
+    if (r->map) cbor_decref(&r->map);
+    free(r->bulk);
+    r->bulk = NULL;
+    r->bulk_len = 0;
+    r->sink_len = 0; /* a replayed reply comes again from its start */
+}
+
+/* Send what waits (and `d`, a request straight from the caller's memory), then wait for
+ * the reply to `id`; across dropped links until the session is lost. */
+static int exchange(uint32_t id, const direct *d, void *sink, size_t sink_size, hipr_reply *r) {
+    for (;;) {
+        int rc = flush_out();
+        if (rc == 0 && d) rc = send_direct(d);
+        if (rc == 0) rc = await_reply(id, sink, sink_size, r);
+        if (rc != LINK_DOWN) return rc;
+        rc = recover();
+        if (rc) return rc;
+        reset_reply(r);
+    }
+}
+
+/* Flush; a dropped link is recovered and the log sent again. */
+static int flush_or_recover(void) {
+    for (;;) {
+        int rc = flush_out();
+        if (rc != LINK_DOWN) return rc;
+        rc = recover();
+        if (rc) return rc;
+    }
+}
+
 /* With the lock held and the session ready. */
-static int call_locked(uint16_t opcode, const uint8_t *cbor, size_t cbor_len, const void *bulk,
-                       size_t bulk_len, void *sink, size_t sink_size, hipr_reply *r) {
+static int call_locked(uint16_t opcode, uint32_t flags, const uint8_t *cbor, size_t cbor_len,
+                       const void *bulk, size_t bulk_len, void *sink, size_t sink_size,
+                       hipr_reply *r) {
     uint32_t id;
     int rc = take_id(&id);
-    if (rc == HIPR_SUCCESS) rc = put_request(opcode, id, 0, cbor, cbor_len, bulk, bulk_len);
     if (rc) return rc;
-    if (flush_out() < 0) return lose("cannot write to the worker");
-    return await_reply(id, sink, sink_size, r);
+    if (bulk_len >= DIRECT_BYTES) {
+        direct d = {opcode, id, flags, cbor, cbor_len, bulk, bulk_len};
+        return exchange(id, &d, sink, sink_size, r);
+    }
+    rc = put_request(opcode, id, flags, cbor, cbor_len, bulk, bulk_len);
+    if (rc) return rc;
+    return exchange(id, NULL, sink, sink_size, r);
+}
+
+static int simple_call(uint16_t opcode, hipr_map *m) {
+    uint8_t *cbor = NULL;
+    size_t len = 0;
+    int rc = m ? encode_args(m, &cbor, &len) : HIPR_SUCCESS;
+    if (rc) return rc;
+    hipr_reply r;
+    memset(&r, 0, sizeof r);
+    rc = call_locked(opcode, 0, cbor, len, NULL, 0, NULL, 0, &r);
+    free(cbor);
+    hipr_reply_free(&r);
+    return rc;
 }
 
 static int use_device(int device) {
@@ -271,16 +586,19 @@ static int use_device(int device) {
     hipr_map m;
     hipr_map_init(&m, 1);
     hipr_map_u64(&m, "device", (uint64_t)device);
-    uint8_t *cbor;
-    size_t len;
-    int rc = encode_args(&m, &cbor, &len);
-    if (rc) return rc;
-    hipr_reply r;
-    memset(&r, 0, sizeof r);
-    rc = call_locked(OP_SET_DEVICE, cbor, len, NULL, 0, NULL, 0, &r);
-    free(cbor);
-    hipr_reply_free(&r);
+    int rc = simple_call(OP_SET_DEVICE, &m);
     if (rc == HIPR_SUCCESS) S.worker_device = device;
+    return rc;
+}
+
+/* After fire-and-forget work: send when enough waits, and let the worker catch up when
+ * the resend log grows past LOG_LIMIT (its BARRIER reply acknowledges everything). */
+static int after_queued(void) {
+    size_t n;
+    hipr_wire_output(&S.wire, &n);
+    int rc = n >= COALESCE_BYTES ? flush_or_recover() : HIPR_SUCCESS;
+    if (rc == HIPR_SUCCESS && hipr_wire_logged_bytes(&S.wire) > LOG_LIMIT)
+        rc = simple_call(OP_BARRIER, NULL);
     return rc;
 }
 
@@ -308,26 +626,22 @@ static void read_token(char *buf, size_t size) {
 
 static void *keeper(void *arg);
 
-static int hello(char *err, size_t err_size) {
-    char token[4096];
-    read_token(token, sizeof token);
-    hipr_map m;
-    hipr_map_init(&m, token[0] ? 2 : 1);
-    hipr_map_str(&m, "client", "hipr-proxy/0.1", strlen("hipr-proxy/0.1"));
-    if (token[0]) hipr_map_str(&m, "token", token, strlen(token));
+/* HELLO or RESUME (request id 0) on the new link and the worker's answer: HIPR_SUCCESS
+ * and the reply map, LINK_DOWN (the link failed: try again), or the worker's refusal. */
+static int handshake(uint16_t opcode, hipr_map *m, cbor_item_t **reply, char *err,
+                     size_t err_size) {
     uint8_t *cbor;
     size_t len;
-    if (encode_args(&m, &cbor, &len)) {
+    if (encode_args(m, &cbor, &len)) {
         snprintf(err, err_size, "out of memory");
         return HIPR_OUT_OF_MEMORY;
     }
-    int rc = hipr_wire_put(&S.wire, OP_HELLO, 0, 0, cbor, len, NULL, 0);
+    int rc = send_frame(opcode, 0, 0, cbor, len);
     explicit_bzero(cbor, len);
     free(cbor);
-    explicit_bzero(token, sizeof token);
-    if (rc || flush_out() < 0) {
-        snprintf(err, err_size, "cannot send HELLO: %s", strerror(errno));
-        return HIPR_NO_DEVICE;
+    if (rc) {
+        snprintf(err, err_size, "%s", S.why);
+        return LINK_DOWN;
     }
     for (;;) {
         hipr_frame f;
@@ -337,36 +651,102 @@ static int hello(char *err, size_t err_size) {
             return HIPR_NO_DEVICE;
         }
         if (got == 0) {
-            if (read_more() < 0) {
-                snprintf(err, err_size, "the worker closed the connection during HELLO");
-                return HIPR_NO_DEVICE;
+            if (read_more(0)) {
+                snprintf(err, err_size, "%s during the handshake", S.why);
+                return LINK_DOWN;
             }
             continue;
         }
-        if (f.opcode != OP_HELLO || !(f.flags & HIPR_F_REPLY)) continue;
+        if (f.request_id != 0 || (f.opcode != opcode && f.opcode != 0)) {
+            if (f.opcode == OP_PING && !(f.flags & HIPR_F_REPLY) &&
+                send_frame(OP_PING, 0, HIPR_F_REPLY, NULL, 0)) {
+                snprintf(err, err_size, "%s", S.why);
+                return LINK_DOWN;
+            }
+            continue; /* a heartbeat that crossed the handshake */
+        }
         if (f.flags & HIPR_F_ERROR) {
             char msg[400];
             int code = error_code_of(f.cbor, f.cbor_len, msg, sizeof msg);
-            snprintf(err, err_size, "the worker refused HELLO: %s", msg);
-            return code;
+            snprintf(err, err_size, "the worker refused %s: %s",
+                     opcode == OP_HELLO ? "HELLO" : "RESUME", msg);
+            return code == LINK_DOWN ? HIPR_UNKNOWN : code;
         }
         cbor_item_t *map = hipr_cbor_load(f.cbor, f.cbor_len);
-        uint64_t proto = 0, chunk = 0, max_frame = 0;
-        double hb = 5.0;
+        uint64_t proto = 0;
         if (!map || hipr_cbor_uint(map, "protocol", &proto) || (proto >> 8) != 1) {
             if (map) cbor_decref(&map);
-            snprintf(err, err_size, "unexpected HELLO reply (protocol major must be 1)");
+            snprintf(err, err_size, "unexpected handshake reply (protocol major must be 1)");
             return HIPR_NO_DEVICE;
         }
-        if (hipr_cbor_uint(map, "chunk_bytes", &chunk) == 0 && chunk >= 4096) S.chunk_bytes = chunk;
-        S.minor = (int)(proto & 0xff);
-        if (hipr_cbor_uint(map, "max_frame_bytes", &max_frame) == 0 && max_frame > S.chunk_bytes)
-            S.wire.max_payload = max_frame + 64 * 1024;
-        if (hipr_cbor_float(map, "heartbeat_interval", &hb) == 0 && hb > 0) S.heartbeat_s = hb;
-        if (hipr_cbor_text(map, "backend", S.backend, sizeof S.backend) != 0) S.backend[0] = '\0';
-        cbor_decref(&map);
+        *reply = map;
         return HIPR_SUCCESS;
     }
+}
+
+static void accept_handshake(const cbor_item_t *map) {
+    uint64_t proto = 0, chunk = 0, max_frame = 0;
+    double hb = S.heartbeat_s;
+    hipr_cbor_uint(map, "protocol", &proto);
+    S.minor = (int)(proto & 0xff);
+    if (hipr_cbor_uint(map, "chunk_bytes", &chunk) == 0 && chunk >= 4096) S.chunk_bytes = chunk;
+    if (hipr_cbor_uint(map, "max_frame_bytes", &max_frame) == 0 && max_frame > S.chunk_bytes)
+        S.wire.max_payload = max_frame + 64 * 1024;
+    if (hipr_cbor_float(map, "heartbeat_interval", &hb) == 0 && hb > 0) S.heartbeat_s = hb;
+    /* The worker pings every heartbeat_interval: three missed are a dead link. */
+    S.silent_limit_s = 3 * S.heartbeat_s < 2 ? 2 : 3 * S.heartbeat_s;
+    if (S.link) hipr_link_set_send_timeout(S.link, S.silent_limit_s);
+    /* RESUME's answer repeats the session id and may leave the token out: kept. */
+    char text[sizeof S.resume_token];
+    if (hipr_cbor_text(map, "session_id", text, sizeof S.session_id) == 0)
+        memcpy(S.session_id, text, sizeof S.session_id);
+    if (hipr_cbor_text(map, "resume_token", text, sizeof text) == 0 && text[0])
+        memcpy(S.resume_token, text, sizeof S.resume_token);
+}
+
+static int hello(char *err, size_t err_size) {
+    char token[4096];
+    read_token(token, sizeof token);
+    hipr_map m;
+    hipr_map_init(&m, token[0] ? 2 : 1);
+    hipr_map_str(&m, "client", "hipr-proxy/0.2", strlen("hipr-proxy/0.2"));
+    if (token[0]) hipr_map_str(&m, "token", token, strlen(token));
+    explicit_bzero(token, sizeof token);
+    cbor_item_t *map = NULL;
+    int rc = handshake(OP_HELLO, &m, &map, err, err_size);
+    if (rc == LINK_DOWN) return HIPR_NO_DEVICE;
+    if (rc) return rc;
+    accept_handshake(map);
+    if (hipr_cbor_text(map, "backend", S.backend, sizeof S.backend) != 0) S.backend[0] = '\0';
+    cbor_decref(&map);
+    return HIPR_SUCCESS;
+}
+
+/* Usable CPUs (affinity, and a cgroup v2 CPU quota), as hipr/cpus.py counts them. */
+static int usable_cpus(void) {
+    cpu_set_t set;
+    int count = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    FILE *fp = fopen("/sys/fs/cgroup/cpu.max", "r");
+    if (fp) {
+        char quota[32] = "";
+        long period = 100000;
+        if (fscanf(fp, "%31s %ld", quota, &period) >= 1 && strcmp(quota, "max") != 0 &&
+            period > 0) {
+            long q = atol(quota);
+            int cpus = (int)((q + period - 1) / period);
+            if (cpus >= 1 && cpus < count) count = cpus;
+        }
+        fclose(fp);
+    }
+    return count < 1 ? 1 : count;
+}
+
+static double env_number(const char *name, double fallback) {
+    const char *v = getenv(name);
+    if (!v || !*v) return fallback;
+    char *end;
+    double d = strtod(v, &end);
+    return end != v && d >= 0 ? d : fallback;
 }
 
 static int connect_locked(void) {
@@ -374,10 +754,13 @@ static int connect_locked(void) {
     const char *debug = getenv("HIPR_PROXY_DEBUG");
     S.debug = debug && *debug && strcmp(debug, "0") != 0;
     snprintf(S.url, sizeof S.url, "%s", url && *url ? url : DEFAULT_URL);
-    double timeout = 5.0;
-    const char *t = getenv("HIPR_CONNECT_TIMEOUT");
-    if (t && *t && atof(t) > 0) timeout = atof(t);
-    if (!S.rbuf) S.rbuf = malloc(RECV_CHUNK);
+    double timeout = env_number("HIPR_CONNECT_TIMEOUT", 5.0);
+    if (timeout <= 0) timeout = 5.0;
+    /* As the Python sync client: spin ~200 us for a reply where cores are to spare
+     * (hipr/cpus.py's auto_spin_wait); HIPR_SPIN_US sets it (0: block at once). */
+    S.spin_s = env_number("HIPR_SPIN_US", usable_cpus() >= 4 ? 200.0 : 0.0) * 1e-6;
+    S.reconnect_s = env_number("HIPR_RECONNECT_TIMEOUT", 60.0);
+    S.reconnect_attempts = S.reconnect_s > 0 ? (int)env_number("HIPR_RECONNECT_ATTEMPTS", 10) : 0;
     if (!S.wire_ready) {
         hipr_wire_init(&S.wire, DEFAULT_MAX_PAYLOAD);
         S.wire_ready = 1;
@@ -386,14 +769,16 @@ static int connect_locked(void) {
     S.wire.max_payload = DEFAULT_MAX_PAYLOAD;
     S.chunk_bytes = 1 << 20;
     S.heartbeat_s = 5.0;
+    S.silent_limit_s = 15.0;
     S.worker_device = 0;
-    char err[600];
+    S.session_id[0] = S.resume_token[0] = '\0';
+    S.closing = 0;
+    char err[1000];
     int code = HIPR_NO_DEVICE;
-    if (!S.rbuf) {
-        snprintf(err, sizeof err, "out of memory");
-    } else {
-        S.fd = hipr_transport_connect(S.url, timeout, err, sizeof err);
-        if (S.fd >= 0) code = hello(err, sizeof err);
+    S.link = hipr_link_open(S.url, timeout, err, sizeof err);
+    if (S.link) {
+        S.last_rx = now_s();
+        code = hello(err, sizeof err);
     }
     if (code != HIPR_SUCCESS) {
         fprintf(stderr, "hipr proxy: no worker answered at %s: %s; HIP calls return errors\n",
@@ -409,7 +794,12 @@ static int connect_locked(void) {
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        /* Signals are the program's threads' business, not this one's. */
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
         if (pthread_create(&th, &attr, keeper, NULL) == 0) S.keeper_running = 1;
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
         pthread_attr_destroy(&attr);
     }
     return HIPR_SUCCESS;
@@ -418,14 +808,16 @@ static int connect_locked(void) {
 /* With the lock held: the session, connected on first use (and anew in a forked child). */
 static int ready_locked(void) {
     if (S.owner != getpid()) {
-        /* A forked child: the parent's socket belongs to the parent. */
-        if (S.fd >= 0) close(S.fd);
-        S.fd = -1;
+        /* A forked child: the parent's link and session belong to the parent. Its
+         * handles are not valid here; the child opens its own session. */
+        hipr_link_forget(S.link);
+        S.link = NULL;
         S.state = S_IDLE;
         S.keeper_running = 0;
         S.owner = getpid();
         B.count = 0; /* the parent's launches */
         B.used = 0;
+        if (S.wire_ready) hipr_wire_reset(&S.wire);
     }
     if (S.state == S_READY) return HIPR_SUCCESS;
     if (S.state == S_FAILED || S.state == S_LOST) return S.fail_code;
@@ -447,6 +839,13 @@ int hipr_ensure(void) {
     return rc;
 }
 
+unsigned hipr_resumes(void) {
+    pthread_mutex_lock(&lock);
+    unsigned n = S.resumes;
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
 int hipr_call(int device, uint16_t opcode, hipr_map *args, const void *bulk, size_t bulk_len,
               void *sink, size_t sink_size, hipr_reply *r) {
     memset(r, 0, sizeof *r);
@@ -457,7 +856,8 @@ int hipr_call(int device, uint16_t opcode, hipr_map *args, const void *bulk, siz
     pthread_mutex_lock(&lock);
     rc = ready_locked();
     if (rc == HIPR_SUCCESS) rc = use_device(device);
-    if (rc == HIPR_SUCCESS) rc = call_locked(opcode, cbor, len, bulk, bulk_len, sink, sink_size, r);
+    if (rc == HIPR_SUCCESS)
+        rc = call_locked(opcode, 0, cbor, len, bulk, bulk_len, sink, sink_size, r);
     else if (S.state != S_READY)
         set_message(r, "no session with the worker at %.400s", S.url);
     pthread_mutex_unlock(&lock);
@@ -473,12 +873,19 @@ int hipr_notify(int device, uint16_t opcode, hipr_map *args, const void *bulk, s
     pthread_mutex_lock(&lock);
     rc = ready_locked();
     if (rc == HIPR_SUCCESS) rc = use_device(device);
-    if (rc == HIPR_SUCCESS) {
+    if (rc == HIPR_SUCCESS && bulk_len >= DIRECT_BYTES) {
+        /* Too large to copy into the log: sent from the caller's buffer, and waited for
+         * (the buffer is the caller's again when this returns). */
+        hipr_reply r;
+        memset(&r, 0, sizeof r);
+        rc = call_locked(opcode, 0, cbor, len, bulk, bulk_len, NULL, 0, &r);
+        hipr_reply_free(&r);
+    } else if (rc == HIPR_SUCCESS) {
         uint32_t id;
         rc = take_id(&id);
-        if (rc == HIPR_SUCCESS) rc = put_request(opcode, id, HIPR_F_NO_REPLY, cbor, len, bulk, bulk_len);
-        if (rc == HIPR_SUCCESS && S.wire.out_len >= COALESCE_BYTES && flush_out() < 0)
-            rc = lose("cannot write to the worker");
+        if (rc == HIPR_SUCCESS)
+            rc = put_request(opcode, id, HIPR_F_NO_REPLY, cbor, len, bulk, bulk_len);
+        if (rc == HIPR_SUCCESS) rc = after_queued();
     }
     pthread_mutex_unlock(&lock);
     free(cbor);
@@ -508,8 +915,7 @@ int hipr_launch(int device, const hipr_launch_config *config, const void *args, 
             /* A worker before protocol 1.1 takes launches one frame each. */
             if (S.minor < 1) rc = put_batch();
         }
-        if (rc == HIPR_SUCCESS && S.wire.out_len >= COALESCE_BYTES && flush_out() < 0)
-            rc = lose("cannot write to the worker");
+        if (rc == HIPR_SUCCESS) rc = after_queued();
     }
     pthread_mutex_unlock(&lock);
     return rc;
@@ -518,8 +924,9 @@ int hipr_launch(int device, const hipr_launch_config *config, const void *args, 
 /* --- heartbeats, idle flushes, fork, exit ---------------------------------------------- */
 
 /* Answers the worker's PINGs while the program makes no calls (the worker drops a
- * silent link after heartbeat_timeout) and sends queued fire-and-forget frames that
- * waited a whole tick, so queued work starts even if no sync point comes soon. */
+ * silent link after heartbeat_timeout), takes a link silent for too long for dead and
+ * resumes the session, and sends queued fire-and-forget frames that waited a whole
+ * tick, so queued work starts even if no sync point comes soon. */
 static void *keeper(void *arg) {
     (void)arg;
     pid_t me = getpid();
@@ -535,23 +942,30 @@ static void *keeper(void *arg) {
             pthread_mutex_unlock(&lock);
             return NULL;
         }
-        size_t queued = S.wire.out_len + B.used + (size_t)B.count;
-        if (queued && queued == waiting && flush_out() < 0) lose("cannot write to the worker");
-        waiting = S.wire.out_len + B.used + (size_t)B.count;
-        while (S.state == S_READY && hipr_transport_wait_readable(S.fd, 0) == 1) {
-            if (read_more() < 0) {
-                lose("the worker closed the connection");
-                break;
-            }
+        size_t unsent;
+        hipr_wire_output(&S.wire, &unsent);
+        size_t queued = unsent + B.used + (size_t)B.count;
+        int rc = 0;
+        if (queued && queued == waiting) rc = flush_out();
+        while (rc == 0 && S.state == S_READY && hipr_link_wait_readable(S.link, 0) == 1) {
+            rc = read_more(0);
             hipr_frame f;
             int got;
-            while ((got = hipr_wire_next(&S.wire, &f)) == 1)
-                if (f.request_id == 0 && from_worker(&f) < 0) {
-                    lose("the worker ended the session");
-                    break;
-                }
-            if (got < 0 && S.state == S_READY) lose(S.wire.error);
+            while (rc == 0 && (got = hipr_wire_next(&S.wire, &f)) == 1) {
+                if (f.request_id == 0) rc = from_worker(&f);
+                else if (!(f.flags & HIPR_F_MORE) && f.opcode != OP_PING)
+                    hipr_wire_ack(&S.wire, f.request_id);
+            }
+            if (rc == 0 && got < 0) rc = lose(S.wire.error);
         }
+        if (rc == 0 && S.state == S_READY && now_s() - S.last_rx > S.silent_limit_s) {
+            char why[120];
+            snprintf(why, sizeof why, "the worker was silent for %.0f s", S.silent_limit_s);
+            rc = link_down(why);
+        }
+        if (rc == LINK_DOWN && recover() == HIPR_SUCCESS) rc = flush_or_recover();
+        hipr_wire_output(&S.wire, &unsent);
+        waiting = unsent + B.used + (size_t)B.count;
         pthread_mutex_unlock(&lock);
     }
 }
@@ -582,6 +996,7 @@ static void after_fork_parent(void) {
 static void after_fork_child(void) {
     /* The child gets its own session on its first call (ready_locked): handles of the
      * parent's session are not valid there. */
+    hipr_transport_after_fork_child();
     pthread_mutex_unlock(&lock);
     for (int i = n_guards - 1; i >= 0; i--) {
         if (guards[i].child) guards[i].child();
@@ -592,6 +1007,7 @@ static void after_fork_child(void) {
 /* Before the fronts' constructors (which register their locks here). */
 __attribute__((constructor(101))) static void hipr_client_init(void) {
     S.owner = getpid();
+    srand((unsigned)getpid() ^ (unsigned)time(NULL));
     pthread_atfork(before_fork, after_fork_parent, after_fork_child);
 }
 
@@ -600,14 +1016,14 @@ __attribute__((constructor(101))) static void hipr_client_init(void) {
 __attribute__((destructor)) static void hipr_client_fini(void) {
     pthread_mutex_lock(&lock);
     if (S.state == S_READY && S.owner == getpid()) {
-        int rc = B.count ? put_batch() : HIPR_SUCCESS;
-        uint32_t id = hipr_wire_take_id(&S.wire);
-        if (rc == HIPR_SUCCESS &&
-            hipr_wire_put(&S.wire, OP_GOODBYE, id, HIPR_F_NO_REPLY, NULL, 0, NULL, 0) == 0)
-            (void)flush_out();
+        S.closing = 1;
+        uint32_t id;
+        if (take_id(&id) == HIPR_SUCCESS && flush_out() == 0)
+            (void)send_frame(OP_GOODBYE, id, HIPR_F_NO_REPLY, NULL, 0);
         drop_link();
         S.state = S_LOST;
         S.fail_code = HIPR_UNKNOWN;
     }
+    if (S.wire_ready) hipr_wire_free(&S.wire);
     pthread_mutex_unlock(&lock);
 }

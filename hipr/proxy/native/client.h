@@ -1,7 +1,10 @@
-/* The proxy's one session with the worker: connection, HELLO, requests and replies,
- * fire-and-forget coalescing, heartbeats, fork handling. Thread-safe: one mutex around
- * the session. Exported (under the private version HIPR_PRIVATE) so that libhiprtc.so
- * shares libamdhip64.so's session. */
+/* The proxy's one session with the worker: the link (tcp, unix, tls, ssh; see
+ * transport.h), HELLO, requests and replies, fire-and-forget coalescing, heartbeats,
+ * reconnection with RESUME (every request runs exactly once across dropped links), fork
+ * handling. Thread-safe: one mutex around the session; a call waits for its reply with
+ * it held. Exported (under the private version HIPR_PRIVATE) so that libhiprtc.so (and
+ * other fronts built on this core) share libamdhip64.so's session. Every function
+ * returns a hipError_t value (0 success); none aborts the process. */
 #ifndef HIPR_CLIENT_H
 #define HIPR_CLIENT_H
 
@@ -38,12 +41,19 @@ typedef struct hipr_reply {
 
 /* A request that waits for its reply. `args` may be NULL (no CBOR part); it is freed
  * here. `device`: the thread's current device, made the session's current one first;
- * HIPR_ANY_DEVICE for none. Reply bulk goes to `sink` (at most sink_size bytes; more is a
- * protocol error) or, without a sink, to reply->bulk. Returns a hipError_t. */
+ * HIPR_ANY_DEVICE for none. `bulk` of 1 MiB or more is sent straight from the caller's
+ * memory (it must stay valid until this returns, which it does). Reply bulk goes to
+ * `sink` (at most sink_size bytes, large replies read straight into it; more is a
+ * protocol error) or, without a sink, to reply->bulk. A dropped link is resumed inside
+ * the call. Returns a hipError_t; `reply` is always to be freed with hipr_reply_free. */
 HIPR_EXPORT int hipr_call(int device, uint16_t opcode, hipr_map *args, const void *bulk,
                           size_t bulk_len, void *sink, size_t sink_size, hipr_reply *reply);
 /* Fire-and-forget: queued and sent with the next synchronising call (or when the queue
- * fills, or by the heartbeat thread when idle); its error is reported by a later call. */
+ * fills, or by the heartbeat thread when idle); its error is reported by a later call.
+ * The bytes are copied: the caller may reuse `bulk` at once. Bulk of 1 MiB or more is
+ * instead sent from the caller's memory as a request that waits for its reply, whose
+ * error (or an earlier fire-and-forget error the worker reports with it) is returned
+ * here. */
 HIPR_EXPORT int hipr_notify(int device, uint16_t opcode, hipr_map *args, const void *bulk,
                             size_t bulk_len);
 HIPR_EXPORT void hipr_reply_free(hipr_reply *reply);
@@ -64,6 +74,9 @@ HIPR_EXPORT int hipr_launch(int device, const hipr_launch_config *config, const 
 HIPR_EXPORT const char *hipr_backend(void);
 /* Connects if needed; HIPR_SUCCESS or the error every call returns without a worker. */
 HIPR_EXPORT int hipr_ensure(void);
+/* How many times this process's session was resumed after its link dropped (tests and
+ * diagnostics). */
+HIPR_EXPORT unsigned hipr_resumes(void);
 /* Prints `what` on stderr once per distinct pointer (unsupported calls name themselves). */
 HIPR_EXPORT void hipr_warn_once(const char *what, int *flag);
 /* A lock of a front that may be held while the session's is taken: fork takes it first

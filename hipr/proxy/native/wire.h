@@ -16,6 +16,9 @@
 #define HIPR_F_ERROR 0x4u
 #define HIPR_F_MORE 0x8u
 
+#define HIPR_OP_PING 0x0003u
+#define HIPR_OP_DATA 0x0004u
+
 /* Results of wire calls: 0 success, negative on failure. */
 #define HIPR_WIRE_OK 0
 #define HIPR_WIRE_NOMEM (-1)
@@ -33,9 +36,20 @@ typedef struct hipr_frame {
     size_t bulk_len;
 } hipr_frame;
 
+/* A request frame kept in `out` until the worker shows that it ran (the resend log). */
+typedef struct hipr_logged {
+    uint32_t id;
+    uint32_t flags;
+    size_t off; /* where its frames start in `out`; they run to the next entry's off */
+} hipr_logged;
+
 typedef struct hipr_wire {
+    /* The resend log: every request frame not yet acknowledged, in wire order. Bytes
+     * [0, out_sent) went out; [out_sent, out_len) wait to be sent. */
     uint8_t *out;
-    size_t out_len, out_cap;
+    size_t out_len, out_cap, out_sent;
+    hipr_logged *log;
+    size_t log_len, log_cap;
     uint8_t *in;
     size_t in_len, in_off, in_cap;
     /* Bytes of the frame handed out by the last next_frame, dropped at the next call. */
@@ -51,27 +65,55 @@ typedef struct hipr_wire {
 
 void hipr_wire_init(hipr_wire *w, uint64_t max_payload);
 void hipr_wire_free(hipr_wire *w);
-/* Drop buffered input and output (a new link) but keep the request-id counter. */
+/* Drop buffered input and output, the resend log included (a new session), but keep the
+ * request-id counter. */
 void hipr_wire_reset(hipr_wire *w);
+/* A new link of the same session: buffered input is dropped, the log is kept. */
+void hipr_wire_reset_input(hipr_wire *w);
 
 /* A new request id (never 0, which is the worker's). */
 uint32_t hipr_wire_take_id(hipr_wire *w);
 
 /* Append one frame to the output: header, u32 CBOR length, CBOR, bulk. A frame with
- * neither CBOR nor bulk has an empty payload. */
+ * neither CBOR nor bulk has an empty payload. A request (id != 0, not DATA) starts a log
+ * entry; DATA frames belong to the entry before them. */
 int hipr_wire_put(hipr_wire *w, uint16_t opcode, uint32_t request_id, uint32_t flags,
                   const uint8_t *cbor, size_t cbor_len, const void *bulk, size_t bulk_len);
+/* Encode one frame's header and CBOR length prefix into `head` (28 bytes); returns how
+ * many of them the frame uses (24 without a payload). For frames sent straight from the
+ * caller's memory, outside the log. */
+size_t hipr_wire_head(uint8_t head[28], uint16_t opcode, uint32_t request_id, uint32_t flags,
+                      size_t cbor_len, size_t bulk_len);
 
-/* The bytes to send, and how many of them were sent. */
+/* The bytes still to send, and how many of them were sent. */
 const uint8_t *hipr_wire_output(const hipr_wire *w, size_t *len);
 void hipr_wire_sent(hipr_wire *w, size_t n);
+/* A final reply to `id` (not a PING's): the worker ran every request up to it, in
+ * order; their frames leave the log. */
+void hipr_wire_ack(hipr_wire *w, uint32_t id);
+/* After RESUME: fire-and-forget requests up to `last_executed` ran and leave the log;
+ * everything else in it is sent again, from its start. */
+void hipr_wire_rewind(hipr_wire *w, uint32_t last_executed);
+/* Bytes held for a resend. */
+size_t hipr_wire_logged_bytes(const hipr_wire *w);
 
 /* Received bytes. */
 int hipr_wire_feed(hipr_wire *w, const uint8_t *data, size_t n);
+/* Room for at least `want` received bytes in the input buffer (no copy: read into it,
+ * then hipr_wire_commit); NULL when out of memory. */
+uint8_t *hipr_wire_space(hipr_wire *w, size_t want, size_t *room);
+void hipr_wire_commit(hipr_wire *w, size_t n);
 
 /* 1 and a frame, 0 when more bytes are needed, HIPR_WIRE_PROTOCOL when the stream is
  * broken (bad magic, payload over max_payload, a CBOR part that overruns its payload);
  * `w->error` says which. */
 int hipr_wire_next(hipr_wire *w, hipr_frame *frame);
+/* As hipr_wire_next, but a frame whose header and CBOR part are buffered and whose bulk
+ * part has at least `min_rest` bytes still to come is handed out early: returns 2,
+ * `frame->bulk` the bulk bytes buffered so far and `*rest` the bytes still to come. The
+ * caller then reads exactly `*rest` bytes itself (into the destination, no copy) and
+ * calls hipr_wire_skip_rest before anything else. */
+int hipr_wire_next_head(hipr_wire *w, hipr_frame *frame, size_t min_rest, size_t *rest);
+void hipr_wire_skip_rest(hipr_wire *w);
 
 #endif

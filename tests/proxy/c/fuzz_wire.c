@@ -1,6 +1,10 @@
 /* Feeds the proxy core's decoder (hipr/proxy/native/wire.c and cborx.c, compiled in)
  * well-formed, malformed, truncated and oversized reply frames, in pieces of random size,
  * then reads every decoded frame's CBOR part as the client does (error maps, fields).
+ * Half the streams are read as the client reads large replies: into the decoder's own
+ * buffer (hipr_wire_space/commit) with frame heads handed out early
+ * (hipr_wire_next_head) and their bulk read straight into a destination. The resend log
+ * (ack, rewind after RESUME) is checked against a model.
  * Deterministic for a seed; run under ASan/UBSan by tests/proxy/test_native_c.py.
  * Usage: fuzz_wire ITERATIONS SEED. Prints "ok" and the counts when nothing failed. */
 #include <stdio.h>
@@ -81,6 +85,88 @@ static void read_frame(const hipr_frame *f) {
     if (map) cbor_decref(&map);
 }
 
+/* The resend log against a model: requests (some with DATA continuations, some
+ * fire-and-forget) are logged and sent, a reply acknowledges a prefix, RESUME says what
+ * ran; what the log sends again must be exactly the requests the worker may not have
+ * run, in order, with their bytes. */
+static long check_resend_log(long rounds) {
+    long done = 0;
+    for (long r = 0; r < rounds; r++) {
+        hipr_wire w;
+        hipr_wire_init(&w, 1 << 20);
+        enum { MAX = 40 };
+        uint32_t ids[MAX], flags[MAX];
+        size_t bulk[MAX];
+        size_t n = 1 + below(MAX - 1);
+        uint32_t base = (uint32_t)next(); /* ids wrap: start anywhere */
+        size_t sent_upto = below(n + 1); /* requests [0, sent_upto) went out */
+        uint8_t data[200];
+        for (size_t j = 0; j < sizeof data; j++) data[j] = (uint8_t)(j * 7);
+        for (size_t k = 0; k < n; k++) {
+            ids[k] = base + (uint32_t)k;
+            if (!ids[k]) ids[k] = base = base + 1, ids[k] = base + (uint32_t)k;
+            flags[k] = below(2) ? HIPR_F_NO_REPLY : 0;
+            bulk[k] = below(3) ? 0 : below(sizeof data);
+            size_t first = bulk[k] > 50 ? 50 : bulk[k];
+            EXPECT(hipr_wire_put(&w, 0x0210, ids[k], flags[k] | (first < bulk[k] ? HIPR_F_MORE : 0),
+                                 (const uint8_t *)"\xa0", 1, data, first) == HIPR_WIRE_OK);
+            if (first < bulk[k])
+                EXPECT(hipr_wire_put(&w, HIPR_OP_DATA, ids[k], 0, NULL, 0, data + first,
+                                     bulk[k] - first) == HIPR_WIRE_OK);
+            if (k + 1 == sent_upto) {
+                size_t len;
+                hipr_wire_output(&w, &len);
+                hipr_wire_sent(&w, len);
+            }
+        }
+        /* A reply to a request that went out acknowledges it and all before it. */
+        size_t acked = sent_upto ? below(sent_upto + 1) : 0; /* requests [0, acked) */
+        if (acked) hipr_wire_ack(&w, ids[acked - 1]);
+        size_t ran = acked + below(sent_upto - acked + 1); /* the worker ran [0, ran) */
+        int resume = (int)below(2);
+        if (resume) hipr_wire_rewind(&w, ran ? ids[ran - 1] : base - 1);
+        /* Decode what the log sends now. */
+        size_t len;
+        const uint8_t *out = hipr_wire_output(&w, &len);
+        hipr_wire dec;
+        hipr_wire_init(&dec, 1 << 20);
+        EXPECT(hipr_wire_feed(&dec, out, len) == HIPR_WIRE_OK);
+        size_t k = resume ? acked : sent_upto;
+        hipr_frame f;
+        size_t got_bulk = 0;
+        uint32_t current = 0;
+        size_t prev = n;
+        int rc;
+        while ((rc = hipr_wire_next(&dec, &f)) == 1) {
+            if (f.opcode == HIPR_OP_DATA) {
+                EXPECT(f.request_id == current);
+            } else {
+                while (resume && k < ran && (flags[k] & HIPR_F_NO_REPLY)) k++;
+                EXPECT(k < n && f.request_id == ids[k < n ? k : 0]);
+                if (prev < n) EXPECT(got_bulk == bulk[prev]);
+                current = f.request_id;
+                got_bulk = 0;
+                prev = k;
+                k++;
+            }
+            for (size_t j = 0; j < f.bulk_len; j++) EXPECT(f.bulk[j] == data[got_bulk + j]);
+            got_bulk += f.bulk_len;
+        }
+        EXPECT(rc == 0);
+        if (prev < n) EXPECT(got_bulk == bulk[prev]);
+        while (resume && k < ran && (flags[k] & HIPR_F_NO_REPLY)) k++;
+        EXPECT(k == n);
+        /* Acknowledging everything empties the log. */
+        hipr_wire_sent(&w, len);
+        hipr_wire_ack(&w, ids[n - 1]);
+        EXPECT(hipr_wire_logged_bytes(&w) == 0);
+        hipr_wire_free(&dec);
+        hipr_wire_free(&w);
+        done++;
+    }
+    return done;
+}
+
 int main(int argc, char **argv) {
     long iterations = argc > 1 ? atol(argv[1]) : 1000;
     state = argc > 2 ? strtoull(argv[2], NULL, 10) | 1 : 88172645463325252ull;
@@ -141,25 +227,56 @@ int main(int argc, char **argv) {
             len += 64;
             break;
         }
-        /* Decode, fed in random pieces. */
+        /* Decode, fed in random pieces; or read as the client reads (direct). */
         hipr_wire dec;
         hipr_wire_init(&dec, 1 << 20);
         size_t off = 0, got_frames = 0;
         int stream_broken = 0;
+        int direct = (int)below(2);
         while (off < len && !stream_broken) {
             size_t piece = 1 + below(len - off);
-            EXPECT(hipr_wire_feed(&dec, data + off, piece) == HIPR_WIRE_OK);
+            if (direct) {
+                size_t room;
+                uint8_t *space = hipr_wire_space(&dec, piece, &room);
+                EXPECT(space != NULL && room >= piece);
+                if (!space) break;
+                memcpy(space, data + off, piece);
+                hipr_wire_commit(&dec, piece);
+            } else {
+                EXPECT(hipr_wire_feed(&dec, data + off, piece) == HIPR_WIRE_OK);
+            }
             off += piece;
             hipr_frame f;
             int rc;
-            while ((rc = hipr_wire_next(&dec, &f)) == 1) {
+            size_t rest = 0;
+            while ((rc = direct ? hipr_wire_next_head(&dec, &f, 1 + below(200), &rest)
+                                : hipr_wire_next(&dec, &f)) >= 1) {
+                uint8_t whole[400];
+                size_t bulk_len = f.bulk_len;
                 EXPECT(f.cbor_len + f.bulk_len <= len);
+                if (rc == 2) {
+                    /* The rest of the bulk straight from the "socket". */
+                    EXPECT(rest > 0);
+                    if (rest > len - off || f.bulk_len + rest > sizeof whole) {
+                        hipr_wire_skip_rest(&dec);
+                        off = len;
+                        break;
+                    }
+                    if (f.bulk_len) memcpy(whole, f.bulk, f.bulk_len);
+                    memcpy(whole + f.bulk_len, data + off, rest);
+                    off += rest;
+                    bulk_len += rest;
+                } else {
+                    if (f.bulk_len && f.bulk_len <= sizeof whole) memcpy(whole, f.bulk, f.bulk_len);
+                }
                 read_frame(&f);
                 if (damage == 0 && got_frames < count) {
                     EXPECT(f.opcode == ops[got_frames]);
-                    EXPECT(f.bulk_len == bulks[got_frames]);
-                    for (size_t j = 0; j < f.bulk_len; j++) EXPECT(f.bulk[j] == (uint8_t)j);
+                    EXPECT(bulk_len == bulks[got_frames]);
+                    for (size_t j = 0; j < bulk_len && j < sizeof whole; j++)
+                        EXPECT(whole[j] == (uint8_t)j);
                 }
+                if (rc == 2) hipr_wire_skip_rest(&dec);
                 got_frames++;
                 frames++;
             }
@@ -185,11 +302,13 @@ int main(int argc, char **argv) {
         hipr_frame f = {.cbor = junk, .cbor_len = jl};
         read_frame(&f);
     }
+    long logs = check_resend_log(iterations / 4 + 1);
     if (failures) {
         fprintf(stderr, "%d check(s) failed\n", failures);
         return 1;
     }
-    printf("ok %ld iterations, %ld frames decoded, %ld broken streams, %ld clean round trips\n",
-           iterations, frames, broken, roundtrips);
+    printf("ok %ld iterations, %ld frames decoded, %ld broken streams, %ld clean round trips, "
+           "%ld resend logs\n",
+           iterations, frames, broken, roundtrips, logs);
     return 0;
 }

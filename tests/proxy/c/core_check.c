@@ -1,0 +1,232 @@
+/* Checks of the proxy's client core against a running worker (HIPR_URL), built with the
+ * proxy under ASan/UBSan by tests/proxy/test_core.py:
+ *
+ *   core_check basic        memory, a small and a 3 MiB copy each way (the large ones
+ *                           go straight from and into the caller's buffers)
+ *   core_check stream N     N rounds of fire-and-forget launches (axpy: y += x) and small
+ *                           copies, a synchronize every 64 rounds and a 2 MiB round trip
+ *                           every 256: the test cuts the link under it; every launch
+ *                           must run exactly once and every copy land
+ *   core_check idle S       an allocation, S seconds without a call, then the allocation
+ *                           used: the session lives on (heartbeats answered while idle)
+ *   core_check threads      threads with their own current device and last error, all
+ *                           sharing the session; then fork: the child gets a session of
+ *                           its own, the parent's goes on
+ *
+ * Prints "ok ..." and exits 0 when every check holds. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef int hipError_t;
+typedef struct hipr_module *hipModule_t;
+typedef struct hipr_function *hipFunction_t;
+
+hipError_t hipGetDeviceCount(int *);
+hipError_t hipSetDevice(int);
+hipError_t hipGetDevice(int *);
+hipError_t hipMalloc(void **, size_t);
+hipError_t hipFree(void *);
+hipError_t hipMemcpy(void *, const void *, size_t, int);
+hipError_t hipMemset(void *, int, size_t);
+hipError_t hipDeviceSynchronize(void);
+hipError_t hipGetLastError(void);
+hipError_t hipPeekAtLastError(void);
+const char *hipGetErrorName(hipError_t);
+hipError_t hipModuleLoadData(hipModule_t *, const void *);
+hipError_t hipModuleGetFunction(hipFunction_t *, hipModule_t, const char *);
+hipError_t hipModuleUnload(hipModule_t);
+hipError_t hipModuleLaunchKernel(hipFunction_t, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                 unsigned, unsigned, void *, void **, void **);
+unsigned hipr_resumes(void); /* the core's, exported under HIPR_PRIVATE */
+
+#define H2D 1
+#define D2H 2
+
+static int failures;
+
+#define CHECK(call)                                                                        \
+    do {                                                                                   \
+        hipError_t e_ = (call);                                                            \
+        if (e_ != 0) {                                                                     \
+            fprintf(stderr, "%s:%d: %s -> %s\n", __FILE__, __LINE__, #call,                \
+                    hipGetErrorName(e_));                                                  \
+            failures++;                                                                    \
+        }                                                                                  \
+    } while (0)
+#define EXPECT(cond)                                                                       \
+    do {                                                                                   \
+        if (!(cond)) {                                                                     \
+            fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #cond);            \
+            failures++;                                                                    \
+        }                                                                                  \
+    } while (0)
+
+/* A round trip of `size` bytes of a pattern seeded by `seed`. */
+static void round_trip(size_t size, unsigned seed) {
+    uint8_t *out = malloc(size), *back = malloc(size);
+    void *d = NULL;
+    for (size_t i = 0; i < size; i++) out[i] = (uint8_t)(i * 31 + seed);
+    memset(back, 0, size);
+    CHECK(hipMalloc(&d, size));
+    CHECK(hipMemcpy(d, out, size, H2D));
+    CHECK(hipMemcpy(back, d, size, D2H));
+    EXPECT(memcmp(out, back, size) == 0);
+    CHECK(hipFree(d));
+    free(out);
+    free(back);
+}
+
+static int basic(void) {
+    int count = 0;
+    CHECK(hipGetDeviceCount(&count));
+    EXPECT(count >= 1);
+    round_trip(1000, 1);
+    round_trip(3 << 20, 2);
+    CHECK(hipDeviceSynchronize());
+    printf("ok basic\n");
+    return failures != 0;
+}
+
+static int stream(long rounds) {
+    enum { N = 256 };
+    hipModule_t mod;
+    hipFunction_t axpy;
+    CHECK(hipModuleLoadData(&mod, "hipr:builtin"));
+    CHECK(hipModuleGetFunction(&axpy, mod, "axpy_f32"));
+    float ones[N];
+    for (int i = 0; i < N; i++) ones[i] = 1.0f;
+    void *y = NULL, *x = NULL, *marks = NULL;
+    CHECK(hipMalloc(&y, sizeof ones));
+    CHECK(hipMalloc(&x, sizeof ones));
+    CHECK(hipMalloc(&marks, (size_t)rounds * sizeof(uint32_t)));
+    CHECK(hipMemset(y, 0, sizeof ones));
+    CHECK(hipMemset(marks, 0xff, (size_t)rounds * sizeof(uint32_t)));
+    CHECK(hipMemcpy(x, ones, sizeof ones, H2D));
+    float a = 1.0f;
+    unsigned long long n = N;
+    void *params[] = {&y, &x, &a, &n};
+    for (long i = 0; i < rounds; i++) {
+        CHECK(hipModuleLaunchKernel(axpy, 1, 1, 1, N, 1, 1, 0, NULL, params, NULL));
+        uint32_t mark = (uint32_t)i;
+        CHECK(hipMemcpy((uint32_t *)marks + i, &mark, sizeof mark, H2D));
+        if (i % 64 == 63) CHECK(hipDeviceSynchronize());
+        if (i % 256 == 255) round_trip(2 << 20, (unsigned)i);
+    }
+    CHECK(hipDeviceSynchronize());
+    float got[N];
+    CHECK(hipMemcpy(got, y, sizeof got, D2H));
+    for (int i = 0; i < N; i++)
+        if (got[i] != (float)rounds) {
+            fprintf(stderr, "y[%d] = %g after %ld launches: a launch was %s\n", i, got[i], rounds,
+                    got[i] > (float)rounds ? "repeated" : "lost");
+            failures++;
+            break;
+        }
+    uint32_t *m = malloc((size_t)rounds * sizeof *m);
+    CHECK(hipMemcpy(m, marks, (size_t)rounds * sizeof *m, D2H));
+    for (long i = 0; i < rounds; i++)
+        if (m[i] != (uint32_t)i) {
+            fprintf(stderr, "copy %ld was lost (found %u)\n", i, m[i]);
+            failures++;
+            break;
+        }
+    free(m);
+    CHECK(hipFree(y));
+    CHECK(hipFree(x));
+    CHECK(hipFree(marks));
+    CHECK(hipModuleUnload(mod));
+    CHECK(hipDeviceSynchronize());
+    printf("ok stream rounds=%ld resumes=%u\n", rounds, hipr_resumes());
+    return failures != 0;
+}
+
+static int idle(double seconds) {
+    void *d = NULL;
+    uint64_t v = 0x1234567890abcdefull, back = 0;
+    CHECK(hipMalloc(&d, sizeof v));
+    CHECK(hipMemcpy(d, &v, sizeof v, H2D));
+    CHECK(hipDeviceSynchronize());
+    struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+    CHECK(hipMemcpy(&back, d, sizeof back, D2H));
+    EXPECT(back == v);
+    CHECK(hipFree(d));
+    CHECK(hipDeviceSynchronize());
+    printf("ok idle resumes=%u\n", hipr_resumes());
+    return failures != 0;
+}
+
+static int device_count;
+
+static void *worker_thread(void *arg) {
+    long t = (long)arg;
+    int mine = (int)(t % device_count);
+    CHECK(hipSetDevice(mine));
+    for (int i = 0; i < 40; i++) {
+        int dev = -1;
+        CHECK(hipGetDevice(&dev));
+        EXPECT(dev == mine);
+        round_trip(4096 + (size_t)t * 512, (unsigned)(t * 100 + i));
+        if (t == 0 && i == 5) {
+            /* An error in this thread is this thread's last error only. */
+            EXPECT(hipSetDevice(device_count + 7) != 0);
+            EXPECT(hipPeekAtLastError() != 0);
+            EXPECT(hipGetLastError() != 0);
+            EXPECT(hipGetLastError() == 0);
+        } else {
+            EXPECT(hipPeekAtLastError() == 0);
+        }
+    }
+    return NULL;
+}
+
+static int threads(void) {
+    CHECK(hipGetDeviceCount(&device_count));
+    if (device_count < 1) return 1;
+    enum { T = 8 };
+    pthread_t th[T];
+    for (long t = 0; t < T; t++) pthread_create(&th[t], NULL, worker_thread, (void *)t);
+    for (int t = 0; t < T; t++) pthread_join(th[t], NULL);
+    int dev = -1;
+    CHECK(hipGetDevice(&dev));
+    EXPECT(dev == 0); /* the main thread's device did not follow the others' */
+
+    /* fork: the child has its own session; the parent's pointer stays the parent's. */
+    void *d = NULL;
+    uint32_t v = 0xC0FFEE, back = 0;
+    CHECK(hipMalloc(&d, sizeof v));
+    CHECK(hipMemcpy(d, &v, sizeof v, H2D));
+    pid_t pid = fork();
+    if (pid == 0) {
+        round_trip(2 << 20, 77);
+        round_trip(100, 78);
+        _exit(failures ? 3 : 0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK(hipMemcpy(&back, d, sizeof back, D2H));
+    EXPECT(back == v);
+    CHECK(hipFree(d));
+    CHECK(hipDeviceSynchronize());
+    printf("ok threads devices=%d\n", device_count);
+    return failures != 0;
+}
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "basic";
+    int rc;
+    if (strcmp(mode, "stream") == 0) rc = stream(argc > 2 ? atol(argv[2]) : 2000);
+    else if (strcmp(mode, "threads") == 0) rc = threads();
+    else if (strcmp(mode, "idle") == 0) rc = idle(argc > 2 ? atof(argv[2]) : 2.0);
+    else rc = basic();
+    return rc;
+}
