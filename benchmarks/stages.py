@@ -411,7 +411,7 @@ def long_kernel(gpu: Any, backend: str) -> tuple[Any, Any, Any, list[Any], Calla
     elements (its kernels run in Python, so smaller)."""
     import numpy as np
 
-    from benchmarks import floors as fl
+    from hipr.bench import floors as fl
 
     if backend == "emulator":
         n = 4 << 20
@@ -791,7 +791,7 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["--serve"]:
         return _serve(args[1], args[2:])
-    from hipr.cli.bench import spin_setting
+    from hipr.bench.servers import spin_setting
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.stages", description=__doc__)
     parser.add_argument("--backend", default="emulator")

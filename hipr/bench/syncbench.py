@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import floors as fl
-from benchmarks.suite import Plan, Row, percentile, size_text
+from hipr.bench import floors as fl
+from hipr.bench.suite import Plan, Row, percentile, size_text
 from hipr.errors import HipError
 from hipr.protocol.codec import encode_frame
 from hipr.protocol.header import Flags
