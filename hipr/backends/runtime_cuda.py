@@ -16,12 +16,11 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from hipr.backends._gpu_common import cstr, with_default_target
 from hipr.backends.base import DeviceProperties, Dim3
 from hipr.backends.callmap import CUDA_CALLS, NVRTC_CALLS, RuntimeConstants, resolve_constants
 from hipr.backends.errmap import cu_error, cu_result_name
-from hipr.backends.gpu import RuntimeBase, import_bindings
 from hipr.backends.hipprops import cuda_hip_props
+from hipr.backends.runtime import RuntimeBase, cstr, import_bindings, with_default_target
 from hipr.errors import HipError, HipErrorCode
 
 __all__ = ["HIP_PRELUDE", "LIBCUDA", "PRELUDE_INCLUDE_NAMES", "CudaRuntime", "nvrtc_options"]

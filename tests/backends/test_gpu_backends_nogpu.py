@@ -32,14 +32,9 @@ import pytest
 import structlog
 
 from hipr.backends import BACKEND_NAMES, BackendUnavailable, load_backend
-from hipr.backends._gpu_common import (
-    CodeCache,
-    LaunchExtra,
-    PinnedPayloads,
-    PinnedStaging,
-    ReusedLaunchExtra,
-    host_address,
-)
+from hipr.backends._code_cache import CodeCache
+from hipr.backends._launch_extra import LaunchExtra, ReusedLaunchExtra
+from hipr.backends._pinned import PinnedPayloads, PinnedStaging, host_address
 from hipr.backends.base import Backend
 from hipr.backends.callmap import (
     ADAPTER_SHAPED_CALLS,
@@ -461,9 +456,15 @@ _RUNTIME_FUNCTION = re.compile(r"(cu|hip|nvrtc|hiprtc)[A-Z]\w*")
 
 
 def _gpu_source_tree() -> ast.Module:
+    """The shared logic's modules (gpu.py and its parts, _gpu_*.py) as one tree."""
     from hipr.backends import gpu
 
-    return ast.parse(Path(gpu.__file__).read_text())
+    folder = Path(gpu.__file__).parent
+    body: list[ast.stmt] = []
+    for path in [folder / "gpu.py", *sorted(folder.glob("_gpu_*.py"))]:
+        body += ast.parse(path.read_text()).body
+    assert len(body) > 100  # every part was read
+    return ast.Module(body=body, type_ignores=[])
 
 
 def test_shared_logic_spells_no_runtime_function() -> None:
