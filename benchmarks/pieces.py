@@ -36,7 +36,7 @@ import cbor2
 import numpy as np
 
 from hipr.handlers.args import Args
-from hipr.kernels.args import pack_args
+from hipr.kernels.kernel_args import pack_args
 from hipr.protocol.codec import FrameDecoder, encode_frame
 from hipr.protocol.header import Flags
 from hipr.protocol.opcodes import Opcode

@@ -15,8 +15,8 @@ from hipr.backends.base import Dim3, Handle
 from hipr.backends.errmap import rtc_error
 from hipr.backends.runtime import INVALID_VALUE, SUCCESS
 from hipr.errors import HipError, HipErrorCode
-from hipr.kernels.args import MAX_ARGS_BYTES
 from hipr.kernels.builtins import BUILTIN_SOURCE
+from hipr.kernels.kernel_args import MAX_ARGS_BYTES
 
 E = HipErrorCode
 #: A parameter-info query stops here even if the driver never says "past the end".

@@ -479,7 +479,7 @@ def local_work(
 ) -> LocalWork:
     """Launch + synchronize, batches of launches, copies and SGEMM through ``backend``
     (a hipr backend object) called directly on this thread."""
-    from hipr.kernels.args import pack_args
+    from hipr.kernels.kernel_args import pack_args
 
     work = LocalWork(backend.name)
     backend.bind_thread(0)
@@ -529,7 +529,7 @@ def local_work(
 
 
 def _local_sgemm(backend: Any, n: int, runs: int, notes: list[str]) -> list[float]:
-    from hipr.kernels.args import pack_args
+    from hipr.kernels.kernel_args import pack_args
 
     image = backend.compile(SGEMM_SOURCE, "sgemm.hip", [])
     module = backend.module_load(image)
