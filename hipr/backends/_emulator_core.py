@@ -29,7 +29,7 @@ from hipr.backends._emulator_objects import (
     check_size,
     fail,
 )
-from hipr.backends.base import BackendStats, DeviceProperties, Handle
+from hipr.backends.interface import BackendStats, DeviceProperties, Handle
 from hipr.backends.sticky import mark_sticky
 from hipr.errors import HipError, HipErrorCode
 from hipr.kernels.builtins_numpy import (
@@ -387,7 +387,7 @@ class EmulatorCore:
     def host_window(self, dst: int, size: int) -> memoryview:
         """The device bytes ``[dst, dst + size)`` as a writable host view: the emulator's
         device memory is host memory, so the worker may receive an upload's bytes
-        straight into it (see ``hipr.backends.base``). The view keeps the memory alive
+        straight into it (see ``hipr.backends.interface``). The view keeps the memory alive
         even if the allocation is freed meanwhile."""
         alloc, offset = self._range(dst, size, "host_window")
         return alloc.buf.data[offset : offset + size]

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hipr.backends.base import Dim3
+from hipr.backends.interface import Dim3
 from hipr.errors import HipError, HipErrorCode
 from hipr.kernels.builtins import BuiltinKernel
 from hipr.kernels.kernel_args import arg_layout

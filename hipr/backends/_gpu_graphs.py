@@ -9,7 +9,7 @@ from hipr.backends._gpu_handles import GpuGraph, GpuGraphExec, GpuStream, HostRe
 from hipr.backends._gpu_kernels import GpuKernels
 from hipr.backends._launch_extra import check_dims
 from hipr.backends._pinned import release_refs
-from hipr.backends.base import Dim3, Handle
+from hipr.backends.interface import Dim3, Handle
 from hipr.errors import HipError, HipErrorCode
 
 E = HipErrorCode

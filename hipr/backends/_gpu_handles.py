@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from hipr.backends.base import BackendStats
+from hipr.backends.interface import BackendStats
 from hipr.errors import HipError, HipErrorCode
 
 E = HipErrorCode

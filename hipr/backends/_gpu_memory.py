@@ -12,7 +12,7 @@ from typing import Any
 from hipr.backends._gpu_core import GpuCore
 from hipr.backends._gpu_handles import GpuStream
 from hipr.backends._pinned import PinnedStaging, host_address
-from hipr.backends.base import Handle
+from hipr.backends.interface import Handle
 from hipr.errors import HipError, HipErrorCode
 
 E = HipErrorCode

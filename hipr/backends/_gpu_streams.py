@@ -6,7 +6,7 @@ from functools import partial
 
 from hipr.backends._gpu_core import GpuCore
 from hipr.backends._gpu_handles import GpuEvent, GpuStream, live
-from hipr.backends.base import Handle
+from hipr.backends.interface import Handle
 from hipr.errors import HipErrorCode
 
 E = HipErrorCode

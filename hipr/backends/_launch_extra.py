@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ctypes
 
-from hipr.backends.base import Dim3
+from hipr.backends.interface import Dim3
 from hipr.errors import HipError, HipErrorCode
 
 E = HipErrorCode

@@ -46,7 +46,7 @@ from hipr.backends._emulator_objects import (
     check_size,
     fail,
 )
-from hipr.backends.base import Dim3, Handle
+from hipr.backends.interface import Dim3, Handle
 from hipr.errors import HipError, HipErrorCode
 from hipr.kernels.builtins import BUILTINS
 from hipr.kernels.builtins_numpy import (
@@ -73,7 +73,7 @@ _E = HipErrorCode
 
 
 class EmulatorBackend(EmulatorCore):
-    """A :class:`~hipr.backends.base.Backend` that emulates ``device_count`` GPUs in host
+    """A :class:`~hipr.backends.interface.Backend` that emulates ``device_count`` GPUs in host
     memory, each with ``total_memory`` bytes, named ``name`` with architecture ``arch``.
 
     Safe to call from many threads; the current device is per thread (device 0 until
@@ -445,7 +445,7 @@ class EmulatorBackend(EmulatorCore):
 
 
 if TYPE_CHECKING:
-    from hipr.backends.base import Backend
+    from hipr.backends.interface import Backend
 
     # mypy proves the class satisfies the Protocol, signatures included.
     _protocol_check: Backend = EmulatorBackend()

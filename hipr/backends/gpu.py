@@ -1,6 +1,6 @@
 """One GPU backend over two runtimes: the logic of the cuda and hip backends, once.
 
-:class:`GpuBackend` implements :class:`~hipr.backends.base.Backend`: argument checks,
+:class:`GpuBackend` implements :class:`~hipr.backends.interface.Backend`: argument checks,
 handle wrappers and their ledger, pinned staging of asynchronous copies, captures and
 graphs, launches with packed arguments, the compile cache, error mapping and stats.
 It calls the GPU only through a :class:`Runtime`: the functions and flags named in
@@ -47,6 +47,6 @@ __all__ = ["GpuBackend", "Runtime", "RuntimeBase", "import_bindings"]
 
 
 class GpuBackend(GpuMemory, GpuStreams, GpuGraphs):
-    """:class:`~hipr.backends.base.Backend` over one :class:`Runtime` (see module doc):
+    """:class:`~hipr.backends.interface.Backend` over one :class:`Runtime` (see module doc):
     the core (:class:`~hipr.backends._gpu_core.GpuCore`) with memory, streams and
     events, kernels and graphs (graphs build on kernels: a kernel node's arguments)."""

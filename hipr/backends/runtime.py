@@ -9,9 +9,9 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from hipr.backends.base import BackendUnavailable, DeviceProperties, Dim3
 from hipr.backends.callmap import DriverCalls, RtcCalls, RuntimeConstants
 from hipr.backends.errmap import rtc_error
+from hipr.backends.interface import BackendUnavailable, DeviceProperties, Dim3
 from hipr.errors import HipError, HipErrorCode
 
 __all__ = ["Runtime", "RuntimeBase", "cstr", "import_bindings", "with_default_target"]

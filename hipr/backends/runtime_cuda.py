@@ -16,10 +16,10 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from hipr.backends.base import DeviceProperties, Dim3
 from hipr.backends.callmap import CUDA_CALLS, NVRTC_CALLS, RuntimeConstants, resolve_constants
 from hipr.backends.errmap import cu_error, cu_result_name
 from hipr.backends.hipprops import cuda_hip_props
+from hipr.backends.interface import DeviceProperties, Dim3
 from hipr.backends.runtime import RuntimeBase, cstr, import_bindings, with_default_target
 from hipr.errors import HipError, HipErrorCode
 

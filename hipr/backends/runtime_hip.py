@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from hipr.backends.base import DeviceProperties, Dim3
 from hipr.backends.callmap import HIP_CALLS, HIPRTC_CALLS, RuntimeConstants, resolve_constants
 from hipr.backends.errmap import hip_error_name
 from hipr.backends.hipprops import struct_hip_props
+from hipr.backends.interface import DeviceProperties, Dim3
 from hipr.backends.runtime import RuntimeBase, cstr, import_bindings, with_default_target
 from hipr.backends.sticky import STICKY_HIP_CODES, mark_sticky
 from hipr.errors import HipError, HipErrorCode

@@ -36,8 +36,8 @@ import anyio.lowlevel
 import numpy as np
 
 import hipr
-from hipr.backends.base import Backend
 from hipr.backends.emulator import EmulatorBackend
+from hipr.backends.interface import Backend
 from hipr.errors import HipError, ProtocolError
 from hipr.protocol.codec import DEFAULT_MAX_PAYLOAD, Frame, FrameDecoder, encode_frame
 from hipr.protocol.header import Flags

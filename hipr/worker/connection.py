@@ -23,7 +23,7 @@ import sniffio
 import structlog
 
 from hipr._version import __version__
-from hipr.backends.base import Backend
+from hipr.backends.interface import Backend
 from hipr.errors import (
     HipError,
     HipErrorCode,

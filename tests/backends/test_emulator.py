@@ -14,8 +14,8 @@ import pytest
 
 from hipr.backends import _emulator_core as emu_core
 from hipr.backends import emulator as emu
-from hipr.backends.base import Backend, BackendStats
 from hipr.backends.emulator import EmulatorBackend
+from hipr.backends.interface import Backend, BackendStats
 from hipr.errors import HipError, HipErrorCode
 from hipr.kernels.builtins import BUILTINS
 from hipr.kernels.kernel_args import arg_layout, unpack_args

@@ -25,8 +25,8 @@ from anyio.from_thread import start_blocking_portal
 from hipr import hip
 from hipr.backends import emulator as emu
 from hipr.backends import load_backend
-from hipr.backends.base import Backend
 from hipr.backends.errmap import rtc_error
+from hipr.backends.interface import Backend
 from hipr.kernels.builtins import BUILTINS
 from hipr.worker.config import WorkerConfig
 from hipr.worker.server import running_worker

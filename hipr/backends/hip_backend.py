@@ -16,7 +16,7 @@ __all__ = ["HipBackend", "hiprtc_options"]
 
 
 class HipBackend(GpuBackend):
-    """:class:`~hipr.backends.base.Backend` over HIP.
+    """:class:`~hipr.backends.interface.Backend` over HIP.
 
     ``_hip``/``_hiprtc`` replace the hip-python modules; tests use them to run this
     class without ROCm."""

@@ -23,7 +23,7 @@ __all__ = ["HIP_PRELUDE", "PRELUDE_INCLUDE_NAMES", "CudaBackend", "nvrtc_options
 
 
 class CudaBackend(GpuBackend):
-    """:class:`~hipr.backends.base.Backend` over the CUDA driver API.
+    """:class:`~hipr.backends.interface.Backend` over the CUDA driver API.
 
     ``_driver``/``_nvrtc`` replace cuda-bindings' modules; tests use them to run this
     class without an NVIDIA driver."""
