@@ -3,7 +3,7 @@
 Each returns hip-python's tuple: the ``hipError_t`` first, then the results, ``(err,)``
 when there are none; results hip-python writes into a caller's object (device
 properties, device-to-host copies) are written there. :data:`HIP_API` is what is served;
-:mod:`hipr.facade.coverage` answers the rest of hip-python's names.
+:mod:`hipr.facade.hip_names` answers the rest of hip-python's names.
 """
 
 from __future__ import annotations
