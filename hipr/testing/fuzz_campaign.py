@@ -45,17 +45,16 @@ from hipr.protocol.opcodes import Opcode
 from hipr.testing.fuzz import (
     FuzzFrame,
     IdSource,
-    RawMutator,
     Stage,
     Targets,
     frame_of,
     hello_frame,
     mutate_args,
     nasty_cbor_frame,
-    random_frames,
     structured_frame,
     without_kernels,
 )
+from hipr.testing.fuzz_bytes import RawMutator, random_frames
 from hipr.testing.harness import (
     DeviceMemory,
     LogWatch,
