@@ -16,18 +16,19 @@ import numpy as np
 import pytest
 
 from hipr.backends import load_backend
+from hipr.testing import _selftest_harness as harness
 from hipr.testing import gpu_selftest as st
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _emulator_ctx() -> st.Ctx:
+def _emulator_ctx() -> harness.Ctx:
     backend = load_backend("emulator")
     backend.bind_thread(0)
-    return st.Ctx(backend, "emulator", 0, st.Sizes.small())
+    return harness.Ctx(backend, "emulator", 0, harness.Sizes.small())
 
 
-def _by_name(name: str) -> st.CaseSpec:
+def _by_name(name: str) -> harness.CaseSpec:
     (spec,) = [s for s in st.CASES if s.name.startswith(name)]
     return spec
 
@@ -56,7 +57,7 @@ def test_cases_not_for_a_backend_are_named_with_what_it_lacks(
         ctx.b.close()
     assert (failed, not_run) == ([], [compile_case.name])
     assert "(the emulator backend has no nvidia)" in capsys.readouterr().out
-    assert st.CAPABILITIES["cuda"] >= compile_case.needs
+    assert harness.CAPABILITIES["cuda"] >= compile_case.needs
 
 
 def test_a_wrong_answer_fails_its_case(
@@ -83,19 +84,19 @@ def test_a_wrong_answer_fails_its_case(
 
 
 def test_the_hand_packer_matches_the_c_layout() -> None:
-    st.check_pack_layout()
-    assert len(st.pack(("i8", "f64"), [1, 2.0])) == 16  # the double aligned to 8
-    assert len(st.pack(("f64", "i8"), [2.0, 1])) == 9  # no trailing padding
+    harness.check_pack_layout()
+    assert len(harness.pack(("i8", "f64"), [1, 2.0])) == 16  # the double aligned to 8
+    assert len(harness.pack(("f64", "i8"), [2.0, 1])) == 9  # no trailing padding
 
 
 def test_expect_error_takes_any_of_several_codes() -> None:
     ctx = _emulator_ctx()
     try:
-        codes = (st.E.hipErrorInvalidValue, st.E.hipErrorOutOfMemory)
-        exc = st.expect_error(codes, lambda: ctx.b.malloc(1 << 62))
+        codes = (harness.E.hipErrorInvalidValue, harness.E.hipErrorOutOfMemory)
+        exc = harness.expect_error(codes, lambda: ctx.b.malloc(1 << 62))
         assert exc.code in codes
         with pytest.raises(AssertionError, match="nothing raised"):
-            st.expect_error(st.E.hipErrorInvalidValue, lambda: None)
+            harness.expect_error(harness.E.hipErrorInvalidValue, lambda: None)
     finally:
         ctx.b.close()
 
