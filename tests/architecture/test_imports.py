@@ -265,3 +265,10 @@ def test_no_hand_written_module_is_too_long() -> None:
         if text.count("\n") > MAX_MODULE_LINES:
             long.add(path.relative_to(ROOT.parent).as_posix())
     assert long == STILL_TOO_LONG_ELSEWHERE
+
+
+def test_every_package_is_named_in_the_architecture_doc() -> None:
+    doc = (ROOT.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    packages = sorted(p.parent.name for p in ROOT.glob("*/__init__.py"))
+    assert len(packages) > 10
+    assert [name for name in packages if f"hipr/{name}/" not in doc] == []
