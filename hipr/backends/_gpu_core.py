@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 from hipr.backends._code_cache import CodeCache
 from hipr.backends._gpu_handles import GpuModule, GpuStream, Ledger, PinnedBlock, live
 from hipr.backends._pinned import PinnedPayloads, PinnedStaging
+from hipr.backends._runtime import SUCCESS, Runtime
 from hipr.backends.interface import BackendStats, DeviceProperties, Handle
-from hipr.backends.runtime import SUCCESS, Runtime
 from hipr.errors import HipError, HipErrorCode
 
 E = HipErrorCode

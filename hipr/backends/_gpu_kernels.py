@@ -8,12 +8,12 @@ from functools import partial
 from typing import Any
 
 from hipr.backends._code_cache import CodeCache
+from hipr.backends._errmap import rtc_error
 from hipr.backends._gpu_core import GpuCore
 from hipr.backends._gpu_handles import GpuModule, GpuStream, live
 from hipr.backends._launch_extra import LaunchExtra, ReusedLaunchExtra, check_dims
-from hipr.backends.errmap import rtc_error
+from hipr.backends._runtime import INVALID_VALUE, SUCCESS
 from hipr.backends.interface import Dim3, Handle
-from hipr.backends.runtime import INVALID_VALUE, SUCCESS
 from hipr.errors import HipError, HipErrorCode
 from hipr.kernels.builtins import BUILTIN_SOURCE
 from hipr.kernels.kernel_args import MAX_ARGS_BYTES

@@ -4,11 +4,11 @@
 handle wrappers and their ledger, pinned staging of asynchronous copies, captures and
 graphs, launches with packed arguments, the compile cache, error mapping and stats.
 It calls the GPU only through a :class:`Runtime`: the functions and flags named in
-:mod:`hipr.backends.callmap`, and a small adapter for the few places where the two
+:mod:`hipr.backends._callmap`, and a small adapter for the few places where the two
 runtimes differ in shape (probing the driver, binding a thread, device properties,
 graph node parameter blocks, how a compiled program is read back).
-:mod:`~hipr.backends.runtime_cuda` drives cuda-bindings' driver API and NVRTC, as HIP
-itself does on NVIDIA; :mod:`~hipr.backends.runtime_hip` drives hip-python. A fix made
+:mod:`~hipr.backends._runtime_cuda` drives cuda-bindings' driver API and NVRTC, as HIP
+itself does on NVIDIA; :mod:`~hipr.backends._runtime_hip` drives hip-python. A fix made
 here lands on both, and the CUDA machines test it for both.
 
 Choices worth knowing:
@@ -41,7 +41,7 @@ from __future__ import annotations
 from hipr.backends._gpu_graphs import GpuGraphs
 from hipr.backends._gpu_memory import GpuMemory
 from hipr.backends._gpu_streams import GpuStreams
-from hipr.backends.runtime import Runtime, RuntimeBase, import_bindings
+from hipr.backends._runtime import Runtime, RuntimeBase, import_bindings
 
 __all__ = ["GpuBackend", "Runtime", "RuntimeBase", "import_bindings"]
 

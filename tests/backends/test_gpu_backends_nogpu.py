@@ -32,10 +32,7 @@ import pytest
 import structlog
 
 from hipr.backends import BACKEND_NAMES, BackendUnavailable, load_backend
-from hipr.backends._code_cache import CodeCache
-from hipr.backends._launch_extra import LaunchExtra, ReusedLaunchExtra
-from hipr.backends._pinned import PinnedPayloads, PinnedStaging, host_address
-from hipr.backends.callmap import (
+from hipr.backends._callmap import (
     ADAPTER_SHAPED_CALLS,
     CUDA_CALLS,
     DRIVER_CALLS,
@@ -48,8 +45,8 @@ from hipr.backends.callmap import (
     RuntimeConstants,
     resolve_constants,
 )
-from hipr.backends.cuda_backend import HIP_PRELUDE, PRELUDE_INCLUDE_NAMES, nvrtc_options
-from hipr.backends.errmap import (
+from hipr.backends._code_cache import CodeCache
+from hipr.backends._errmap import (
     CU_RESULT_TO_HIP,
     CU_UNMAPPED_NAMES,
     HIP_EXTRA_NAMES,
@@ -61,11 +58,14 @@ from hipr.backends.errmap import (
     hip_error_name,
     rtc_error,
 )
+from hipr.backends._launch_extra import LaunchExtra, ReusedLaunchExtra
+from hipr.backends._pinned import PinnedPayloads, PinnedStaging, host_address
+from hipr.backends._runtime_cuda import CudaRuntime
+from hipr.backends._runtime_hip import HipRuntime
+from hipr.backends.cuda_backend import HIP_PRELUDE, PRELUDE_INCLUDE_NAMES, nvrtc_options
 from hipr.backends.gpu import GpuBackend, Runtime
 from hipr.backends.hip_backend import hiprtc_options
 from hipr.backends.interface import Backend
-from hipr.backends.runtime_cuda import CudaRuntime
-from hipr.backends.runtime_hip import HipRuntime
 from hipr.errors import HipError, HipErrorCode
 from hipr.kernels.builtins import BUILTIN_SOURCE, BUILTINS
 
@@ -448,7 +448,7 @@ def test_pinned_payloads_keep_what_the_runtime_granted() -> None:
 
 
 # === the runtime tables ===================================================================
-# GpuBackend reaches the GPU only through the names in hipr.backends.callmap and the
+# GpuBackend reaches the GPU only through the names in hipr.backends._callmap and the
 # adapters; these tests keep the tables and the shared logic in step.
 
 _RUNTIMES: tuple[type[Any], ...] = (CudaRuntime, HipRuntime)

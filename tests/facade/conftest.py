@@ -26,7 +26,7 @@ from hipr import hip
 from hipr.backends import emulator as emu
 from hipr.backends import load_backend
 from hipr.backends._emulator_objects import Module
-from hipr.backends.errmap import rtc_error
+from hipr.backends._errmap import rtc_error
 from hipr.backends.interface import Backend
 from hipr.kernels.builtins import BUILTINS
 from hipr.worker.config import WorkerConfig

@@ -1,7 +1,7 @@
 """What the GPU backend calls a GPU runtime through: the :class:`Runtime` protocol, the
 plumbing every adapter shares (:class:`RuntimeBase`, :func:`import_bindings`) and small
-helpers for reading a binding's answers. :mod:`~hipr.backends.runtime_cuda` and
-:mod:`~hipr.backends.runtime_hip` are the two adapters."""
+helpers for reading a binding's answers. :mod:`~hipr.backends._runtime_cuda` and
+:mod:`~hipr.backends._runtime_hip` are the two adapters."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from hipr.backends.callmap import DriverCalls, RtcCalls, RuntimeConstants
-from hipr.backends.errmap import rtc_error
+from hipr.backends._callmap import DriverCalls, RtcCalls, RuntimeConstants
+from hipr.backends._errmap import rtc_error
 from hipr.backends.interface import BackendUnavailable, DeviceProperties, Dim3
 from hipr.errors import HipError, HipErrorCode
 
@@ -28,7 +28,7 @@ class Runtime(Protocol):
     """One GPU runtime as :class:`GpuBackend` drives it.
 
     Most of it is data: the function names (:attr:`calls`, :attr:`rtc_calls`) and flags
-    (:meth:`constants`) from :mod:`hipr.backends.callmap`. The methods cover what the
+    (:meth:`constants`) from :mod:`hipr.backends._callmap`. The methods cover what the
     two runtimes do differently in shape. :class:`RuntimeBase` implements the calling
     and error plumbing; an adapter adds the rest.
     """
