@@ -55,6 +55,7 @@ def spawn_server(
 
 
 def baseline_server(loop: str, urls: Sequence[str]) -> contextlib.AbstractContextManager[Any]:
+    """The baseline server (``python -m hipr.bench.baselines``) on ``loop``, at ``urls``."""
     argv = [sys.executable, "-m", "hipr.bench.baselines", "--loop", loop]
     for url in urls:
         argv += ["--listen", url]
@@ -64,6 +65,8 @@ def baseline_server(loop: str, urls: Sequence[str]) -> contextlib.AbstractContex
 def local_worker(
     loop: str, backend: str, urls: Sequence[str], spin_wait: float | None = None
 ) -> contextlib.AbstractContextManager[Any]:
+    """The ``--local`` worker (``python -m hipr.cli.bench --serve-worker``) on ``loop`` and
+    ``backend``, at ``urls``; ``spin_wait`` None leaves the worker's own default."""
     argv = [sys.executable, "-m", "hipr.cli.bench", "--serve-worker", "--loop", loop]
     argv += ["--backend", backend]
     if spin_wait is not None:

@@ -60,6 +60,7 @@ class hipGraphExec(HandleBox):  # hip-python's name
 
 
 def unbox(obj: Any, cls: type[HandleBox], what: str) -> Any:
+    """The hipr handle inside ``obj``, or hipErrorInvalidHandle when it is not a ``cls``."""
     if isinstance(obj, cls):
         return obj._h
     raise HipError(
