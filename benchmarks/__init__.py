@@ -1,5 +1,7 @@
-"""hipr's benchmark suite (issue 7): each figure beside a baseline measured in the same run.
+"""hipr's studies beside the benchmark suite: stage traces, A/B runs of workers, bulk copies.
 
-``benchmarks.suite`` holds the six benchmarks, ``benchmarks.baselines`` the bare
-references they are compared with; ``hipr bench`` (``hipr/cli/bench.py``) runs them.
+The suite that ``hipr bench`` runs, its baselines and floors live in the package
+(``hipr.bench``), so the command works from an installed wheel; these modules import
+them from there, never the other way round. ``python -m benchmarks.baselines`` and
+``python -m benchmarks.floors`` still start the two servers.
 """

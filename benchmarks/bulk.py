@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hipr.cli.bench import default_worker_loop, spawn_server, worker_setting
+from hipr.bench.servers import default_worker_loop, spawn_server, worker_setting
 from hipr.worker.config import parse_size
 
 

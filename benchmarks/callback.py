@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from hipr.backends import load_backend
-from hipr.kernels.args import pack_args
+from hipr.kernels.kernel_args import pack_args
 from hipr.protocol.codec import Frame, FrameDecoder, encode_frame
 from hipr.protocol.header import Flags
 from hipr.protocol.opcodes import Opcode

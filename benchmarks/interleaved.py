@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from hipr.cli.bench import spawn_server, spin_setting
+from hipr.bench.servers import spawn_server, spin_setting
 
 _ROOT = Path(__file__).resolve().parent.parent
 
@@ -200,7 +200,7 @@ def measure(
     log: Callable[[str], None] = lambda _: None,
 ) -> Timings:
     """Run the rounds (the first, a warm-up, is not kept)."""
-    from benchmarks.floors import FloorClient
+    from hipr.bench.floors import FloorClient
     from hipr.client.link import LinkOptions
     from hipr.client.sync import Gpu
 
@@ -211,7 +211,7 @@ def measure(
     with contextlib.ExitStack() as stack:
         # Short: a unix socket's path must stay under 108 bytes.
         directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="hipr-ab-", dir="/tmp"))
-        floor_argv = [sys.executable, "-m", "benchmarks.floors"]
+        floor_argv = [sys.executable, "-m", "hipr.bench.floors"]
         floor_argv += ["--listen", _listen_url(transport, directory, "floor")]
         floor_url = stack.enter_context(spawn_server(floor_argv, "floor server"))["urls"][0]
         floor = stack.enter_context(FloorClient(floor_url))

@@ -36,7 +36,7 @@ import cbor2
 import numpy as np
 
 from hipr.handlers.args import Args
-from hipr.kernels.args import pack_args
+from hipr.kernels.kernel_args import pack_args
 from hipr.protocol.codec import FrameDecoder, encode_frame
 from hipr.protocol.header import Flags
 from hipr.protocol.opcodes import Opcode
@@ -160,7 +160,7 @@ def _runtime_launch(backend: Any, fill: Any, packed: bytes) -> Callable[[], obje
     runtime = getattr(backend, "_rt", None)
     if runtime is None:
         return None
-    from hipr.backends._gpu_common import ReusedLaunchExtra
+    from hipr.backends._launch_extra import ReusedLaunchExtra
 
     call = runtime.function(backend._calls.launch_kernel)
     pointer, size, end = backend._extra_words
@@ -184,7 +184,7 @@ def _driver_launch(backend: Any, fill: Any, packed: bytes) -> Callable[[], objec
         return None
     import ctypes
 
-    from hipr.backends._gpu_common import ReusedLaunchExtra
+    from hipr.backends._launch_extra import ReusedLaunchExtra
 
     driver = ctypes.CDLL("libcuda.so.1")
     launch_kernel = driver.cuLaunchKernel

@@ -1,11 +1,11 @@
 """Where one small request's time goes, stage by stage, on the client and the worker.
 
-    python -m benchmarks.stages [--backend emulator|cuda] [--count N] [--loop uvloop] [--profile N]
-        [--cpu N]
+    python -m benchmarks.stages [--backend emulator|cuda] [--count N] [--loop uvloop]
+        [--profile N] [--cpu N]
 
-Starts a worker whose connection code is instrumented (timestamps from
-``time.perf_counter_ns``, which reads CLOCK_MONOTONIC and so compares across the two
-processes) and sends it requests one at a time, first over a plain blocking socket
+Starts a worker whose connection code is instrumented (``benchmarks.stage_worker``:
+timestamps from ``time.perf_counter_ns``, which reads CLOCK_MONOTONIC and so compares
+across the two processes) and sends it requests one at a time, first over a plain blocking socket
 speaking hipr's frames (the floor of any client), then through ``hipr.connect()``. For
 each request it prints the medians and 90th percentiles of:
 
@@ -121,173 +121,6 @@ LONG_STAGES = (
 BACKEND_LAUNCH = "backend launch call (inside the above)"
 #: The long-kernel rows' last line: the CPU time the client's thread spent on a pair.
 LONG_CLIENT_CPU = "client CPU per pair"
-#: The backend calls that wait for a kernel on the session's GPU thread.
-_WAITING_CALLS = frozenset({"synchronize", "stream_synchronize", "event_synchronize"})
-
-
-def _serve(dump: str, worker_argv: list[str]) -> int:
-    """The instrumented worker: record timestamps, write them to ``dump`` on SIGUSR1."""
-    from hipr.protocol.header import Flags
-    from hipr.sessions import gpu_thread
-    from hipr.sessions import state as session
-    from hipr.transports import loop_stream, thread_writes
-    from hipr.worker import request_executor
-
-    marks: dict[str, list[int]] = {"recv": [], "exec": [], "send0": [], "send1": []}
-    #: Every request's start, as (time, opcode) pairs flattened: also fire-and-forget ones.
-    starts: list[int] = []
-    #: The end of each request answered in the I/O callback, flattened the same way.
-    ends: list[int] = []
-    #: When the worker saw each kernel done: a synchronize on a session's GPU thread
-    #: returned, or the loop's polling (``spin_wait``) found the work finished.
-    waited: list[int] = []
-    #: When the I/O callback's look at a synchronize (``Session.work_done``) found the
-    #: session's work finished.
-    polled: list[int] = []
-    #: Each inline backend ``launch`` call, as (start, end) pairs flattened: the runtime's
-    #: own part of "launch starts -> launch issued".
-    launch_calls: list[int] = []
-    sends: list[tuple[int, int]] = []
-    now = time.perf_counter_ns
-
-    received = loop_stream._Protocol.data_received
-
-    def data_received(self: Any, data: bytes) -> None:
-        marks["recv"].append(now())
-        received(self, data)
-
-    execute = request_executor.RequestExecutor.execute
-
-    async def timed_execute(self: Any, frame: Any) -> bool:
-        started = now()
-        marks["exec"].append(started)
-        starts.extend((started, frame.opcode))
-        return await execute(self, frame)
-
-    answer_now = request_executor.RequestExecutor.answer_now
-
-    def timed_answer_now(self: Any, frame: Any) -> bool:
-        # A request answered in the I/O callback starts executing here; one handed to
-        # the executor is marked there instead.
-        started = now()
-        answered = answer_now(self, frame)
-        if answered:
-            ends.extend((now(), frame.opcode))
-            starts.extend((started, frame.opcode))
-            if not frame.header.flags & Flags.NO_REPLY:
-                marks["exec"].append(started)
-        return answered
-
-    send = loop_stream.LoopSocketStream.send
-    write_nowait = loop_stream.LoopSocketStream.write_nowait
-
-    def timed_write_nowait(self: Any, data: bytes) -> None:
-        started = now()
-        write_nowait(self, data)
-        sends.append((started, now()))
-
-    async def timed_send(self: Any, item: bytes) -> None:
-        started = now()
-        await send(self, item)
-        sends.append((started, now()))  # one entry per finished send: never half a pair
-
-    thread_write = thread_writes.ThreadWrites.write
-
-    def timed_thread_write(self: Any, data: bytes, busy: Any, queued: Any) -> bool:
-        # A reply the session's GPU thread sent itself (answer_from_gpu_thread).
-        started = now()
-        sent = thread_write(self, data, busy, queued)
-        if sent:
-            sends.append((started, now()))
-        return sent
-
-    run_call = gpu_thread.GpuThread._run
-
-    def timed_run(self: Any, item: Any) -> None:
-        if getattr(item.fn, "__name__", "") not in _WAITING_CALLS:
-            run_call(self, item)
-            return
-        then = item.then
-        if then is None:
-            run_call(self, item)
-            waited.append(now())
-            return
-
-        def seen_done_then() -> object:
-            # The wait returned: marked before the thread's own reply goes out.
-            waited.append(now())
-            return then()
-
-        item.then = seen_done_then
-        run_call(self, item)
-
-    spin_until_done = session.Session.spin_until_done
-
-    async def timed_spin(self: Any) -> bool:
-        done = await spin_until_done(self)
-        if done:
-            waited.append(now())
-        return done
-
-    work_done = session.Session.work_done
-
-    def timed_work_done(self: Any) -> bool:
-        done = work_done(self)
-        if done:
-            polled.append(now())
-        return done
-
-    run_here = session.Session._run_here
-
-    def timed_run_here(self: Any, fn: Any, *args: Any) -> Any:
-        if getattr(fn, "__name__", "") != "launch":
-            return run_here(self, fn, *args)
-        started = now()
-        try:
-            return run_here(self, fn, *args)
-        finally:
-            launch_calls.extend((started, now()))
-
-    session.Session.work_done = timed_work_done  # type: ignore[method-assign]
-    session.Session._run_here = timed_run_here  # type: ignore[method-assign]
-    gpu_thread.GpuThread._run = timed_run  # type: ignore[method-assign]
-    session.Session.spin_until_done = timed_spin  # type: ignore[method-assign]
-    loop_stream._Protocol.data_received = data_received  # type: ignore[method-assign]
-    request_executor.RequestExecutor.execute = timed_execute  # type: ignore[method-assign]
-    request_executor.RequestExecutor.answer_now = timed_answer_now  # type: ignore[method-assign]
-    loop_stream.LoopSocketStream.send = timed_send  # type: ignore[method-assign]
-    loop_stream.LoopSocketStream.write_nowait = timed_write_nowait  # type: ignore[method-assign]
-    thread_writes.ThreadWrites.write = timed_thread_write  # type: ignore[method-assign]
-
-    def write(*_: object) -> None:
-        finished = list(sends)
-        marks["send0"] = [a for a, _ in finished]
-        marks["send1"] = [b for _, b in finished]
-        marks["starts"] = list(starts)
-        marks["ends"] = list(ends)
-        marks["waited"] = list(waited)
-        marks["polled"] = list(polled)
-        marks["launch_calls"] = list(launch_calls)
-        Path(dump).write_text(json.dumps(marks))
-
-    signal.signal(signal.SIGUSR1, write)
-    profile = cProfile.Profile()
-    profiling = False
-
-    def toggle_profile(*_: object) -> None:
-        # The handler runs on the main thread, the event loop's: the one profiled.
-        nonlocal profiling
-        if profiling:
-            profile.disable()
-            profile.dump_stats(f"{dump}.prof")
-        else:
-            profile.enable()
-        profiling = not profiling
-
-    signal.signal(signal.SIGUSR2, toggle_profile)
-    from hipr.cli import main
-
-    return main(worker_argv)
 
 
 def _spans(
@@ -413,7 +246,7 @@ def long_kernel(gpu: Any, backend: str) -> tuple[Any, Any, Any, list[Any], Calla
     elements (its kernels run in Python, so smaller)."""
     import numpy as np
 
-    from benchmarks import floors as fl
+    from hipr.bench import floors as fl
 
     if backend == "emulator":
         n = 4 << 20
@@ -506,8 +339,7 @@ class _Worker:
             [
                 sys.executable,
                 "-m",
-                "benchmarks.stages",
-                "--serve",
+                "benchmarks.stage_worker",
                 self.dump,
                 "worker",
                 "--config",
@@ -791,9 +623,7 @@ def measure(
 def main(argv: list[str] | None = None) -> int:
     """``python -m benchmarks.stages``; see the module doc."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["--serve"]:
-        return _serve(args[1], args[2:])
-    from hipr.cli.bench import spin_setting
+    from hipr.bench.servers import spin_setting
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.stages", description=__doc__)
     parser.add_argument("--backend", default="emulator")

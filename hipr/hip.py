@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hipr.facade import coverage as _coverage
+from hipr.facade import hip_names as _names
 from hipr.facade.enums import (
     hipDeviceAttribute_t,
     hipError_t,
@@ -40,7 +40,7 @@ from hipr.facade.props import dim3, hipDeviceProp_t
 from hipr.facade.session import connect, disconnect, last_error_message
 
 #: The served function names of ``hipr.hip`` and ``hipr.hiprtc``.
-SUPPORTED: tuple[str, ...] = _coverage.SUPPORTED
+SUPPORTED: tuple[str, ...] = _names.SUPPORTED
 
 globals().update(_API)
 
@@ -72,11 +72,11 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     """hip-python's other names: enums, constants, and functions returning
-    hipErrorNotSupported (see :mod:`hipr.facade.coverage`)."""
-    value = _coverage.resolve("hip", name)
+    hipErrorNotSupported (see :mod:`hipr.facade.hip_names`)."""
+    value = _names.resolve("hip", name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_coverage.names("hip")})
+    return sorted({*globals(), *_names.names("hip")})

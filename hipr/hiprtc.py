@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hipr.facade import coverage as _coverage
+from hipr.facade import hip_names as _names
 from hipr.facade.enums import HIPRTC_SUCCESS, hiprtcResult
 from hipr.facade.rtc_api import HIPRTC_API as _API
 from hipr.facade.rtc_api import hiprtcProgram
@@ -18,10 +18,10 @@ __all__ = ["HIPRTC_SUCCESS", "hiprtcProgram", "hiprtcResult", *_API]
 
 def __getattr__(name: str) -> Any:
     """hip-python's other hiprtc names (enums; functions returning hipErrorNotSupported)."""
-    value = _coverage.resolve("hiprtc", name)
+    value = _names.resolve("hiprtc", name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_coverage.names("hiprtc")})
+    return sorted({*globals(), *_names.names("hiprtc")})

@@ -20,8 +20,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from benchmarks import baselines, floors, suite, syncbench
 from hipr.backends.emulator import EmulatorBackend
+from hipr.bench import baselines, floors, results, servers, suite, syncbench
 from hipr.cli import app as cli
 from hipr.cli import bench
 from hipr.protocol.opcodes import Opcode
@@ -169,27 +169,27 @@ def test_tables_markdown_and_json_from_rows(
             note="why",
         ),
     ]
-    runs = [bench.Run("unix", "trio", "trio", "unix:///x", "unix:///y", rows)]
+    runs = [results.Run("unix", "trio", "trio", "unix:///x", "unix:///y", rows)]
     meta = {
         "date": "2026-11-23 00:00 UTC",
-        "machine": bench.machine_description(),
+        "machine": results.machine_description(),
         "backend": "emulator",
         "device": "hipr emulator",
         "hipr_version": "0",
         "command": "hipr bench --local",
     }
-    text = bench.markdown(runs, meta)
+    text = results.markdown(runs, meta)
     assert (
         "| PING round trip, median | 120.0 µs | bare echo | 100.0 µs | 1.20x | ≤ 1.5x | met |"
         in text
     )
     assert "| 50 % | ≥ 85 % | MISSED |" in text and "- memcpy_htod 64 MiB: why" in text
-    written = bench._write_split(str(tmp_path / "r-{transport}.md"), runs, lambda g: "x")
+    written = results.write_split(str(tmp_path / "r-{transport}.md"), runs, lambda g: "x")
     assert [p.name for p in written] == ["r-unix.md"]
-    bench.print_tables(runs, meta)
+    results.print_tables(runs, meta)
     out = capsys.readouterr().out
     assert "1.20x" in out and "MISSED" in out and "goals met: 1 of 2" in out
-    doc = bench.results_json(runs, meta)
+    doc = results.results_json(runs, meta)
     assert doc["runs"][0]["rows"][1]["ratio"] == 0.5
 
 
@@ -225,7 +225,7 @@ def test_hipr_bench_local_is_one_command(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["meta"]["backend"] == "emulator" and doc["meta"]["machine"]["cpus"]
-    blocking_worker = bench.default_worker_loop()
+    blocking_worker = servers.default_worker_loop()
     assert [(r["transport"], r["loop"], r["worker_loop"]) for r in doc["runs"]] == [
         ("tcp", "blocking", blocking_worker),
         ("unix", "blocking", blocking_worker),
@@ -314,15 +314,15 @@ def test_markdown_shows_local_columns_only_where_a_row_has_one() -> None:
             local_value=20.0,
         ),
     ]
-    runs = [bench.Run("unix", bench.BLOCKING, "uvloop", "unix:///x", "unix:///f", rows, ["n"])]
+    runs = [results.Run("unix", results.BLOCKING, "uvloop", "unix:///x", "unix:///f", rows, ["n"])]
     meta = {
         "date": "2026-11-23 00:00 UTC",
-        "machine": bench.machine_description(),
+        "machine": results.machine_description(),
         "backend": "cuda",
         "hipr_version": "0",
         "command": "hipr bench --local",
     }
-    text = bench.markdown(runs, meta)
+    text = results.markdown(runs, meta)
     assert "## unix, sync client (blocking sockets), worker uvloop: unix:///x" in text
     assert "| ratio | local | vs local | goal | |" in text
     assert (
@@ -330,7 +330,7 @@ def test_markdown_shows_local_columns_only_where_a_row_has_one() -> None:
         "10.0 µs | 4.00x | 20.0 µs | 2.00x | ≤ 50 µs | met |" in text
     )
     assert "- n" in text
-    assert bench.results_json(runs, meta)["runs"][0]["rows"][1]["local_ratio"] == 2.0
+    assert results.results_json(runs, meta)["runs"][0]["rows"][1]["local_ratio"] == 2.0
 
 
 def test_hipr_bench_floor_and_sync_rows(tmp_path: Path) -> None:
@@ -405,26 +405,10 @@ def test_hipr_bench_floor_and_sync_rows(tmp_path: Path) -> None:
         "blocking stream receive 1.0 MiB (into the array)",
     ]
     assert "local emulator: 1-thread launch + synchronize, median" in floor_names
-    if bench.default_worker_loop() == "uvloop":
+    if servers.default_worker_loop() == "uvloop":
         assert rows["uvloop echo 24/32 B, median"]["ratio"] > 0
     assert any("SGEMM" in note and "emulator" in note for note in run["notes"])
     assert json.loads((tmp_path / "s-unix.json").read_text())["runs"][0]["rows"]
-
-
-def test_bench_finds_its_suite_from_any_directory(tmp_path: Path) -> None:
-    """The installed ``hipr`` command, run outside the checkout, still finds benchmarks/."""
-    code = "from hipr.cli.bench import load_suite; print(load_suite().__file__)"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    assert Path(done.stdout.strip()) == REPO / "benchmarks" / "suite.py"
 
 
 def test_stage_trace_reports_every_stage() -> None:
@@ -517,15 +501,15 @@ def test_worker_settings_read_as_the_worker_toml_would() -> None:
     booleans as TOML reads them, anything else as text; a pair without ``=`` refused."""
     import argparse
 
-    assert bench.worker_setting("spin_wait=0.005") == ("spin_wait", 0.005)
-    assert bench.worker_setting(" pinned_payload_bytes = 64MiB ") == (
+    assert servers.worker_setting("spin_wait=0.005") == ("spin_wait", 0.005)
+    assert servers.worker_setting(" pinned_payload_bytes = 64MiB ") == (
         "pinned_payload_bytes",
         "64MiB",
     )
-    assert bench.worker_setting("isolation=true") == ("isolation", True)
+    assert servers.worker_setting("isolation=true") == ("isolation", True)
     for wrong in ("spin_wait", "=1"):
         with pytest.raises(argparse.ArgumentTypeError):
-            bench.worker_setting(wrong)
+            servers.worker_setting(wrong)
 
 
 def test_spin_settings_take_seconds_or_auto() -> None:
@@ -533,10 +517,10 @@ def test_spin_settings_take_seconds_or_auto() -> None:
     (None: the worker's own automatic window)."""
     import argparse
 
-    assert bench.spin_setting("0.005") == 0.005
-    assert bench.spin_setting(" AUTO ") is None
+    assert servers.spin_setting("0.005") == 0.005
+    assert servers.spin_setting(" AUTO ") is None
     with pytest.raises(argparse.ArgumentTypeError, match="auto"):
-        bench.spin_setting("fast")
+        servers.spin_setting("fast")
 
 
 def test_copy_memory_reports_every_figure() -> None:

@@ -16,7 +16,7 @@ import sniffio
 
 import hipr
 from hipr._version import __version__
-from hipr.backends.base import DeviceProperties
+from hipr.backends.interface import DeviceProperties
 from hipr.cli import app as cli
 from hipr.errors import (
     HipConnectionError,

@@ -16,8 +16,8 @@ import anyio
 import pytest
 
 import hipr
-from hipr.backends.base import DeviceProperties
 from hipr.backends.emulator import EmulatorBackend
+from hipr.backends.interface import DeviceProperties
 from hipr.cli.docgen import metrics_markdown
 from hipr.observability.metrics import (
     PrometheusObserver,

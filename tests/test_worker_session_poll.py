@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import anyio
 import pytest
 
-from hipr.backends.base import Handle
 from hipr.backends.emulator import EmulatorBackend
+from hipr.backends.interface import Handle
 from hipr.sessions.state import Session
 
 pytestmark = pytest.mark.anyio

@@ -1,7 +1,7 @@
 """GPU backends and how the worker picks one.
 
 ``hip`` (hip-python, AMD), ``cuda`` (cuda-bindings, NVIDIA) and ``emulator`` (host
-memory) all implement :class:`hipr.backends.base.Backend`. Their modules are imported
+memory) all implement :class:`hipr.backends.interface.Backend`. Their modules are imported
 only when asked for, because hip-python and cuda-bindings are optional extras and a
 worker on one vendor's node never needs the other's library.
 """
@@ -12,7 +12,7 @@ from typing import Any
 
 import structlog
 
-from hipr.backends.base import Backend, BackendUnavailable
+from hipr.backends.interface import Backend, BackendUnavailable
 from hipr.errors import HipErrorCode
 
 __all__ = ["BACKEND_NAMES", "BackendUnavailable", "load_backend"]
@@ -82,13 +82,13 @@ def load_backend(name: str, /, *, fallback: bool = True, **emulator_options: Any
 
 
 def _load_hip() -> Backend:
-    from hipr.backends.hip import HipBackend
+    from hipr.backends.hip_backend import HipBackend
 
     return HipBackend()
 
 
 def _load_cuda() -> Backend:
-    from hipr.backends.cuda import CudaBackend
+    from hipr.backends.cuda_backend import CudaBackend
 
     return CudaBackend()
 

@@ -349,10 +349,10 @@ def metrics_markdown() -> str:
 #: Generated pages, relative to the repository root.
 def hip_facade_markdown() -> str:
     """``docs/hip-facade.md``: what ``hipr.hip``/``hipr.hiprtc`` serve of hip-python."""
-    from hipr.facade.coverage import coverage_markdown
+    from hipr.facade.hip_names import coverage_markdown
 
     title, _, body = coverage_markdown().partition("\n")
-    banner = BANNER.format(source="hipr/facade/coverage.py, hipr/facade/catalog.py")
+    banner = BANNER.format(source="hipr/facade/hip_names.py, hipr/facade/catalog.py")
     return f"{title}\n\n{banner}\n{body}"
 
 

@@ -12,7 +12,7 @@ import anyio
 import anyio.abc
 
 from hipr._version import __version__
-from hipr.backends.base import DeviceProperties
+from hipr.backends.interface import DeviceProperties
 from hipr.client.connection import (
     Buffer,
     ClientConnection,

@@ -30,7 +30,7 @@ from typing import Any
 
 import anyio
 
-from hipr.backends.base import DeviceProperties
+from hipr.backends.interface import DeviceProperties
 from hipr.client.api import AsyncGpu
 from hipr.client.api import aconnect as aconnect_one
 from hipr.client.objects import DevicePtr, _Handle

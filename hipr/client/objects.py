@@ -13,8 +13,8 @@ from typing import Any, Protocol
 from hipr.client.link import launch_key
 from hipr.client.timeouts import with_timeouts
 from hipr.errors import HipError, HipErrorCode, SessionLostError, invalid_value
-from hipr.kernels.args import pack_args, packer, register_pointer_type
 from hipr.kernels.builtins import BuiltinKernel
+from hipr.kernels.kernel_args import pack_args, packer, register_pointer_type
 from hipr.protocol.opcodes import Opcode
 
 

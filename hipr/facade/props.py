@@ -1,12 +1,12 @@
 """``hipDeviceProp_t``, ``dim3`` and device attributes, filled from hipr's
-:class:`~hipr.backends.base.DeviceProperties` (the worker's answer to DEVICE_PROPERTIES)."""
+:class:`~hipr.backends.interface.DeviceProperties` (the worker's answer to DEVICE_PROPERTIES)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
 
-from hipr.backends.base import DeviceProperties
+from hipr.backends.interface import DeviceProperties
 from hipr.facade.catalog import HIP_ENUM_ROWS
 
 #: hipDeviceProp_t's fields in the struct's order, as hip-python's ``PROPERTIES()`` lists

@@ -21,7 +21,7 @@ from hipr._version import __version__
 from hipr.errors import AuthError, HipError, HipErrorCode
 from hipr.handlers.context import Request
 from hipr.handlers.registry import handler
-from hipr.observability.isolation import isolation_figures
+from hipr.observability.isolation_figures import isolation_figures
 from hipr.observability.metrics import (
     HANDLE_KINDS,
     ChildFigures,

@@ -32,8 +32,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from hipr._version import __version__
-from hipr.backends.base import Backend
-from hipr.observability.isolation import isolation_metrics
+from hipr.backends.interface import Backend
+from hipr.observability.isolation_figures import isolation_metrics
 from hipr.observability.observer import WorkerObserver
 from hipr.observability.runaway_metrics import runaway_metrics
 from hipr.observability.telemetry import DeviceTelemetry, device_telemetry

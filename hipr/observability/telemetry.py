@@ -21,7 +21,7 @@ from typing import Any
 
 import structlog
 
-from hipr.backends.base import Backend
+from hipr.backends.interface import Backend
 
 log = structlog.get_logger("hipr.telemetry")
 

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import anyio
 import structlog
 
-from hipr.backends.base import Backend
+from hipr.backends.interface import Backend
 from hipr.errors import HipError, HipErrorCode
 from hipr.observability.observer import NullObserver, WorkerObserver
 from hipr.sessions.busy_poll import BusyPoll

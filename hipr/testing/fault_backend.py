@@ -1,4 +1,4 @@
-"""A backend that fails on purpose: wraps any :class:`~hipr.backends.base.Backend` and makes
+"""A backend that fails on purpose: wraps any :class:`~hipr.backends.interface.Backend` and makes
 its calls raise, at a chosen probability or on a chosen schedule, deterministically.
 
 Two kinds of fault are injected, both *before* the wrapped call runs (so a failed call
@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from hipr.backends.base import Backend, BackendStats, DeviceProperties, Dim3, Handle
+from hipr.backends.interface import Backend, BackendStats, DeviceProperties, Dim3, Handle
 from hipr.errors import HipError, HipErrorCode
 
 T = TypeVar("T")

@@ -17,8 +17,8 @@ import anyio
 import numpy as np
 
 import hipr
-from hipr.backends.base import Backend
 from hipr.backends.emulator import EmulatorBackend
+from hipr.backends.interface import Backend
 from hipr.errors import HipError
 from hipr.testing.fault_backend import FaultBackend, InjectedCrash
 from hipr.testing.harness import (

@@ -36,8 +36,8 @@ import anyio.lowlevel
 import numpy as np
 
 import hipr
-from hipr.backends.base import Backend
 from hipr.backends.emulator import EmulatorBackend
+from hipr.backends.interface import Backend
 from hipr.errors import HipError, ProtocolError
 from hipr.protocol.codec import DEFAULT_MAX_PAYLOAD, Frame, FrameDecoder, encode_frame
 from hipr.protocol.header import Flags
@@ -45,17 +45,16 @@ from hipr.protocol.opcodes import Opcode
 from hipr.testing.fuzz import (
     FuzzFrame,
     IdSource,
-    RawMutator,
     Stage,
     Targets,
     frame_of,
     hello_frame,
     mutate_args,
     nasty_cbor_frame,
-    random_frames,
     structured_frame,
     without_kernels,
 )
+from hipr.testing.fuzz_bytes import RawMutator, random_frames
 from hipr.testing.harness import (
     DeviceMemory,
     LogWatch,

@@ -20,7 +20,7 @@ import anyio
 import anyio.abc
 import structlog
 
-from hipr.backends.base import Backend, BackendStats
+from hipr.backends.interface import Backend, BackendStats
 from hipr.errors import HipError
 from hipr.protocol.codec import DEFAULT_MAX_PAYLOAD, Frame, FrameDecoder, encode_frame
 from hipr.protocol.header import Flags

@@ -25,7 +25,7 @@ from pathlib import Path
 import anyio
 
 from hipr.backends import load_backend
-from hipr.backends.base import Backend
+from hipr.backends.interface import Backend
 from hipr.testing.faults import FaultOptions, FaultReport, run_fault_campaign
 from hipr.testing.fuzz_campaign import FuzzOptions, FuzzReport, run_fuzz_campaign
 from hipr.testing.load import LoadOptions, LoadReport, run_load

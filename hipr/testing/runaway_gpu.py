@@ -38,7 +38,7 @@ import numpy as np
 
 import hipr
 from hipr.errors import HipError, RunawayKernelError
-from hipr.kernels.spin import SPIN_KERNEL_NAME, SPIN_SOURCE
+from hipr.kernels.spin_kernel import SPIN_KERNEL_NAME, SPIN_SOURCE
 from hipr.worker.tenants import new_token, token_hash
 
 ALICE_SOURCE = r"""

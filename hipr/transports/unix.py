@@ -268,9 +268,9 @@ def _bind(path: Path, mode: int) -> socket.socket:
 
 #: The send buffer asked for on both ends of a Unix connection (the kernel caps it at
 #: twice ``net.core.wmem_max``). Linux's default, 208 KiB, holds 1/20 of a bulk chunk: a
-#: sender then stops each time the reader pauses between chunks (benchmarks/README.md,
-#: "Worker", has the figures). A plain blocking stream gains too, which is why the
-#: benchmarks' floor sizes its sockets the same way (``size_send_buffer``).
+#: sender then stops each time the reader pauses between chunks. A plain blocking stream
+#: gains as much, which is why the benchmarks' floor sizes its sockets the same way
+#: (``size_send_buffer``); the figures are in benchmarks/README.md ("Measurement notes").
 #: A Unix socket takes memory for the bytes in flight only, so an idle link costs
 #: nothing more. (TCP keeps the kernel's autotuning, which a fixed size would disable.)
 SEND_BUFFER_BYTES = 1 << 20

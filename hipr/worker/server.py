@@ -20,7 +20,7 @@ import anyio.abc
 import structlog
 
 import hipr.handlers  # noqa: F401  (registers every handler)
-from hipr.backends.base import Backend
+from hipr.backends.interface import Backend
 from hipr.errors import AuthError, HipError, QuotaError, SessionLostError
 from hipr.handlers.admin import session_status, worker_status
 from hipr.handlers.args import Args

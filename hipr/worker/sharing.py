@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import structlog
 
-from hipr.observability.isolation import SHARED_RISK
+from hipr.observability.isolation_figures import SHARED_RISK
 
 log = structlog.get_logger("hipr.isolation")
 

@@ -12,11 +12,13 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 
+from hipr.backends import _emulator_core as emu_core
 from hipr.backends import emulator as emu
-from hipr.backends.base import Backend, BackendStats
-from hipr.backends.emulator import EmulatorBackend, arg_layout, unpack_args
+from hipr.backends.emulator import EmulatorBackend
+from hipr.backends.interface import Backend, BackendStats
 from hipr.errors import HipError, HipErrorCode
 from hipr.kernels.builtins import BUILTINS
+from hipr.kernels.kernel_args import arg_layout, unpack_args
 
 E = HipErrorCode
 MiB = 1024 * 1024
@@ -151,7 +153,7 @@ def test_free_of_unknown_interior_and_double(gpu: EmulatorBackend) -> None:
 
 
 def test_address_space_wraps_to_free_gaps(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(emu, "ARENA_SPAN", 8 * emu.PAGE_SIZE)
+    monkeypatch.setattr(emu_core, "ARENA_SPAN", 8 * emu.PAGE_SIZE)
     gpu = EmulatorBackend(device_count=2, total_memory=8 * emu.PAGE_SIZE)
     keep = gpu.malloc(10)
     seen: set[int] = set()
@@ -566,7 +568,7 @@ def test_mixed_args_probe_with_hand_packed_args(gpu: EmulatorBackend) -> None:
 
 
 def test_mixed_args_probe_with_the_client_packer(gpu: EmulatorBackend) -> None:
-    args_mod = pytest.importorskip("hipr.kernels.args")
+    args_mod = pytest.importorskip("hipr.kernels.kernel_args")
 
     class ProbeStruct(ctypes.Structure):
         _fields_ = [("a", ctypes.c_byte), ("b", ctypes.c_double), ("c", ctypes.c_short)]

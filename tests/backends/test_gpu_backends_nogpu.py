@@ -32,16 +32,7 @@ import pytest
 import structlog
 
 from hipr.backends import BACKEND_NAMES, BackendUnavailable, load_backend
-from hipr.backends._gpu_common import (
-    CodeCache,
-    LaunchExtra,
-    PinnedPayloads,
-    PinnedStaging,
-    ReusedLaunchExtra,
-    host_address,
-)
-from hipr.backends.base import Backend
-from hipr.backends.callmap import (
+from hipr.backends._callmap import (
     ADAPTER_SHAPED_CALLS,
     CUDA_CALLS,
     DRIVER_CALLS,
@@ -54,8 +45,8 @@ from hipr.backends.callmap import (
     RuntimeConstants,
     resolve_constants,
 )
-from hipr.backends.cuda import HIP_PRELUDE, PRELUDE_INCLUDE_NAMES, nvrtc_options
-from hipr.backends.errmap import (
+from hipr.backends._code_cache import CodeCache
+from hipr.backends._errmap import (
     CU_RESULT_TO_HIP,
     CU_UNMAPPED_NAMES,
     HIP_EXTRA_NAMES,
@@ -67,10 +58,14 @@ from hipr.backends.errmap import (
     hip_error_name,
     rtc_error,
 )
+from hipr.backends._launch_extra import LaunchExtra, ReusedLaunchExtra
+from hipr.backends._pinned import PinnedPayloads, PinnedStaging, host_address
+from hipr.backends._runtime_cuda import CudaRuntime
+from hipr.backends._runtime_hip import HipRuntime
+from hipr.backends.cuda_backend import HIP_PRELUDE, PRELUDE_INCLUDE_NAMES, nvrtc_options
 from hipr.backends.gpu import GpuBackend, Runtime
-from hipr.backends.hip import hiprtc_options
-from hipr.backends.runtime_cuda import CudaRuntime
-from hipr.backends.runtime_hip import HipRuntime
+from hipr.backends.hip_backend import hiprtc_options
+from hipr.backends.interface import Backend
 from hipr.errors import HipError, HipErrorCode
 from hipr.kernels.builtins import BUILTIN_SOURCE, BUILTINS
 
@@ -453,7 +448,7 @@ def test_pinned_payloads_keep_what_the_runtime_granted() -> None:
 
 
 # === the runtime tables ===================================================================
-# GpuBackend reaches the GPU only through the names in hipr.backends.callmap and the
+# GpuBackend reaches the GPU only through the names in hipr.backends._callmap and the
 # adapters; these tests keep the tables and the shared logic in step.
 
 _RUNTIMES: tuple[type[Any], ...] = (CudaRuntime, HipRuntime)
@@ -461,9 +456,15 @@ _RUNTIME_FUNCTION = re.compile(r"(cu|hip|nvrtc|hiprtc)[A-Z]\w*")
 
 
 def _gpu_source_tree() -> ast.Module:
+    """The shared logic's modules (gpu.py and its parts, _gpu_*.py) as one tree."""
     from hipr.backends import gpu
 
-    return ast.parse(Path(gpu.__file__).read_text())
+    folder = Path(gpu.__file__).parent
+    body: list[ast.stmt] = []
+    for path in [folder / "gpu.py", *sorted(folder.glob("_gpu_*.py"))]:
+        body += ast.parse(path.read_text()).body
+    assert len(body) > 100  # every part was read
+    return ast.Module(body=body, type_ignores=[])
 
 
 def test_shared_logic_spells_no_runtime_function() -> None:
@@ -559,8 +560,8 @@ def test_both_columns_take_the_same_arguments() -> None:
 
 
 def test_backends_are_declarations() -> None:
-    from hipr.backends.cuda import CudaBackend
-    from hipr.backends.hip import HipBackend
+    from hipr.backends.cuda_backend import CudaBackend
+    from hipr.backends.hip_backend import HipBackend
 
     for cls, params in ((CudaBackend, ["_driver", "_nvrtc"]), (HipBackend, ["_hip", "_hiprtc"])):
         assert issubclass(cls, GpuBackend)
@@ -582,7 +583,7 @@ def _one_line(exc: BaseException) -> str:
 
 @needs_hip_python
 def test_hip_backend_unavailable_without_rocm() -> None:
-    from hipr.backends.hip import HipBackend
+    from hipr.backends.hip_backend import HipBackend
 
     try:
         from hip import hip as real_hip
@@ -603,7 +604,7 @@ def test_hip_backend_unavailable_without_rocm() -> None:
 
 
 def test_hip_backend_unavailable_without_hip_python(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hipr.backends.hip import HipBackend
+    from hipr.backends.hip_backend import HipBackend
 
     monkeypatch.setitem(sys.modules, "hip", None)
     with pytest.raises(BackendUnavailable) as info:
@@ -616,7 +617,7 @@ def test_hip_backend_unavailable_without_hip_python(monkeypatch: pytest.MonkeyPa
 def test_cuda_backend_unavailable_without_libcuda() -> None:
     from cuda.bindings import driver
 
-    from hipr.backends.cuda import CudaBackend
+    from hipr.backends.cuda_backend import CudaBackend
 
     try:
         driver.cuInit(0)
@@ -632,7 +633,7 @@ def test_cuda_backend_unavailable_without_libcuda() -> None:
 
 
 def test_cuda_backend_unavailable_without_cuda_bindings(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hipr.backends.cuda import CudaBackend
+    from hipr.backends.cuda_backend import CudaBackend
 
     monkeypatch.setitem(sys.modules, "cuda", None)
     monkeypatch.setitem(sys.modules, "cuda.bindings", None)
@@ -649,7 +650,7 @@ def test_cuda_bindings_that_fail_to_import_name_libcuda(
 ) -> None:
     # Installed but broken (a module of the package raising ImportError) is the driver
     # library's fault on CUDA...
-    from hipr.backends.cuda import CudaBackend
+    from hipr.backends.cuda_backend import CudaBackend
 
     if as_on_a_gpu_host:  # working bindings imported by an earlier test, as on the H100
         for name in ("cuda.bindings.driver", "cuda.bindings.nvrtc"):
@@ -671,7 +672,7 @@ def test_cuda_bindings_that_fail_to_import_name_libcuda(
 
 def test_hip_python_that_fails_to_import_is_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     # ... while on HIP any ImportError means hip-python itself is not usable.
-    from hipr.backends.hip import HipBackend
+    from hipr.backends.hip_backend import HipBackend
 
     monkeypatch.setitem(sys.modules, "hip", types.ModuleType("hip"))
     with pytest.raises(BackendUnavailable) as info:
@@ -680,7 +681,7 @@ def test_hip_python_that_fails_to_import_is_not_installed(monkeypatch: pytest.Mo
 
 
 def test_cuda_backend_driver_present_but_no_device() -> None:
-    from hipr.backends.cuda import CudaBackend
+    from hipr.backends.cuda_backend import CudaBackend
 
     drv = SimpleNamespace(cuInit=lambda flags: (100,))
     with pytest.raises(BackendUnavailable) as info:
@@ -694,7 +695,7 @@ def test_cuda_backend_driver_present_but_no_device() -> None:
 
 
 def test_a_missing_libamdhip64_reads_as_text_not_bytes() -> None:
-    from hipr.backends.hip import HipBackend
+    from hipr.backends.hip_backend import HipBackend
 
     def fails() -> tuple[int, int]:
         # hip-python's loader quotes bytes reprs, as seen on a host without ROCm.
@@ -711,7 +712,7 @@ def test_a_missing_libamdhip64_reads_as_text_not_bytes() -> None:
 
 
 def test_hip_backend_runtime_present_but_no_device() -> None:
-    from hipr.backends.hip import HipBackend
+    from hipr.backends.hip_backend import HipBackend
 
     fake = SimpleNamespace(hipGetDeviceCount=lambda: (100, 0))
     with pytest.raises(BackendUnavailable) as info:
@@ -1424,13 +1425,13 @@ def _make(kind: str) -> tuple[Any, SimGpu]:
     if kind == "cuda":
         if not HAVE_CUDA_BINDINGS:
             pytest.skip("cuda-bindings absent")
-        from hipr.backends.cuda import CudaBackend
+        from hipr.backends.cuda_backend import CudaBackend
 
         drv, rtc = make_sim_cuda(gpu)
         return CudaBackend(_driver=drv, _nvrtc=rtc), gpu
     if not HAVE_HIP_PYTHON:
         pytest.skip("hip-python absent")
-    from hipr.backends.hip import HipBackend
+    from hipr.backends.hip_backend import HipBackend
 
     hip_mod, rtc_mod = make_sim_hip(gpu)
     return HipBackend(_hip=hip_mod, _hiprtc=rtc_mod), gpu

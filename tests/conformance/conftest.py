@@ -25,7 +25,7 @@ import pytest
 from anyio.from_thread import start_blocking_portal
 
 from hipr.backends import BackendUnavailable, load_backend
-from hipr.backends.base import Backend
+from hipr.backends.interface import Backend
 from hipr.worker.config import WorkerConfig
 from hipr.worker.server import running_worker
 

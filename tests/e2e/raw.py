@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from hipr.errors import HipError
-from hipr.kernels.args import pack_args
+from hipr.kernels.kernel_args import pack_args
 from hipr.protocol import Flags, FrameDecoder, Opcode, encode_frame
 from hipr.worker.server import Worker
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from hipr.errors import HipError
-from hipr.kernels.args import pack_args
+from hipr.kernels.kernel_args import pack_args
 from hipr.protocol import Flags, Opcode, encode_frame
 from hipr.worker import request_executor
 from tests.e2e.raw import RawSession, launch_frame

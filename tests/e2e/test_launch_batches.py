@@ -13,7 +13,7 @@ import pytest
 from hipr.errors import HipError
 from hipr.errors import HipErrorCode as E
 from hipr.handlers.module import MAX_BATCH_LAUNCHES, MAX_KERNEL_ARGS_BYTES
-from hipr.kernels.args import pack_args
+from hipr.kernels.kernel_args import pack_args
 from hipr.protocol import Opcode
 from tests.e2e.raw import RawSession
 from tests.e2e.test_inline_launches import ThreadNotingEmulator, fill_launch, read_floats

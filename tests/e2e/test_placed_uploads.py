@@ -15,7 +15,7 @@ import pytest
 import hipr
 from hipr.backends.emulator import EmulatorBackend
 from hipr.errors import HipError
-from hipr.kernels.args import pack_args
+from hipr.kernels.kernel_args import pack_args
 from hipr.protocol.header import Flags
 from hipr.protocol.opcodes import Opcode
 from hipr.testing.harness import RawClient, leaks

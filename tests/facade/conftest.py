@@ -25,8 +25,9 @@ from anyio.from_thread import start_blocking_portal
 from hipr import hip
 from hipr.backends import emulator as emu
 from hipr.backends import load_backend
-from hipr.backends.base import Backend
-from hipr.backends.errmap import rtc_error
+from hipr.backends._emulator_objects import Module
+from hipr.backends._errmap import rtc_error
+from hipr.backends.interface import Backend
 from hipr.kernels.builtins import BUILTINS
 from hipr.worker.config import WorkerConfig
 from hipr.worker.server import running_worker
@@ -48,11 +49,11 @@ class CompilingEmulator(emu.EmulatorBackend):
             raise rtc_error(HIPRTC_ERROR_COMPILATION, "hiprtcCompileProgram", log)
         return _IMAGE + ",".join(options).encode()
 
-    def module_load(self, image: bytes) -> emu._Module:
+    def module_load(self, image: bytes) -> Module:
         """Images from :meth:`compile` load as a fresh module of the built-in kernels."""
         if not bytes(image).startswith(_IMAGE):
             return super().module_load(image)
-        module = emu._Module(self._current(), dict(BUILTINS))
+        module = Module(self._current(), dict(BUILTINS))
         with self._lock:
             self._modules.add(module)
         return module

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import suite
+from hipr.bench import suite
 from tests.facade.conftest import FacadeTarget
 
 pytestmark = pytest.mark.timeout(120)

@@ -11,7 +11,7 @@ import pytest
 
 from hipr import HipError, hip, hiprtc
 from hipr.facade.launch import kernel_args
-from hipr.kernels.args import pack_args
+from hipr.kernels.kernel_args import pack_args
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from hipr.backends.base import BackendStats
 from hipr.backends.emulator import EmulatorBackend
+from hipr.backends.interface import BackendStats
 from hipr.testing import FaultBackend, InjectedCrash, LogWatch, leaks, wait_for_no_sessions
 from hipr.testing.harness import warm_up
 from hipr.worker.config import WorkerConfig

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hipr.backends.base import Backend
 from hipr.backends.emulator import EmulatorBackend
+from hipr.backends.interface import Backend
 from hipr.errors import HipError, HipErrorCode
 from hipr.testing import BACKEND_METHODS, RELEASE_METHODS, FaultBackend, InjectedCrash
 

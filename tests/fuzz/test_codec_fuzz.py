@@ -19,13 +19,13 @@ from hipr.protocol.header import HEADER_SIZE, Header
 from hipr.testing.fuzz import (
     NASTY_CBOR,
     IdSource,
-    RawMutator,
     Targets,
     interesting_value,
     nasty_cbor_frame,
     plausible_args,
     structured_frame,
 )
+from hipr.testing.fuzz_bytes import RawMutator
 
 SETTINGS = settings(max_examples=300, deadline=None, derandomize=True, database=None)
 

@@ -7,8 +7,8 @@ import os
 import pytest
 
 from hipr.backends import load_backend
-from hipr.backends.base import Backend
 from hipr.backends.emulator import EmulatorBackend
+from hipr.backends.interface import Backend
 from hipr.worker.config import WorkerConfig
 from tests.e2e.conftest import (  # noqa: F401  (fixtures)
     threaded_worker,

@@ -29,7 +29,7 @@ from hipr.backends.emulator import EmulatorBackend
 from hipr.client.connection import LinkOptions
 from hipr.errors import RunawayKernelError
 from hipr.handlers.admin import worker_status
-from hipr.kernels.spin import SPIN_KERNEL_NAME
+from hipr.kernels.spin_kernel import SPIN_KERNEL_NAME
 from hipr.observability.runaway_metrics import runaway_metrics
 from hipr.worker.config import WorkerConfig
 from hipr.worker.deadline import EXIT_CUT_SHORT, EXIT_MARGIN

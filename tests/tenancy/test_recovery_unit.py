@@ -8,7 +8,7 @@ from typing import Any
 import anyio
 import pytest
 
-from hipr.backends.errmap import cu_error
+from hipr.backends._errmap import cu_error
 from hipr.backends.sticky import mark_sticky, poisons_context
 from hipr.errors import ContextLostError, HipError, HipErrorCode
 from hipr.worker import recovery

@@ -15,7 +15,7 @@ import pytest
 import hipr
 from hipr.backends.emulator import EmulatorBackend
 from hipr.errors import HipErrorCode as E
-from hipr.kernels.args import pack_args
+from hipr.kernels.kernel_args import pack_args
 from hipr.protocol import Flags, FrameDecoder, Opcode, encode_frame
 from hipr.transports import connect
 from hipr.worker.config import ConfigError, WorkerConfig

@@ -10,9 +10,9 @@ at a glance where HIP's name is not CUDA's with the prefix changed.
 Only calls whose arguments the shared logic passes alike on both runtimes belong here
 (the graph node calls take their runtime-specific parameter blocks from the runtime
 adapter). Calls one runtime alone needs (``cuInit``, ``hipSetDevice``, ...) stay in
-:mod:`~hipr.backends.runtime_cuda` and :mod:`~hipr.backends.runtime_hip`.
+:mod:`~hipr.backends._runtime_cuda` and :mod:`~hipr.backends._runtime_hip`.
 
-Like :mod:`hipr.backends.errmap`, this module needs neither vendor library: the names
+Like :mod:`hipr.backends._errmap`, this module needs neither vendor library: the names
 are strings, resolved on the binding module when called.
 """
 

@@ -1,34 +1,25 @@
-"""Building blocks of the GPU backend, free of either vendor's library.
-
-:class:`~hipr.backends.gpu.GpuBackend` is built from these: host-buffer addresses, the
-``extra`` launch-argument block, the pinned staging pool for asynchronous host-to-device
-copies, handle wrappers, resource accounting and the compile cache. None of them calls
-a runtime itself; where one needs a runtime call (the staging pool), the backend
-supplies it.
+"""Page-locked host memory of the GPU backend, free of either vendor's library: the
+staging pool that carries asynchronous host-to-device copies, the worker's pinned
+payload buffers, and the address of a host buffer handed to a runtime call. None of
+them calls a runtime itself; the backend supplies what they need (:class:`StagingOps`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
 import sys
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
-from hipr.backends.base import BackendStats, Dim3
+from hipr.backends._gpu_handles import Carve, GpuStream, HostRefs, PinnedBlock
 from hipr.errors import HipError, HipErrorCode
 from hipr.refcount import free_refcount
 
 E = HipErrorCode
-
-
-# --- host buffers -------------------------------------------------------------------
 
 
 def host_address(buf: memoryview | bytes | bytearray, *, writable: bool) -> tuple[int, int, Any]:
@@ -47,239 +38,6 @@ def host_address(buf: memoryview | bytes | bytearray, *, writable: bool) -> tupl
         raise HipError(E.hipErrorInvalidValue, "destination host buffer is read-only")
     arr = np.frombuffer(mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv, np.uint8)
     return int(arr.ctypes.data), int(arr.nbytes), arr
-
-
-def _extra_array(
-    args: ctypes.Array[ctypes.c_char],
-    size: ctypes.c_size_t,
-    buffer_pointer: int,
-    buffer_size: int,
-    end: int,
-) -> ctypes.Array[ctypes.c_void_p]:
-    """``{BUFFER_POINTER, &args, BUFFER_SIZE, &size, END}``."""
-    return (ctypes.c_void_p * 5)(
-        buffer_pointer, ctypes.addressof(args), buffer_size, ctypes.addressof(size), end
-    )
-
-
-class LaunchExtra:
-    """The ``extra`` array of a driver-API launch: ``{BUFFER_POINTER, &args,
-    BUFFER_SIZE, &size, END}``. ``args`` is passed as packed, never re-laid out, so any
-    argument width and alignment reaches the kernel as the client packed it.
-
-    HIP spells END as ``(void*)3`` and CUDA as ``(void*)0``; the caller says which.
-    Keep this object alive until the launch call (or node creation) has returned.
-    """
-
-    __slots__ = ("_args", "_array", "_size")
-
-    def __init__(self, args: bytes, *, buffer_pointer: int, buffer_size: int, end: int) -> None:
-        # A one-byte buffer for empty args keeps the address valid; the size says 0.
-        self._args = ctypes.create_string_buffer(bytes(args), max(len(args), 1))
-        self._size = ctypes.c_size_t(len(args))
-        self._array = _extra_array(self._args, self._size, buffer_pointer, buffer_size, end)
-
-    @property
-    def address(self) -> int:
-        """The ``void**`` to pass as ``extra``."""
-        return ctypes.addressof(self._array)
-
-    @property
-    def entries(self) -> list[int]:
-        """The five pointer-sized words, for tests."""
-        return [int(v or 0) for v in self._array]
-
-    def packed(self) -> bytes:
-        """The argument bytes the runtime will read."""
-        return ctypes.string_at(ctypes.addressof(self._args), self._size.value)
-
-
-class ReusedLaunchExtra:
-    """One thread's ``extra`` array for its launches, refilled for each one.
-
-    A runtime copies the argument bytes when a launch (or a captured launch) is issued,
-    so one buffer can carry every launch a thread makes. That saves the three ctypes
-    objects a :class:`LaunchExtra` builds, a measurable part of an inline launch. Not
-    for graph kernel nodes, which keep :class:`LaunchExtra`."""
-
-    __slots__ = ("_args", "_array", "_filled", "_size", "address", "capacity")
-
-    def __init__(self, capacity: int, *, buffer_pointer: int, buffer_size: int, end: int) -> None:
-        self.capacity = capacity
-        self._args = ctypes.create_string_buffer(capacity)
-        self._size = ctypes.c_size_t(0)
-        self._array = _extra_array(self._args, self._size, buffer_pointer, buffer_size, end)
-        #: The ``void**`` to pass as ``extra``.
-        self.address = ctypes.addressof(self._array)
-        self._filled = b""
-
-    def fill(self, args: bytes) -> int:
-        """Put ``args`` (at most ``capacity`` bytes) in the buffer; the ``extra`` address.
-        The same bytes as the last launch's (a loop over one kernel) are already there:
-        comparing them costs less than the two ctypes calls of a refill."""
-        if args != self._filled:
-            size = len(args)
-            ctypes.memmove(self._args, args, size)
-            self._size.value = size
-            self._filled = args
-        return self.address
-
-    def packed(self) -> bytes:
-        """The argument bytes the runtime will read."""
-        return ctypes.string_at(ctypes.addressof(self._args), self._size.value)
-
-
-def cstr(value: Any) -> str:
-    """A C string from a runtime binding (bytes with a NUL tail, a CStr, or str) as text."""
-    if isinstance(value, bytes | bytearray):
-        value = bytes(value).split(b"\0", 1)[0].decode(errors="replace")
-    return str(value).split("\0", 1)[0].strip()
-
-
-def with_default_target(options: list[str], chose_target: bool, default: str) -> list[str]:
-    """Compiler ``options`` with ``default`` (the flag naming the device's own target)
-    first, unless the user chose a target themselves."""
-    return options if chose_target else [default, *options]
-
-
-def check_dims(grid: Dim3, block: Dim3) -> None:
-    """Refuse launch geometry that is not three positive ints before the runtime sees it."""
-    try:
-        # The usual case in one expression: it runs on every launch.
-        if len(grid) == 3 and len(block) == 3 and min(grid) >= 1 and min(block) >= 1:
-            return
-    except TypeError:
-        pass
-    for what, dims in (("grid", grid), ("block", block)):
-        if len(dims) != 3 or any(int(d) < 1 for d in dims):
-            raise HipError(
-                E.hipErrorInvalidConfiguration, f"{what} must be 3 positive ints: {dims}"
-            )
-
-
-# --- handles --------------------------------------------------------------------------
-# Plain wrappers rather than raw runtime handles: they are hashable by identity (the
-# runtime's handle objects are not all), they remember their device, a destroyed one is
-# refused with hipErrorInvalidHandle instead of crashing the driver, and they carry what
-# must live as long as they do.
-
-
-@dataclass(eq=False)
-class PinnedBlock:
-    """A page-locked host buffer of ``capacity`` bytes at ``ptr``."""
-
-    ptr: int
-    capacity: int
-
-
-@dataclass(eq=False)
-class HostRefs:
-    """Pinned buffers a captured graph reads from, with the fences of its launches.
-
-    Owned jointly by the graph and each of its instantiations; freed once all of them
-    are destroyed and every launch that could read the buffers has completed."""
-
-    blocks: list[PinnedBlock] = field(default_factory=list)
-    owners: int = 0
-    fences: list[Any] = field(default_factory=list)
-
-
-@dataclass(eq=False)
-class Carve:
-    """A pinned block that small copies on one stream take their bytes from, in order:
-    ``used`` bytes of it are spoken for."""
-
-    block: PinnedBlock
-    used: int = 0
-
-
-@dataclass(eq=False)
-class GpuStream:
-    """A stream: the runtime handle, its device, and, while this backend is capturing
-    it, the pinned buffers the capture's host-to-device copies read; ``carve`` is the
-    block its small async copies are staged in (:meth:`PinnedStaging.carve`)."""
-
-    handle: Any
-    device: int
-    capture_refs: list[PinnedBlock] | None = None
-    carve: Carve | None = None
-
-
-@dataclass(eq=False)
-class GpuEvent:
-    """An event (timing enabled)."""
-
-    handle: Any
-    device: int
-
-
-@dataclass(eq=False)
-class GpuModule:
-    """A loaded module; ``builtin`` ones are shared by all sessions and never unloaded
-    before :meth:`close`."""
-
-    handle: Any
-    device: int
-    builtin: bool = False
-
-
-@dataclass(eq=False)
-class GpuGraph:
-    """A graph and the host buffers its captured copies read."""
-
-    handle: Any
-    device: int
-    refs: HostRefs = field(default_factory=HostRefs)
-
-
-@dataclass(eq=False)
-class GpuGraphExec:
-    """An executable graph; shares its graph's :class:`HostRefs`."""
-
-    handle: Any
-    device: int
-    refs: HostRefs = field(default_factory=HostRefs)
-
-
-def live(handle: Any, cls: type, what: str) -> Any:
-    """The runtime handle inside a wrapper, or hipErrorInvalidHandle for anything else
-    (a foreign object, or one already destroyed)."""
-    raw = getattr(handle, "handle", None) if isinstance(handle, cls) else None
-    if raw is None:
-        raise HipError(E.hipErrorInvalidHandle, f"not a live {what}: {handle!r:.80}")
-    return raw
-
-
-# --- accounting -----------------------------------------------------------------------
-
-
-class Ledger:
-    """What a backend created and has not yet released, under one lock."""
-
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
-        self.allocations: dict[int, int] = {}
-        self.streams: set[GpuStream] = set()
-        self.events: set[GpuEvent] = set()
-        self.modules: set[GpuModule] = set()
-        self.graphs: set[GpuGraph] = set()
-        self.execs: set[GpuGraphExec] = set()
-
-    def stats(self) -> BackendStats:
-        """A snapshot as :class:`BackendStats` (built-in modules not counted)."""
-        with self.lock:
-            return BackendStats(
-                allocations=len(self.allocations),
-                allocated_bytes=sum(self.allocations.values()),
-                streams=len(self.streams),
-                events=len(self.events),
-                modules=sum(1 for m in self.modules if not m.builtin),
-                graphs=len(self.graphs),
-                graph_execs=len(self.execs),
-            )
-
-
-# --- pinned staging -------------------------------------------------------------------
 
 
 class StagingOps(Protocol):
@@ -536,50 +294,3 @@ def release_refs(staging: PinnedStaging, refs: HostRefs) -> None:
         blocks, refs.blocks = refs.blocks, []
         fences, refs.fences = refs.fences, []
         staging.retire(fences, blocks)
-
-
-# --- compile cache --------------------------------------------------------------------
-
-
-class CodeCache:
-    """Compiled code objects by sha256 of (source, effective options, arch): a session
-    that compiles the same kernel again, or another tenant's identical one, gets it
-    without running the compiler. Bounded, least recently used out first."""
-
-    def __init__(self, max_entries: int = 256) -> None:
-        self._max = max_entries
-        self._lock = threading.Lock()
-        self._items: OrderedDict[str, bytes] = OrderedDict()
-        self.hits = 0
-        self.misses = 0
-
-    @staticmethod
-    def key(source: str, options: Sequence[str], arch: str) -> str:
-        """The cache key; NUL separators keep ("ab","c") and ("a","bc") apart."""
-        h = hashlib.sha256()
-        h.update(source.encode())
-        for opt in options:
-            h.update(b"\0o")
-            h.update(opt.encode())
-        h.update(b"\0a")
-        h.update(arch.encode())
-        return h.hexdigest()
-
-    def get(self, key: str) -> bytes | None:
-        """The cached image, or None."""
-        with self._lock:
-            image = self._items.get(key)
-            if image is None:
-                self.misses += 1
-                return None
-            self._items.move_to_end(key)
-            self.hits += 1
-            return image
-
-    def put(self, key: str, image: bytes) -> None:
-        """Remember an image."""
-        with self._lock:
-            self._items[key] = image
-            self._items.move_to_end(key)
-            while len(self._items) > self._max:
-                self._items.popitem(last=False)

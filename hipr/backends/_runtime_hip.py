@@ -2,7 +2,7 @@
 drives it.
 
 The calls and flags the shared logic uses are the HIP column of
-:mod:`hipr.backends.callmap`; what is here is what HIP does in its own shape:
+:mod:`hipr.backends._callmap`; what is here is what HIP does in its own shape:
 probing with ``hipGetDeviceCount``, ``hipSetDevice``, ``hipDeviceProp_t``, the graph
 node parameter structs, and hiprtc's options and code objects. Every hip-python call
 returns ``(hipError_t, outputs...)``, and a failure keeps its code as the HipError's.
@@ -17,12 +17,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from hipr.backends._gpu_common import cstr, with_default_target
-from hipr.backends.base import DeviceProperties, Dim3
-from hipr.backends.callmap import HIP_CALLS, HIPRTC_CALLS, RuntimeConstants, resolve_constants
-from hipr.backends.errmap import hip_error_name
-from hipr.backends.gpu import RuntimeBase, import_bindings
-from hipr.backends.hipprops import struct_hip_props
+from hipr.backends._callmap import HIP_CALLS, HIPRTC_CALLS, RuntimeConstants, resolve_constants
+from hipr.backends._errmap import hip_error_name
+from hipr.backends._hipprops import struct_hip_props
+from hipr.backends._runtime import RuntimeBase, cstr, import_bindings, with_default_target
+from hipr.backends.interface import DeviceProperties, Dim3
 from hipr.backends.sticky import STICKY_HIP_CODES, mark_sticky
 from hipr.errors import HipError, HipErrorCode
 
@@ -117,7 +116,7 @@ class HipRuntime(RuntimeBase):
         return count
 
     def constants(self) -> RuntimeConstants[Any]:
-        """The HIP column of :data:`~hipr.backends.callmap.CONSTANTS`."""
+        """The HIP column of :data:`~hipr.backends._callmap.CONSTANTS`."""
         return resolve_constants(self.api, "hip")
 
     def bind(self, device: int) -> None:

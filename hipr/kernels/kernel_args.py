@@ -13,7 +13,8 @@ import operator
 import struct
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Final, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -274,3 +275,81 @@ def _pack_each(args: Sequence[object]) -> PackedArgs:
             f"kernel arguments take {len(buffer)} bytes: at most {MAX_ARGS_BYTES} are allowed"
         )
     return PackedArgs(bytes(buffer), tuple(slots))
+
+
+# --- reading a packed buffer back, by kind (the emulator's kernels) ---------------------
+
+#: Little-endian struct codes of the scalar kinds; a pointer is a 64-bit address.
+_SCALAR_CODES: Final[dict[str, str]] = {
+    "i8": "b",
+    "u8": "B",
+    "i16": "h",
+    "u16": "H",
+    "i32": "i",
+    "u32": "I",
+    "i64": "q",
+    "u64": "Q",
+    "f16": "e",
+    "f32": "f",
+    "f64": "d",
+    "ptr": "Q",
+}
+#: ``struct ProbeStruct { signed char a; double b; short c; }``: a at 0, b at 8, c at 16,
+#: 24 bytes in all, aligned to 8 (the double's alignment).
+_PROBE_STRUCT: Final = struct.Struct("<b7xdh6x")
+_PROBE_STRUCT_ALIGN: Final = 8
+
+
+def kind_size_align(kind: str) -> tuple[int, int]:
+    """(size, alignment) in bytes of an argument of ``kind``."""
+    if kind == "probe_struct":
+        return _PROBE_STRUCT.size, _PROBE_STRUCT_ALIGN
+    code = _SCALAR_CODES.get(kind)
+    if code is None:
+        raise invalid_value(f"unknown kernel argument kind {kind!r}")
+    size = struct.calcsize("<" + code)
+    # C scalars are aligned to their own size on every ABI HIP targets.
+    return size, size
+
+
+@dataclass(frozen=True, slots=True)
+class ArgLayout:
+    """Where each argument of a kernel sits in its packed buffer, C rules."""
+
+    kinds: tuple[str, ...]
+    offsets: tuple[int, ...]
+    #: The packed size: the end of the last argument, with no trailing padding, as
+    #: :func:`pack_args` produces (CUDA refuses a padded buffer).
+    size: int
+
+
+def arg_layout(kinds: Sequence[str]) -> ArgLayout:
+    """The C layout of arguments of ``kinds`` (``i8`` ... ``f64``, ``ptr``, ``probe_struct``)."""
+    offsets: list[int] = []
+    end = 0
+    for kind in kinds:
+        size, align = kind_size_align(kind)
+        offset = -(-end // align) * align
+        offsets.append(offset)
+        end = offset + size
+    return ArgLayout(tuple(kinds), tuple(offsets), end)
+
+
+def unpack_args(layout: ArgLayout, data: bytes) -> tuple[Any, ...]:
+    """Decode a packed argument buffer: ints, floats, and ``(a, b, c)`` for a probe_struct.
+
+    A buffer whose length is not exactly ``layout.size`` is refused with
+    hipErrorInvalidValue: it means the client packed other types than the kernel takes.
+    """
+    if len(data) != layout.size:
+        raise invalid_value(
+            f"kernel arguments ({', '.join(layout.kinds)}) pack into {layout.size} bytes "
+            f"with C alignment, got {len(data)}",
+        )
+    values: list[Any] = []
+    for kind, offset in zip(layout.kinds, layout.offsets, strict=True):
+        if kind == "probe_struct":
+            values.append(_PROBE_STRUCT.unpack_from(data, offset))
+        else:
+            values.append(struct.unpack_from("<" + _SCALAR_CODES[kind], data, offset)[0])
+    return tuple(values)

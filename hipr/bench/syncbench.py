@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import floors as fl
-from benchmarks.suite import Plan, Row, percentile, size_text
+from hipr.bench import floors as fl
+from hipr.bench.suite import Plan, Row, percentile, size_text
 from hipr.errors import HipError
 from hipr.protocol.codec import encode_frame
 from hipr.protocol.header import Flags
@@ -62,7 +62,7 @@ def ff_copy_frame() -> int:
 
 def launch_frame() -> int:
     """Bytes of one ``fill_f32`` 1-thread launch frame on the wire."""
-    from hipr.kernels.args import pack_args
+    from hipr.kernels.kernel_args import pack_args
 
     packed = pack_args([_Ptr(), np.float32(1.0), np.uint64(1)])
     args = {"function": 1, "grid": [1], "block": [1], "shared_mem": 0, **packed.to_wire()}

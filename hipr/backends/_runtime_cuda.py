@@ -1,9 +1,9 @@
 """The cuda runtime: cuda-bindings' driver API and NVRTC, as :class:`GpuBackend` drives them.
 
 This is what HIP itself does on NVIDIA (its ``nvidia_detail`` layer calls CUDA), so
-errors are translated by :mod:`hipr.backends.errmap` exactly as HIP translates them,
+errors are translated by :mod:`hipr.backends._errmap` exactly as HIP translates them,
 and HIP kernel source compiles through NVRTC with a small HIP prelude. The calls and
-flags the shared logic uses are the CUDA column of :mod:`hipr.backends.callmap`; what
+flags the shared logic uses are the CUDA column of :mod:`hipr.backends._callmap`; what
 is here is only what CUDA does in its own shape: ``cuInit`` and the primary contexts,
 device attributes, the graph node parameter structs, NVRTC's options, prelude and
 CUBIN/PTX output, and ``cuFuncGetParamInfo`` (CUDA refuses argument bytes past a
@@ -16,12 +16,11 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from hipr.backends._gpu_common import cstr, with_default_target
-from hipr.backends.base import DeviceProperties, Dim3
-from hipr.backends.callmap import CUDA_CALLS, NVRTC_CALLS, RuntimeConstants, resolve_constants
-from hipr.backends.errmap import cu_error, cu_result_name
-from hipr.backends.gpu import RuntimeBase, import_bindings
-from hipr.backends.hipprops import cuda_hip_props
+from hipr.backends._callmap import CUDA_CALLS, NVRTC_CALLS, RuntimeConstants, resolve_constants
+from hipr.backends._errmap import cu_error, cu_result_name
+from hipr.backends._hipprops import cuda_hip_props
+from hipr.backends._runtime import RuntimeBase, cstr, import_bindings, with_default_target
+from hipr.backends.interface import DeviceProperties, Dim3
 from hipr.errors import HipError, HipErrorCode
 
 __all__ = ["HIP_PRELUDE", "LIBCUDA", "PRELUDE_INCLUDE_NAMES", "CudaRuntime", "nvrtc_options"]
@@ -207,7 +206,7 @@ class CudaRuntime(RuntimeBase):
         )
 
     def error(self, code: int, call: str) -> HipError:
-        """HIP's translation of CUresult ``code`` (see :mod:`hipr.backends.errmap`)."""
+        """HIP's translation of CUresult ``code`` (see :mod:`hipr.backends._errmap`)."""
         return cu_error(code, call)
 
     def open(self) -> int:
@@ -232,7 +231,7 @@ class CudaRuntime(RuntimeBase):
         return count
 
     def constants(self) -> RuntimeConstants[Any]:
-        """The CUDA column of :data:`~hipr.backends.callmap.CONSTANTS`."""
+        """The CUDA column of :data:`~hipr.backends._callmap.CONSTANTS`."""
         return resolve_constants(self.api, "cuda")
 
     def _context(self, device: int) -> Any:

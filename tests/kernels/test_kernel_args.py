@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from hipr.client import DevicePtr
 from hipr.errors import HipError
 from hipr.errors import HipErrorCode as E
-from hipr.kernels.args import MAX_ARGS, MAX_ARGS_BYTES, _pack_each, pack_args
+from hipr.kernels.kernel_args import MAX_ARGS, MAX_ARGS_BYTES, _pack_each, pack_args
 
 
 class Pair(ctypes.Structure):

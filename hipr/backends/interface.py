@@ -62,7 +62,7 @@ class DeviceProperties:
     max_shared_memory_per_block: int = 0
     #: More ``hipDeviceProp_t`` fields by their HIP names (``maxThreadsDim``,
     #: ``maxGridSize``, ``l2CacheSize``...): ints or lists of ints, as far as the runtime
-    #: tells them (:mod:`hipr.backends.hipprops`). ``hipr.hip`` serves them.
+    #: tells them (:mod:`hipr.backends._hipprops`). ``hipr.hip`` serves them.
     hip_props: dict[str, int | list[int]] = field(default_factory=dict, compare=False)
 
     def to_wire(self) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The ``hipDeviceProp_t`` fields beyond :class:`~hipr.backends.base.DeviceProperties`'
+"""The ``hipDeviceProp_t`` fields beyond :class:`~hipr.backends.interface.DeviceProperties`'
 named ones, read from each runtime (``DeviceProperties.hip_props``).
 
 HIP programs ask for them (``props.maxThreadsDim``, ``hipDeviceGetAttribute(...MaxGridDimX)``)

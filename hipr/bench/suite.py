@@ -26,8 +26,8 @@ from typing import Any, Protocol
 import anyio
 import numpy as np
 
-from benchmarks import baselines
-from benchmarks.baselines import LocalCopies, Pair
+from hipr.bench import baselines
+from hipr.bench.baselines import LocalCopies, Pair
 from hipr.client.api import AsyncGpu, aconnect
 from hipr.protocol.codec import encode_frame
 from hipr.protocol.header import Flags
@@ -37,7 +37,7 @@ MiB = 1 << 20
 GiB = 1 << 30
 BENCHMARKS = ("floor", "sync", "rtt", "copy", "ff", "malloc", "concurrent", "local", "facade")
 #: Benchmarks run through the synchronous client, once per transport (not per event loop):
-#: benchmarks/floors.py and benchmarks/syncbench.py (issue 13).
+#: hipr/bench/floors.py and hipr/bench/syncbench.py (issue 13).
 BLOCKING_BENCHMARKS = ("floor", "sync")
 #: A plausible device address, for sizing frames that carry one.
 _ADDRESS = 0x7F00_0000_0000

@@ -1,0 +1,274 @@
+"""The GPU backend's modules and kernels: compiling (through the compile cache),
+loading, launching."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+from hipr.backends._code_cache import CodeCache
+from hipr.backends._errmap import rtc_error
+from hipr.backends._gpu_core import GpuCore
+from hipr.backends._gpu_handles import GpuModule, GpuStream, live
+from hipr.backends._launch_extra import LaunchExtra, ReusedLaunchExtra, check_dims
+from hipr.backends._runtime import INVALID_VALUE, SUCCESS
+from hipr.backends.interface import Dim3, Handle
+from hipr.errors import HipError, HipErrorCode
+from hipr.kernels.builtins import BUILTIN_SOURCE
+from hipr.kernels.kernel_args import MAX_ARGS_BYTES
+
+E = HipErrorCode
+#: A parameter-info query stops here even if the driver never says "past the end".
+_MAX_PARAMS = 4096
+
+
+class GpuKernels(GpuCore):
+    """The GPU backend's modules and kernels: compile (cached), load, launch."""
+
+    def compile(self, source: str, name: str, options: Sequence[str]) -> bytes:
+        """HIP C++ to a code object for the current device with the runtime's compiler
+        (NVRTC with a HIP prelude, or hiprtc); hipErrorInvalidSource with the compiler
+        log when the source is refused. Cached in-process by sha256 of (source,
+        effective options, arch)."""
+        device = self._current()
+        arch = self.device_properties(device).arch
+        opts = self._rt.compile_options(options, arch)
+        key = CodeCache.key(source, opts, arch)
+        cached = self._code_cache.get(key)
+        if cached is not None:
+            return cached
+        image = self._compile_program(source, name, opts)
+        self._code_cache.put(key, image)
+        return image
+
+    def _compile_program(self, source: str, name: str, opts: list[str]) -> bytes:
+        rtc = self._rt.rtc_calls
+        headers, includes = self._rt.program_headers()
+        prog = self._rt.rtc_call(
+            rtc.create_program,
+            source.encode(),
+            (name or "kernel.hip").encode(),
+            len(headers),
+            headers,
+            includes,
+        )
+        try:
+            (err,) = self._rt.rtc_raw(
+                rtc.compile_program, prog, len(opts), [o.encode() for o in opts]
+            )
+            log = self._program_log(prog)
+            if int(err) != SUCCESS:
+                raise rtc_error(int(err), f"{rtc.compile_program} of {name!r}", log)
+            return self._program_image(prog)
+        finally:
+            self._rt.rtc_raw(rtc.destroy_program, prog)
+
+    def _program_image(self, prog: Any) -> bytes:
+        *fallbacks, (size_fn, read_fn) = self._rt.rtc_images
+        for try_size, try_read in fallbacks:
+            try:
+                size = int(self._rt.rtc_call(try_size, prog))
+            except HipError:
+                size = 0  # e.g. a virtual architecture: there is no CUBIN, only PTX
+            if size > 0:
+                return self._read_program(try_read, prog, size)
+        return self._read_program(read_fn, prog, int(self._rt.rtc_call(size_fn, prog)))
+
+    def _read_program(self, fn: str, prog: Any, size: int) -> bytes:
+        buf = self._rt.output_buffer(size)
+        self._rt.rtc_call(fn, prog, buf)
+        return bytes(buf)
+
+    def _program_log(self, prog: Any) -> str:
+        rtc = self._rt.rtc_calls
+        size = int(self._rt.rtc_call(rtc.program_log_size, prog))
+        if size <= 1:
+            return ""
+        buf = self._rt.output_buffer(size)
+        self._rt.rtc_call(rtc.program_log, prog, buf)
+        return bytes(buf).rstrip(b"\0").decode(errors="replace")
+
+    def module_load(self, image: bytes) -> Handle:
+        """Load a code object (on CUDA: a CUBIN, fatbin or PTX image) on the current
+        device."""
+        device = self._current()
+        raw = self._call(self._calls.module_load_data, self._rt.loadable_image(bytes(image)))
+        return self._track(self._ledger.modules, GpuModule(raw, device))
+
+    def module_unload(self, module: Handle) -> None:
+        """Unload a module; the shared built-in module is left loaded."""
+        live(module, GpuModule, "module")
+        if module.builtin:
+            return
+        fn, modules = self._calls.module_unload, self._ledger.modules
+        self._destroy(module, GpuModule, "module", fn, modules, self._forget_param_sizes)
+
+    def _forget_param_sizes(self, module: GpuModule) -> None:
+        # A later module's function may reuse an address whose parameter size is known.
+        self._param_sizes.clear()
+
+    def module_get_function(self, module: Handle, name: str) -> Handle:
+        """A kernel of the module; hipErrorNotFound when it has none of that name."""
+        raw = live(module, GpuModule, "module")
+        self._current()
+        return self._call(self._calls.module_get_function, raw, name.encode())
+
+    def builtin_module(self) -> Handle:
+        """hipr's built-in kernels, compiled and loaded once per device."""
+        device = self._current()
+        with self._builtin_lock:
+            module = self._builtin.get(device)
+            if module is None:
+                image = self.compile(BUILTIN_SOURCE, "hipr_builtins.hip", ())
+                raw = self._call(self._calls.module_load_data, image)
+                module = GpuModule(raw, device, builtin=True)
+                self._builtin[device] = module
+            return module
+
+    def launch(
+        self,
+        function: Handle,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: int,
+        stream: Handle | None,
+        args: bytes,
+    ) -> None:
+        """A kernel launch with ``args`` through the ``extra`` buffer-pointer path."""
+        check_dims(grid, block)
+        raw_stream, extra = self._launch_target(stream)
+        self._issue(function, (*grid, *block), shared_mem, raw_stream, extra, args)
+
+    def launcher(
+        self,
+        function: Handle,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: int,
+        stream: Handle | None,
+    ) -> Callable[[bytes], None]:
+        """:meth:`launch` of one configuration, made ready once for many launches (a
+        batch): the geometry's check, the stream and the thread's ``extra`` array are
+        looked up here, and each call costs the argument buffer's copy and the runtime's
+        launch. Call it on the thread that runs the launches."""
+        check_dims(grid, block)
+        raw_stream, extra = self._launch_target(stream)
+        return partial(self._issue, function, (*grid, *block), shared_mem, raw_stream, extra)
+
+    def _issue(
+        self,
+        function: Handle,
+        dims: tuple[int, ...],
+        shared_mem: int,
+        raw_stream: Any,
+        extra: ReusedLaunchExtra,
+        args: bytes,
+    ) -> None:
+        """The runtime's launch of ``args`` (grid and block in ``dims``), the rest ready."""
+        packed = self._fit_args(function, args)
+        if len(packed) <= extra.capacity:
+            address = extra.fill(packed)
+        else:  # more than the protocol carries (a direct caller): a buffer of its own
+            fresh = self._extra(packed)
+            address = fresh.address
+        # The runtime's function bound once (the launch is the hot path): no look-up by
+        # name, no generic result handling, per launch.
+        result = self._launch_kernel(function, *dims, shared_mem, raw_stream, None, address)
+        err = int(result[0])
+        if err != SUCCESS:
+            raise self._rt.error(err, self._calls.launch_kernel)
+
+    def _launch_target(self, stream: Handle | None) -> tuple[Any, ReusedLaunchExtra]:
+        """The raw stream of a launch and the calling thread's reused ``extra`` array."""
+        # The lane's device and default stream read once (the launch is the hot path;
+        # _current() and _stream() would each look the lane up again).
+        lane = self._lanes.state
+        device = getattr(lane, "device", None)
+        if device is None:
+            device = self._current()
+        if stream is None:
+            defaults: dict[int, Any] | None = getattr(lane, "default_streams", None)
+            raw_stream = defaults.get(device) if defaults else None
+            if raw_stream is None:
+                raw_stream = self._default_stream()
+        else:
+            raw_stream = live(stream, GpuStream, "stream")
+        extra: ReusedLaunchExtra | None = getattr(self._launch_extras, "extra", None)
+        if extra is None:
+            pointer, size, end = self._extra_words
+            extra = ReusedLaunchExtra(
+                MAX_ARGS_BYTES, buffer_pointer=pointer, buffer_size=size, end=end
+            )
+            self._launch_extras.extra = extra
+        return raw_stream, extra
+
+    def _param_size(self, function: Any) -> int | None:
+        """Bytes of ``function``'s parameter space (end of its last parameter), from the
+        runtime's parameter-info call; None where it cannot say (HIP; CUDA before 12.4)."""
+        call = self._rt.param_info_call
+        if call is None:
+            return None
+        key = int(function)
+        if key in self._param_sizes:
+            return self._param_sizes[key]
+        size: int | None = None
+        if self._rt.provides(call):
+            end, index = 0, 0
+            while index < _MAX_PARAMS:
+                result = self._rt.raw(call, function, index)
+                err = int(result[0])
+                if err != SUCCESS:
+                    # Past the last parameter the driver says INVALID_VALUE; anything
+                    # else (NOT_SUPPORTED, ...) means it cannot tell us.
+                    size = end if err == INVALID_VALUE else None
+                    break
+                end = int(result[1]) + int(result[2])
+                index += 1
+        self._param_sizes[key] = size
+        return size
+
+    def function_params(self, function: Handle) -> list[tuple[int, int, bool]]:
+        """Each parameter's (offset, size) from the runtime's parameter-info call
+        (``cuFuncGetParamInfo``, CUDA 12.4+); pointer-ness is not reported there.
+        hipErrorNotSupported on HIP (reading the code object's ``amdhsa.kernels`` metadata
+        is later work) and on older CUDA drivers."""
+        call = self._rt.param_info_call
+        if call is None or not self._rt.provides(call):
+            raise HipError(
+                HipErrorCode.hipErrorNotSupported,
+                "this runtime cannot report a kernel's parameter layout",
+            )
+        params: list[tuple[int, int, bool]] = []
+        while len(params) < _MAX_PARAMS:
+            result = self._rt.raw(call, function, len(params))
+            err = int(result[0])
+            if err == INVALID_VALUE:
+                break  # past the last parameter
+            if err != SUCCESS:
+                raise HipError(
+                    HipErrorCode.hipErrorNotSupported,
+                    f"{call} failed ({err}): the kernel's parameter layout is unknown",
+                )
+            params.append((int(result[1]), int(result[2]), False))
+        return params
+
+    def _fit_args(self, function: Any, args: bytes) -> bytes:
+        """``args`` without zero tail padding past the kernel's last parameter.
+
+        A packer that rounds the buffer up to the largest alignment, as ``sizeof`` of a
+        struct would, leaves bytes the kernel does not have, and CUDA refuses such a
+        launch with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES. HIP does not care, so the same
+        client code must work here: trailing zeros shorter than one alignment unit (16
+        bytes) are dropped; anything else goes to the driver unchanged, to be judged."""
+        size = self._param_size(function)
+        if size is None or len(args) <= size:
+            return args
+        tail = args[size:]
+        if len(tail) < 16 and not any(tail):
+            return args[:size]
+        return args
+
+    def _extra(self, args: bytes) -> LaunchExtra:
+        pointer, size, end = self._extra_words
+        return LaunchExtra(args, buffer_pointer=pointer, buffer_size=size, end=end)
