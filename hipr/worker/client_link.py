@@ -23,7 +23,7 @@ import anyio.abc
 import structlog
 
 from hipr._version import __version__
-from hipr.backends.base import Backend
+from hipr.backends.interface import Backend
 from hipr.errors import HipError, ProtocolError, VersionMismatchError
 from hipr.handlers.args import Args
 from hipr.handlers.registry import REGISTRY, HandlerRegistry
