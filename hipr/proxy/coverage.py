@@ -11,7 +11,10 @@ BEGIN = "<!-- BEGIN GENERATED: proxy coverage (scripts/gen-proxy-tables) -->"
 END = "<!-- END GENERATED: proxy coverage -->"
 
 #: Sources of each library's exported functions.
-_SERVED = {"libamdhip64.so": ("hip_front.c", "modules.c"), "libhiprtc.so": ("hiprtc_front.c",)}
+_SERVED = {
+    "libamdhip64.so": ("hip_front.c", "hip_extras.c", "hipcc.c", "modules.c"),
+    "libhiprtc.so": ("hiprtc_front.c",),
+}
 _API = re.compile(r"^API [^(]*?\b((?:hip|__hip)\w+)\(", re.M)
 _STUB = re.compile(r"^STUB\((\w+),", re.M)
 _EXPORTED_NOOP = re.compile(r"^HIPR_EXPORT [^(]*?\b(__hip\w+)\(", re.M)
@@ -28,9 +31,10 @@ def coverage() -> list[tuple[str, str, str]]:
     rows += [
         (n, "libamdhip64.so", "exists, returns hipErrorNotSupported") for n in _STUB.findall(stubs)
     ]
+    hipcc = (NATIVE / "hipcc.c").read_text()
     rows += [
         (n, "libamdhip64.so", "exists (hipcc registration accepted, not served)")
-        for n in _EXPORTED_NOOP.findall(stubs)
+        for n in _EXPORTED_NOOP.findall(hipcc)
     ]
     return sorted(set(rows), key=lambda r: (r[1], r[2] != "served", r[0]))
 

@@ -63,6 +63,30 @@ def test_c_program_under_sanitizers(proxy_libs: None, worker_url: str, tmp_path:
     assert result.stdout.strip() == "ok"
 
 
+def test_hipcc_path_and_extras_under_sanitizers(
+    proxy_libs: None, worker_url: str, tmp_path: Path
+) -> None:
+    """hipcc's registration (before main), configuration stack and hipLaunchKernel, from
+    four threads at once; R0000 properties, host allocations, pointer attributes, stream
+    flags, capture into a graph, hipExtModuleLaunchKernel (tests/proxy/c/hipcc_check.c)."""
+    libs = tmp_path / "lib"
+    build(libs, sanitize=True)
+    program = tmp_path / "hipcc_check"
+    _cc(
+        [
+            *SANITIZE, *WARNINGS, "-std=c11", str(C_DIR / "hipcc_check.c"), "-o", str(program),
+            f"-L{libs}", "-l:libamdhip64.so", f"-Wl,-rpath,{libs}", "-pthread",
+        ]
+    )  # fmt: skip
+    env = dict(os.environ, HIPR_URL=worker_url, **SANITIZER_ENV)
+    env.pop("HIPCC_CHECK_IMAGE", None)
+    result = subprocess.run(
+        [str(program)], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    _sanitizer_clean(result)
+    assert result.stdout.strip() == "ok"
+
+
 def test_decoder_fuzz_under_sanitizers(proxy_libs: None, tmp_path: Path) -> None:
     harness = tmp_path / "fuzz_wire"
     _cc(

@@ -203,13 +203,7 @@ API hipError_t hipModuleUnload(hipModule_t module) {
         rc = hipr_call(hipr_front_device(), OP_MODULE_UNLOAD, &m, NULL, 0, NULL, 0, &r);
         hipr_reply_free(&r);
     }
-    if (rc == hipSuccess) {
-        for (struct hipr_function *f = module->functions, *next; f; f = next) {
-            next = f->next;
-            free(f);
-        }
-        free(module);
-    }
+    if (rc == hipSuccess) hipr_module_forget(module);
     return hipr_front_ret(rc);
 }
 
@@ -315,6 +309,21 @@ static hipError_t launch(struct hipr_function *f, const unsigned grid[3], const 
     c.n_ptrs = n_ptrs;
     memcpy(c.ptrs, ptrs, n_ptrs * sizeof *ptrs);
     return hipr_launch(hipr_front_device(), &c, args, args_len);
+}
+
+hipError_t hipr_module_launch(hipFunction_t f, const unsigned grid[3], const unsigned block[3],
+                              unsigned shared, hipStream_t stream, void **params, void **extra) {
+    if (!f) return hipErrorInvalidHandle;
+    return launch(f, grid, block, shared, stream, params, extra);
+}
+
+void hipr_module_forget(hipModule_t module) {
+    if (!module) return;
+    for (struct hipr_function *f = module->functions, *next; f; f = next) {
+        next = f->next;
+        free(f);
+    }
+    free(module);
 }
 
 API hipError_t hipModuleLaunchKernel(hipFunction_t f, unsigned gx, unsigned gy, unsigned gz,
