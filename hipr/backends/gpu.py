@@ -70,6 +70,7 @@ from hipr.backends.base import BackendStats, BackendUnavailable, DevicePropertie
 from hipr.backends.callmap import DriverCalls, RtcCalls, RuntimeConstants
 from hipr.backends.errmap import rtc_error
 from hipr.errors import HipError, HipErrorCode
+from hipr.kernels.amdhsa import Layouts as AmdhsaLayouts
 from hipr.kernels.args import MAX_ARGS_BYTES
 from hipr.kernels.builtins import BUILTIN_SOURCE
 
@@ -447,6 +448,8 @@ class GpuBackend:
         # Parameter-space sizes by function address; cleared when a module goes, since
         # a later module's function may reuse the address.
         self._param_sizes: dict[int, int | None] = {}
+        # Where the runtime cannot report parameter layouts (HIP), the code objects do.
+        self._amdhsa = AmdhsaLayouts()
         self._staging = PinnedStaging(self)
         self._payloads = PinnedPayloads(self)
         #: Small copies of one MEMCPY_HTOD_MANY go to the runtime as one batch
@@ -1038,7 +1041,10 @@ class GpuBackend:
         device."""
         device = self._current()
         raw = self._call(self._calls.module_load_data, self._rt.loadable_image(bytes(image)))
-        return self._track(self._ledger.modules, GpuModule(raw, device))
+        handle = self._track(self._ledger.modules, GpuModule(raw, device))
+        if self._rt.param_info_call is None:
+            self._amdhsa.add_module(id(handle), bytes(image))
+        return handle
 
     def module_unload(self, module: Handle) -> None:
         """Unload a module; the shared built-in module is left loaded."""
@@ -1051,12 +1057,16 @@ class GpuBackend:
     def _forget_param_sizes(self, module: GpuModule) -> None:
         # A later module's function may reuse an address whose parameter size is known.
         self._param_sizes.clear()
+        self._amdhsa.forget_module(id(module))
 
     def module_get_function(self, module: Handle, name: str) -> Handle:
         """A kernel of the module; hipErrorNotFound when it has none of that name."""
         raw = live(module, GpuModule, "module")
         self._current()
-        return self._call(self._calls.module_get_function, raw, name.encode())
+        function = self._call(self._calls.module_get_function, raw, name.encode())
+        if self._rt.param_info_call is None:
+            self._amdhsa.add_function(int(function), id(module), name)
+        return function
 
     def builtin_module(self) -> Handle:
         """hipr's built-in kernels, compiled and loaded once per device."""
@@ -1068,6 +1078,8 @@ class GpuBackend:
                 raw = self._call(self._calls.module_load_data, image)
                 module = GpuModule(raw, device, builtin=True)
                 self._builtin[device] = module
+                if self._rt.param_info_call is None:
+                    self._amdhsa.add_module(id(module), bytes(image))
             return module
 
     def launch(
@@ -1174,10 +1186,15 @@ class GpuBackend:
 
     def function_params(self, function: Handle) -> list[tuple[int, int, bool]]:
         """Each parameter's (offset, size) from the runtime's parameter-info call
-        (``cuFuncGetParamInfo``, CUDA 12.4+); pointer-ness is not reported there.
-        hipErrorNotSupported on HIP (reading the code object's ``amdhsa.kernels`` metadata
-        is later work) and on older CUDA drivers."""
+        (``cuFuncGetParamInfo``, CUDA 12.4+; pointer-ness is not reported there), or on
+        HIP from the code object's ``amdhsa.kernels`` metadata (hipr.kernels.amdhsa, which
+        also says which are pointers). hipErrorNotSupported where neither tells (a HIP
+        code object without metadata; CUDA drivers before 12.4)."""
         call = self._rt.param_info_call
+        if call is None:
+            found = self._amdhsa.params(int(function))
+            if found is not None:
+                return found
         if call is None or not self._rt.provides(call):
             raise HipError(
                 HipErrorCode.hipErrorNotSupported,
