@@ -286,6 +286,7 @@ API hipError_t hipStreamGetPriority(hipStream_t stream, int *priority) {
     return hipSuccess;
 }
 
+/* As hipGetStreamDeviceId: the calling thread's current device. */
 API hipError_t hipStreamGetDevice(hipStream_t stream, int *device) {
     (void)stream;
     if (!device) return ret(hipErrorInvalidValue);
@@ -507,6 +508,27 @@ API hipError_t hipHccModuleLaunchKernel(hipFunction_t f, unsigned gx, unsigned g
                                         hipEvent_t start, hipEvent_t stop) {
     return hipExtModuleLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra,
                                     start, stop, 0);
+}
+
+/* --- small functions that return no hipError_t ---------------------------------------- */
+
+typedef struct { int x, y, z, w, f; } hipChannelFormatDesc;
+
+API hipChannelFormatDesc hipCreateChannelDesc(int x, int y, int z, int w, int f) {
+    return (hipChannelFormatDesc){x, y, z, w, f};
+}
+
+/* The calling thread's current device: the proxy does not keep each stream's device
+ * (right for the one-device sessions workers serve today). */
+API int hipGetStreamDeviceId(hipStream_t stream) {
+    (void)stream;
+    return hipr_front_device();
+}
+
+/* HIP's tracing ids are not carried: every id reads as unknown. */
+API const char *hipApiName(uint32_t id) {
+    (void)id;
+    return "unknown";
 }
 
 static void forget_children(void) {

@@ -192,6 +192,17 @@ API hipError_t hipLaunchKernel(const void *function, dim3 grid, dim3 block, void
     return hipr_front_ret(hipr_module_launch(f, g, b, (unsigned)shared, stream, args, NULL));
 }
 
+/* The device name a host stub was registered with. */
+API const char *hipKernelNameRefByPtr(const void *host_function, hipStream_t stream) {
+    (void)stream;
+    const char *name = NULL;
+    pthread_mutex_lock(&reg_lock);
+    for (struct kernel *k = kernels; k && !name; k = k->next)
+        if (k->host == host_function) name = k->name;
+    pthread_mutex_unlock(&reg_lock);
+    return name;
+}
+
 static void forget_loaded(void) {
     /* A forked child's session has none of the parent's modules: load again on first use. */
     for (struct fatbin *f = fatbins; f; f = f->next) {

@@ -16,6 +16,7 @@
 
 struct hipr_function {
     uint64_t id;
+    char *name; /* hipKernelNameRef */
     /* 0: not asked yet; 1: known; -1: the worker cannot tell. */
     int layout;
     size_t n_params;
@@ -179,6 +180,7 @@ API hipError_t hipModuleGetFunction(hipFunction_t *function, hipModule_t module,
     if (rc == hipSuccess && (hipr_cbor_uint(r.map, "function", &f->id) || !f->id))
         rc = hipErrorUnknown;
     hipr_reply_free(&r);
+    if (rc == hipSuccess && !(f->name = strdup(name))) rc = hipErrorOutOfMemory;
     if (rc) {
         free(f);
         return hipr_front_ret(rc);
@@ -321,10 +323,13 @@ void hipr_module_forget(hipModule_t module) {
     if (!module) return;
     for (struct hipr_function *f = module->functions, *next; f; f = next) {
         next = f->next;
+        free(f->name);
         free(f);
     }
     free(module);
 }
+
+API const char *hipKernelNameRef(const hipFunction_t f) { return f ? f->name : NULL; }
 
 API hipError_t hipModuleLaunchKernel(hipFunction_t f, unsigned gx, unsigned gy, unsigned gz,
                                      unsigned bx, unsigned by, unsigned bz, unsigned shared,

@@ -77,6 +77,8 @@ hipError_t hipExtModuleLaunchKernel(hipFunction_t, unsigned, unsigned, unsigned,
                                     unsigned, unsigned, size_t, hipStream_t, void **, void **,
                                     hipEvent_t, hipEvent_t, unsigned);
 hipError_t hipMallocAsync(void **, size_t, hipStream_t);
+const char *hipKernelNameRefByPtr(const void *, hipStream_t);
+const char *hipKernelNameRef(hipFunction_t);
 hipError_t hipFreeAsync(void *, hipStream_t);
 
 #define H2D 1
@@ -215,6 +217,8 @@ int main(void) {
     EXPECT(hipLaunchKernel((const void *)not_registered, (dim3){1, 1, 1}, (dim3){1, 1, 1},
                            NULL, 0, NULL) == 98); /* InvalidDeviceFunction */
     EXPECT(hipGetLastError() == 98);
+    EXPECT(strcmp(hipKernelNameRefByPtr((const void *)scale_f32, NULL), "scale_f32") == 0);
+    EXPECT(hipKernelNameRefByPtr((const void *)not_registered, NULL) == NULL);
     /* nested configurations pop in order */
     CHECK(__hipPushCallConfiguration((dim3){1, 1, 1}, (dim3){2, 1, 1}, 0, NULL));
     CHECK(__hipPushCallConfiguration((dim3){3, 1, 1}, (dim3){4, 1, 1}, 8, NULL));
@@ -326,6 +330,7 @@ int main(void) {
     hipEvent_t e0 = NULL, e1 = NULL;
     CHECK(hipModuleLoadData(&mod, image_file ? image_file : "hipr:builtin"));
     CHECK(hipModuleGetFunction(&fill, mod, "fill_f32"));
+    EXPECT(fill && strcmp(hipKernelNameRef(fill), "fill_f32") == 0);
     CHECK(hipEventCreate(&e0));
     CHECK(hipEventCreate(&e1));
     float seven = 7.0f;
