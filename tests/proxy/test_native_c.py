@@ -196,6 +196,13 @@ def test_generated_tables_are_current() -> None:
     } <= served
 
 
+def test_every_function_hipr_hip_serves_the_proxy_serves() -> None:
+    from hipr.facade.coverage import SUPPORTED
+
+    served = {name for name, _, status in coverage() if status == "served"}
+    assert set(SUPPORTED) - served == set()
+
+
 def test_opcodes_match_the_protocol() -> None:
     header = (NATIVE / "opcodes.h").read_text()
     defined = dict(re.findall(r"#define OP_(\w+) (0x[0-9a-fA-F]+)", header))

@@ -19,6 +19,12 @@ hipError_t hipGetDevicePropertiesR0600(hipDeviceProp_tR0600 *prop, int device);
 hipError_t hipMalloc(void **ptr, size_t size);
 hipError_t hipFree(void *ptr);
 hipError_t hipEventRecord(hipEvent_t event, hipStream_t stream);
+hipError_t hipMemcpyAsync(void *dst, const void *src, size_t n, hipMemcpyKind kind,
+                          hipStream_t stream);
+hipError_t hipMemsetAsync(void *ptr, int value, size_t n, hipStream_t stream);
+hipError_t hipStreamSynchronize(hipStream_t stream);
+hipError_t hipDeviceSynchronize(void);
+hipError_t hipGetDeviceCount(int *count);
 
 static hipError_t ret(hipError_t e) { return hipr_front_ret(e); }
 
@@ -508,6 +514,102 @@ API hipError_t hipHccModuleLaunchKernel(hipFunction_t f, unsigned gx, unsigned g
                                         hipEvent_t start, hipEvent_t stop) {
     return hipExtModuleLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra,
                                     start, stop, 0);
+}
+
+/* --- what hipr.hip serves besides: driver-style spellings, wide memsets ------------------ */
+
+API hipError_t hipDeviceGet(int *device, int ordinal) {
+    if (!device) return ret(hipErrorInvalidValue);
+    int n = 0;
+    hipError_t rc = hipGetDeviceCount(&n);
+    if (rc) return rc;
+    if (ordinal < 0 || ordinal >= n) return ret(hipErrorInvalidDevice);
+    *device = ordinal;
+    return hipSuccess;
+}
+
+API hipError_t hipDeviceComputeCapability(int *major, int *minor, int device) {
+    if (!major || !minor) return ret(hipErrorInvalidValue);
+    hipDeviceProp_tR0600 p;
+    hipError_t rc = hipGetDevicePropertiesR0600(&p, device);
+    if (rc == hipSuccess) {
+        *major = p.major;
+        *minor = p.minor;
+    }
+    return rc;
+}
+
+API hipError_t hipCtxSynchronize(void) { return hipDeviceSynchronize(); }
+
+API hipError_t hipMemcpyHtoDAsync(void *dst, const void *src, size_t n, hipStream_t stream) {
+    return hipMemcpyAsync(dst, src, n, hipMemcpyHostToDevice, stream);
+}
+
+API hipError_t hipMemcpyDtoHAsync(void *dst, const void *src, size_t n, hipStream_t stream) {
+    return hipMemcpyAsync(dst, src, n, hipMemcpyDeviceToHost, stream);
+}
+
+API hipError_t hipMemcpyDtoDAsync(void *dst, const void *src, size_t n, hipStream_t stream) {
+    return hipMemcpyAsync(dst, src, n, hipMemcpyDeviceToDevice, stream);
+}
+
+/* A copy that has finished when it returns, on `stream`'s order. */
+API hipError_t hipMemcpyWithStream(void *dst, const void *src, size_t n, hipMemcpyKind kind,
+                                   hipStream_t stream) {
+    hipError_t rc = hipMemcpyAsync(dst, src, n, kind, stream);
+    return rc ? rc : hipStreamSynchronize(stream);
+}
+
+/* `count` elements of `width` bytes set to `value`. A repeated byte is a plain memset;
+ * any other pattern travels as data (the protocol has no wide fill), a chunk at a time. */
+static hipError_t fill_wide(void *dst, uint32_t value, size_t width, size_t count,
+                            hipStream_t stream) {
+    if (!count) return hipSuccess;
+    if (!dst) return ret(hipErrorInvalidValue);
+    if (count > SIZE_MAX / width) return ret(hipErrorInvalidValue);
+    uint8_t b[4];
+    for (size_t i = 0; i < width; i++) b[i] = (uint8_t)(value >> (8 * i));
+    int repeated = 1;
+    for (size_t i = 1; i < width; i++) repeated &= b[i] == b[0];
+    if (repeated) return hipMemsetAsync(dst, b[0], count * width, stream);
+    enum { CHUNK = 1 << 20 };
+    size_t total = count * width, chunk = total < CHUNK ? total : CHUNK;
+    uint8_t *buf = malloc(chunk);
+    if (!buf) return ret(hipErrorOutOfMemory);
+    for (size_t i = 0; i < chunk; i += width) memcpy(buf + i, b, width);
+    hipError_t rc = hipSuccess;
+    for (size_t off = 0; off < total && rc == hipSuccess; off += chunk) {
+        size_t n = total - off < chunk ? total - off : chunk;
+        rc = hipMemcpyAsync((uint8_t *)dst + off, buf, n, hipMemcpyHostToDevice, stream);
+    }
+    free(buf);
+    return rc;
+}
+
+API hipError_t hipMemsetD8(void *dst, unsigned char value, size_t count) {
+    return fill_wide(dst, value, 1, count, NULL);
+}
+
+API hipError_t hipMemsetD16(void *dst, unsigned short value, size_t count) {
+    return fill_wide(dst, value, 2, count, NULL);
+}
+
+API hipError_t hipMemsetD32(void *dst, int value, size_t count) {
+    return fill_wide(dst, (uint32_t)value, 4, count, NULL);
+}
+
+API hipError_t hipMemsetD8Async(void *dst, unsigned char value, size_t count,
+                                hipStream_t stream) {
+    return fill_wide(dst, value, 1, count, stream);
+}
+
+API hipError_t hipMemsetD16Async(void *dst, unsigned short value, size_t count,
+                                 hipStream_t stream) {
+    return fill_wide(dst, value, 2, count, stream);
+}
+
+API hipError_t hipMemsetD32Async(void *dst, int value, size_t count, hipStream_t stream) {
+    return fill_wide(dst, (uint32_t)value, 4, count, stream);
 }
 
 /* --- small functions that return no hipError_t ---------------------------------------- */

@@ -79,6 +79,12 @@ hipError_t hipExtModuleLaunchKernel(hipFunction_t, unsigned, unsigned, unsigned,
 hipError_t hipMallocAsync(void **, size_t, hipStream_t);
 const char *hipKernelNameRefByPtr(const void *, hipStream_t);
 const char *hipKernelNameRef(hipFunction_t);
+hipError_t hipMemsetD32(void *, int, size_t);
+hipError_t hipMemsetD16Async(void *, unsigned short, size_t, hipStream_t);
+hipError_t hipMemsetD8(void *, unsigned char, size_t);
+hipError_t hipMemcpyWithStream(void *, const void *, size_t, int, hipStream_t);
+hipError_t hipDeviceGet(int *, int);
+hipError_t hipDeviceComputeCapability(int *, int *, int);
 hipError_t hipFreeAsync(void *, hipStream_t);
 
 #define H2D 1
@@ -349,6 +355,25 @@ int main(void) {
     CHECK(hipEventDestroy(e0));
     CHECK(hipEventDestroy(e1));
     CHECK(hipModuleUnload(mod));
+
+    /* wide memsets (a pattern travels as data; 1.5 MiB of it goes in two chunks) */
+    enum { W = 3 << 18 };
+    uint32_t *wide = NULL, *wback = calloc(W, 4);
+    CHECK(hipMalloc((void **)&wide, (size_t)W * 4));
+    CHECK(hipMemsetD32(wide, (int)0xdeadbeef, W));
+    CHECK(hipMemsetD16Async((char *)wide + 8, 0x1234, 2, s));
+    CHECK(hipMemsetD8((char *)wide + 16, 0x7f, 4));
+    CHECK(hipMemcpyWithStream(wback, wide, (size_t)W * 4, D2H, s));
+    EXPECT(wback[0] == 0xdeadbeefu && wback[1] == 0xdeadbeefu && wback[W - 1] == 0xdeadbeefu);
+    EXPECT(wback[2] == 0x12341234u && wback[3] == 0xdeadbeefu && wback[4] == 0x7f7f7f7fu);
+    CHECK(hipFree(wide));
+    free(wback);
+    int dev = -1, major = -1, minor = -1;
+    CHECK(hipDeviceGet(&dev, 0));
+    CHECK(hipDeviceComputeCapability(&major, &minor, dev));
+    EXPECT(dev == 0 && major >= 0 && minor >= 0);
+    EXPECT(hipDeviceGet(&dev, 99) == 101);
+    hipGetLastError();
 
     /* stream-ordered allocation */
     void *a = NULL;
