@@ -333,6 +333,16 @@ static hipError_t handle_call(uint16_t opcode, const char *key, uint64_t handle,
     return rc;
 }
 
+void hipr_capture_forget(hipStream_t stream) {
+    pthread_mutex_lock(&extras_lock);
+    for (size_t i = 0; i < n_captures; i++)
+        if (captures[i].stream == stream) {
+            captures[i] = captures[--n_captures];
+            break;
+        }
+    pthread_mutex_unlock(&extras_lock);
+}
+
 /* Capture on the worker's streams; the null stream cannot be captured (as in HIP). */
 API hipError_t hipStreamBeginCapture(hipStream_t stream, int mode) {
     (void)mode;
@@ -359,13 +369,7 @@ API hipError_t hipStreamEndCapture(hipStream_t stream, hipGraph_t *graph) {
     if (!graph) return ret(hipErrorInvalidValue);
     *graph = NULL;
     if (!stream || !capture_find(stream, NULL)) return ret(hipErrorIllegalState);
-    pthread_mutex_lock(&extras_lock);
-    for (size_t i = 0; i < n_captures; i++)
-        if (captures[i].stream == stream) {
-            captures[i] = captures[--n_captures];
-            break;
-        }
-    pthread_mutex_unlock(&extras_lock);
+    hipr_capture_forget(stream);
     uint64_t id = 0;
     hipError_t rc =
         handle_call(OP_STREAM_END_CAPTURE, "stream", (uint64_t)(uintptr_t)stream, "graph", &id);

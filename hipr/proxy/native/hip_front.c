@@ -503,6 +503,7 @@ API hipError_t hipDeviceGetStreamPriorityRange(int *least, int *greatest) {
 
 API hipError_t hipStreamDestroy(hipStream_t stream) {
     if (!stream) return ret(hipErrorInvalidHandle);
+    hipr_capture_forget(stream);
     return ret(on_handle(OP_STREAM_DESTROY, "stream", (uint64_t)(uintptr_t)stream, 0));
 }
 

@@ -24,6 +24,9 @@ int hipr_front_alloc_of(const void *p, uint64_t *base, uint64_t *size);
 /* Host memory from hipHostMalloc/hipMallocHost that holds `p`: 1, else 0. */
 int hipr_host_alloc_of(const void *p, uint64_t *base, uint64_t *size);
 
+/* A stream is gone: it is capturing no more (hip_extras.c). */
+void hipr_capture_forget(hipStream_t stream);
+
 /* A launch of `f` (hipModuleLaunchKernel's body, without touching the last error). */
 hipError_t hipr_module_launch(hipFunction_t f, const unsigned grid[3], const unsigned block[3],
                               unsigned shared, hipStream_t stream, void **params, void **extra);
