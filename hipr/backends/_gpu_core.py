@@ -16,6 +16,7 @@ from hipr.backends._pinned import PinnedPayloads, PinnedStaging
 from hipr.backends._runtime import SUCCESS, Runtime
 from hipr.backends.interface import BackendStats, DeviceProperties, Handle
 from hipr.errors import HipError, HipErrorCode
+from hipr.kernels.amdhsa import Layouts as AmdhsaLayouts
 
 E = HipErrorCode
 _T = TypeVar("_T")
@@ -101,6 +102,8 @@ class GpuCore:
         # Parameter-space sizes by function address; cleared when a module goes, since
         # a later module's function may reuse the address.
         self._param_sizes: dict[int, int | None] = {}
+        # Where the runtime cannot report parameter layouts (HIP), the code objects do.
+        self._amdhsa = AmdhsaLayouts()
         self._staging = PinnedStaging(self)
         self._payloads = PinnedPayloads(self)
         #: Small copies of one MEMCPY_HTOD_MANY go to the runtime as one batch

@@ -94,7 +94,10 @@ class GpuKernels(GpuCore):
         device."""
         device = self._current()
         raw = self._call(self._calls.module_load_data, self._rt.loadable_image(bytes(image)))
-        return self._track(self._ledger.modules, GpuModule(raw, device))
+        handle = self._track(self._ledger.modules, GpuModule(raw, device))
+        if self._rt.param_info_call is None:
+            self._amdhsa.add_module(id(handle), bytes(image))
+        return handle
 
     def module_unload(self, module: Handle) -> None:
         """Unload a module; the shared built-in module is left loaded."""
@@ -107,12 +110,16 @@ class GpuKernels(GpuCore):
     def _forget_param_sizes(self, module: GpuModule) -> None:
         # A later module's function may reuse an address whose parameter size is known.
         self._param_sizes.clear()
+        self._amdhsa.forget_module(id(module))
 
     def module_get_function(self, module: Handle, name: str) -> Handle:
         """A kernel of the module; hipErrorNotFound when it has none of that name."""
         raw = live(module, GpuModule, "module")
         self._current()
-        return self._call(self._calls.module_get_function, raw, name.encode())
+        function = self._call(self._calls.module_get_function, raw, name.encode())
+        if self._rt.param_info_call is None:
+            self._amdhsa.add_function(int(function), id(module), name)
+        return function
 
     def builtin_module(self) -> Handle:
         """hipr's built-in kernels, compiled and loaded once per device."""
@@ -124,6 +131,8 @@ class GpuKernels(GpuCore):
                 raw = self._call(self._calls.module_load_data, image)
                 module = GpuModule(raw, device, builtin=True)
                 self._builtin[device] = module
+                if self._rt.param_info_call is None:
+                    self._amdhsa.add_module(id(module), bytes(image))
             return module
 
     def launch(
@@ -230,10 +239,15 @@ class GpuKernels(GpuCore):
 
     def function_params(self, function: Handle) -> list[tuple[int, int, bool]]:
         """Each parameter's (offset, size) from the runtime's parameter-info call
-        (``cuFuncGetParamInfo``, CUDA 12.4+); pointer-ness is not reported there.
-        hipErrorNotSupported on HIP (reading the code object's ``amdhsa.kernels`` metadata
-        is later work) and on older CUDA drivers."""
+        (``cuFuncGetParamInfo``, CUDA 12.4+; pointer-ness is not reported there), or on
+        HIP from the code object's ``amdhsa.kernels`` metadata (hipr.kernels.amdhsa, which
+        also says which are pointers). hipErrorNotSupported where neither tells (a HIP
+        code object without metadata; CUDA drivers before 12.4)."""
         call = self._rt.param_info_call
+        if call is None:
+            found = self._amdhsa.params(int(function))
+            if found is not None:
+                return found
         if call is None or not self._rt.provides(call):
             raise HipError(
                 HipErrorCode.hipErrorNotSupported,

@@ -47,19 +47,83 @@ FIELDS: tuple[str, ...] = (
 )  # fmt: skip
 
 _STRINGS = frozenset({"name", "gcnArchName"})
-_DIM3 = frozenset({"maxThreadsDim", "maxGridSize"})
+#: Array fields and their lengths (hip-python returns each as a list of ints).
+_ARRAYS: dict[str, int] = {
+    "maxThreadsDim": 3, "maxGridSize": 3, "maxTexture2D": 2, "maxTexture2DMipmap": 2,
+    "maxTexture2DLinear": 3, "maxTexture2DGather": 2, "maxTexture3D": 3, "maxTexture3DAlt": 3,
+    "maxTexture1DLayered": 2, "maxTexture2DLayered": 3, "maxTextureCubemapLayered": 2,
+    "maxSurface2D": 2, "maxSurface3D": 3, "maxSurface1DLayered": 2, "maxSurface2DLayered": 3,
+    "maxSurfaceCubemapLayered": 2, "reserved": 63, "hipReserved": 32,
+}  # fmt: skip
+#: hipDeviceArch_t's feature bits, in the struct's order.
+_ARCH_BITS: tuple[str, ...] = (
+    "hasGlobalInt32Atomics", "hasGlobalFloatAtomicExch", "hasSharedInt32Atomics",
+    "hasSharedFloatAtomicExch", "hasFloatAtomicAdd", "hasGlobalInt64Atomics",
+    "hasSharedInt64Atomics", "hasDoubles", "hasWarpVote", "hasWarpBallot", "hasWarpShuffle",
+    "hasFunnelShift", "hasThreadFenceSystem", "hasSyncThreadsExt", "hasSurfaceFuncs",
+    "has3dGrid", "hasDynamicParallelism",
+)  # fmt: skip
+
+
+class hipUUID_t:  # hip-python's name
+    """A device's 16-byte UUID (``.bytes``), as hip-python's struct wrapper gives it."""
+
+    def __init__(self, raw: bytes = bytes(16)) -> None:
+        self.bytes = bytes(raw).ljust(16, b"\0")[:16]
+
+    @staticmethod
+    def PROPERTIES() -> list[str]:
+        """The field names."""
+        return ["bytes"]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, hipUUID_t) and other.bytes == self.bytes
+
+    def __hash__(self) -> int:
+        return hash(self.bytes)
+
+
+class hipDeviceArch_t:  # hip-python's name
+    """The device's feature bits (``hasDoubles``, ``hasWarpShuffle``, ...), each 0 or 1;
+    0 where the worker's runtime does not report them."""
+
+    def __init__(self, **bits: int) -> None:
+        for name in _ARCH_BITS:
+            setattr(self, name, int(bits.get(name, 0)))
+
+    @staticmethod
+    def PROPERTIES() -> list[str]:
+        """The field names, in the struct's order."""
+        return list(_ARCH_BITS)
+
+
+def _default(name: str) -> Any:
+    """A field's zero value, of the type hip-python 10 returns for it."""
+    if name in _STRINGS:
+        return ""
+    if name in _ARRAYS:
+        return [0] * _ARRAYS[name]
+    if name == "luid":
+        return bytes(8)
+    if name == "uuid":
+        return hipUUID_t()
+    if name == "arch":
+        return hipDeviceArch_t()
+    return 0
 
 
 class hipDeviceProp_t:  # hip-python's name
     """hip-python's device property struct: every field of HIP's ``hipDeviceProp_t`` as an
-    attribute (``name`` and ``gcnArchName`` as ``str``, ``maxThreadsDim``/``maxGridSize`` as
-    lists of three ints, the rest ints), zero until ``hipGetDeviceProperties`` fills it.
-    A field the worker's runtime does not report stays 0."""
+    attribute, of the type hip-python 10 returns (``name`` and ``gcnArchName`` as ``str``,
+    array fields as lists of ints of the field's length, ``luid`` as 8 bytes, ``uuid`` and
+    ``arch`` as struct objects, the rest ints), zero until ``hipGetDeviceProperties`` fills
+    it. A field the worker's runtime does not report stays 0. The two HDP register
+    pointers (``hdpMemFlushCntl``, ``hdpRegFlushCntl``) read 0: a client has no use for
+    the worker's registers (hip-python gives a pointer object)."""
 
     def __init__(self, **fields: Any) -> None:
         for name in FIELDS:
-            default: Any = "" if name in _STRINGS else [0, 0, 0] if name in _DIM3 else 0
-            object.__setattr__(self, name, default)
+            object.__setattr__(self, name, _default(name))
         for key, value in fields.items():
             setattr(self, key, value)
 
@@ -115,6 +179,14 @@ def fields_of(props: DeviceProperties) -> dict[str, Any]:
 def fill(target: hipDeviceProp_t, props: DeviceProperties) -> hipDeviceProp_t:
     """Write ``props`` into ``target`` (in place, as hipGetDeviceProperties does)."""
     for key, value in fields_of(props).items():
+        if key in _ARRAYS:
+            # As long as the C field, whatever the runtime reported.
+            items = [int(v) for v in value] if isinstance(value, list | tuple) else [int(value)]
+            value = (items + [0] * _ARRAYS[key])[: _ARRAYS[key]]
+        elif key == "uuid" and isinstance(value, bytes | bytearray):
+            value = hipUUID_t(bytes(value))
+        elif key in ("uuid", "arch", "luid"):
+            continue  # a runtime's own encoding of these is not hip-python's
         setattr(target, key, list(value) if isinstance(value, list | tuple) else value)
     return target
 

@@ -11,10 +11,32 @@ BEGIN = "<!-- BEGIN GENERATED: proxy coverage (scripts/gen-proxy-tables) -->"
 END = "<!-- END GENERATED: proxy coverage -->"
 
 #: Sources of each library's exported functions.
-_SERVED = {"libamdhip64.so": ("hip_front.c", "modules.c"), "libhiprtc.so": ("hiprtc_front.c",)}
+_SERVED = {
+    "libamdhip64.so": ("hip_front.c", "hip_extras.c", "hipcc.c", "modules.c"),
+    "libhiprtc.so": ("hiprtc_front.c",),
+}
 _API = re.compile(r"^API [^(]*?\b((?:hip|__hip)\w+)\(", re.M)
 _STUB = re.compile(r"^STUB\((\w+),", re.M)
+_GSTUB = re.compile(r"^GSTUB\((\w+)\)", re.M)
+_RTC_STUB = re.compile(r"^RTC_STUB\((\w+)\)", re.M)
 _EXPORTED_NOOP = re.compile(r"^HIPR_EXPORT [^(]*?\b(__hip\w+)\(", re.M)
+
+
+def defined_names() -> set[str]:
+    """Functions the C sources define by hand, served or stubbed (what the generated
+    stubs must leave out)."""
+    names: set[str] = set()
+    for sources in _SERVED.values():
+        for source in sources:
+            names.update(_API.findall((NATIVE / source).read_text()))
+    names.update(_STUB.findall((NATIVE / "stubs.c").read_text()))
+    names.update(_EXPORTED_NOOP.findall((NATIVE / "hipcc.c").read_text()))
+    return names
+
+
+def generated_stubs() -> list[str]:
+    """HIP functions that exist only as generated stubs (gen_stubs.h)."""
+    return _GSTUB.findall((NATIVE / "gen_stubs.h").read_text())
 
 
 def coverage() -> list[tuple[str, str, str]]:
@@ -28,9 +50,15 @@ def coverage() -> list[tuple[str, str, str]]:
     rows += [
         (n, "libamdhip64.so", "exists, returns hipErrorNotSupported") for n in _STUB.findall(stubs)
     ]
+    rtc = (NATIVE / "hiprtc_front.c").read_text()
+    rows += [
+        (n, "libhiprtc.so", "exists, returns HIPRTC_ERROR_INTERNAL_ERROR")
+        for n in _RTC_STUB.findall(rtc)
+    ]
+    hipcc = (NATIVE / "hipcc.c").read_text()
     rows += [
         (n, "libamdhip64.so", "exists (hipcc registration accepted, not served)")
-        for n in _EXPORTED_NOOP.findall(stubs)
+        for n in _EXPORTED_NOOP.findall(hipcc)
     ]
     return sorted(set(rows), key=lambda r: (r[1], r[2] != "served", r[0]))
 
@@ -39,14 +67,27 @@ def render() -> str:
     """The generated block, markers included."""
     rows = coverage()
     served = sum(1 for r in rows if r[2] == "served")
+    generated = generated_stubs()
     lines = [
         BEGIN,
         "",
-        f"{served} functions served, {len(rows) - served} present without being served.",
+        f"{served} functions served, {len(rows) - served + len(generated)} present without "
+        "being served.",
         "",
         "| function | library | status |",
         "|---|---|---|",
         *(f"| `{name}` | {library} | {status} |" for name, library, status in rows),
+        "",
+        f"The other {len(generated)} HIP functions that hip-python loads and that return "
+        "`hipError_t` exist in libamdhip64.so and return `hipErrorNotSupported`, naming "
+        "themselves once on stderr (generated from hip-python's declarations into "
+        "`gen_stubs.h`):",
+        "",
+        "<details><summary>their names</summary>",
+        "",
+        ", ".join(f"`{n}`" for n in generated),
+        "",
+        "</details>",
         "",
         END,
     ]

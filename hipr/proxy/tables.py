@@ -36,6 +36,40 @@ def _pxd_fields() -> list[tuple[str, str, int]]:
     return out
 
 
+_SYMBOL = re.compile(r'__init_symbol\(&_(\w+)__funptr,"(\w+)"\)')
+_RETURNS = re.compile(r"^cdef (.+?) (\w+)\(.*\) except", re.M)
+
+
+def loaded_symbols(module: str) -> dict[str, str]:
+    """Symbol -> C return type of each function hip-python's ``cy<module>.pyx`` loads
+    (``dlsym``) from the runtime library: the names a proxy must export."""
+    spec = util.find_spec(f"rocm.bindings.cy{module}")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("hip-python (rocm.bindings) is not installed")
+    pyx = Path(spec.origin).with_name(f"cy{module}.pyx").read_text()
+    returns = {m.group(2): m.group(1) for m in _RETURNS.finditer(pyx)}
+    return {symbol: returns.get(fn, "?") for fn, symbol in _SYMBOL.findall(pyx)}
+
+
+def _stubs() -> str:
+    """gen_stubs.h: a GSTUB line for each hipError_t function hip-python loads that the
+    front neither serves nor stubs by hand."""
+    from hipr.proxy.coverage import defined_names
+
+    have = defined_names()
+    names = sorted(
+        s for s, ret in loaded_symbols("hip").items() if ret == "hipError_t" and s not in have
+    )
+    out = [_HEADER, "#ifndef HIPR_GEN_STUBS_H\n#define HIPR_GEN_STUBS_H\n\n"]
+    out.append(
+        "/* HIP functions hip-python's cyhip.pyx loads that the proxy does not serve: each\n"
+        " * exists and returns hipErrorNotSupported (stubs.c defines GSTUB). */\n"
+    )
+    out += [f"GSTUB({name})\n" for name in names]
+    out.append("\n#endif\n")
+    return "".join(out)
+
+
 def render_tables() -> dict[str, str]:
     """File name -> text of each generated header."""
     from hip import hip  # hip-python: the names its programs see
@@ -75,4 +109,4 @@ def render_tables() -> dict[str, str]:
             f" /* {member.name} */\n"
         )
     props.append("};\n\n#endif\n")
-    return {"gen_errors.h": "".join(errors), "gen_props.h": "".join(props)}
+    return {"gen_errors.h": "".join(errors), "gen_props.h": "".join(props), "gen_stubs.h": _stubs()}

@@ -142,3 +142,22 @@ hiprtc.hiprtcGetProgramLog(prog, log)
 print(log.decode(errors="replace").splitlines()[0] if size > 1 else "")
 print(int(hiprtc.hiprtcDestroyProgram(prog.createRef())[0]))
 '''
+
+#: Every field of hipDeviceProp_t with the type of its value, as hip-python 10's
+#: ``PROPERTIES()`` lists them: through the proxy and through ``hipr.hip`` the two must
+#: print the same lines. The HDP register pointers are named with their kind only:
+#: hip-python gives a pointer object there, hipr.hip 0 (docs/proxy.md).
+ALL_PROPS = r"""
+IMPORT
+err, props = hip.hipGetDeviceProperties(0)
+assert err == hip.hipError_t.hipSuccess, err
+for field in sorted(props.PROPERTIES()):
+    value = getattr(props, field)
+    if field in ("hdpMemFlushCntl", "hdpRegFlushCntl"):
+        print(field, "pointer")
+    elif field in ("uuid", "arch"):
+        print(field, type(value).__name__,
+              [(f, getattr(value, f)) for f in sorted(value.PROPERTIES())])
+    else:
+        print(field, type(value).__name__, repr(value))
+"""

@@ -11,7 +11,14 @@ import pytest
 
 from hipr.worker.tenants import new_token, token_hash
 from tests.proxy.conftest import run_python, start_worker, stop_worker
-from tests.proxy.programs import BASICS, BUILTIN_LAUNCH, HIP_PYTHON, HIPR, HIPRTC_COMPILE
+from tests.proxy.programs import (
+    ALL_PROPS,
+    BASICS,
+    BUILTIN_LAUNCH,
+    HIP_PYTHON,
+    HIPR,
+    HIPRTC_COMPILE,
+)
 
 pytest.importorskip("hip", reason="hip-python is not installed")
 
@@ -35,6 +42,19 @@ def test_hip_python_matches_hipr_hip(worker_url: str) -> None:
     assert through_proxy["roundtrip"][:3] == [0.0, 0.0, 1.0] and through_proxy["zeroed"]
     assert through_proxy["bad_device"] == 101 and through_proxy["last"] == 101
     assert through_proxy["last_again"] == 0 and through_proxy["elapsed_ok"]
+
+
+def test_every_property_has_hip_pythons_value_and_type(worker_url: str) -> None:
+    """hipr.hip's hipDeviceProp_t against hip-python's own, field by field: strings as
+    str (hip-python 10), arrays as lists of the C field's length, luid as bytes, uuid and
+    arch as struct objects."""
+    through_proxy = _ok(run_python(ALL_PROPS.replace("IMPORT", HIP_PYTHON), url=worker_url))
+    through_hipr = _ok(run_python(ALL_PROPS.replace("IMPORT", HIPR), url=worker_url, proxied=False))
+    assert through_proxy.splitlines() == through_hipr.splitlines()
+    lines = dict(line.split(" ", 1) for line in through_proxy.splitlines())
+    assert len(lines) > 100
+    assert lines["name"] == "str 'hipr emulator'" and lines["gcnArchName"] == "str 'emu'"
+    assert lines["maxTexture2D"] == "list [0, 0]" and lines["luid"].startswith("bytes b'")
 
 
 def test_builtin_kernel_launch_with_extra(worker_url: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 from hipr.protocol.opcodes import Opcode
@@ -22,7 +23,7 @@ from hipr.proxy.build import (
     compiler,
 )
 from hipr.proxy.coverage import coverage, update
-from hipr.proxy.tables import render_tables
+from hipr.proxy.tables import loaded_symbols, render_tables
 
 C_DIR = Path(__file__).resolve().parent / "c"
 SANITIZER_ENV = {
@@ -56,6 +57,30 @@ def test_c_program_under_sanitizers(proxy_libs: None, worker_url: str, tmp_path:
         ]
     )  # fmt: skip
     env = dict(os.environ, HIPR_URL=worker_url, **SANITIZER_ENV)
+    result = subprocess.run(
+        [str(program)], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    _sanitizer_clean(result)
+    assert result.stdout.strip() == "ok"
+
+
+def test_hipcc_path_and_extras_under_sanitizers(
+    proxy_libs: None, worker_url: str, tmp_path: Path
+) -> None:
+    """hipcc's registration (before main), configuration stack and hipLaunchKernel, from
+    four threads at once; R0000 properties, host allocations, pointer attributes, stream
+    flags, capture into a graph, hipExtModuleLaunchKernel (tests/proxy/c/hipcc_check.c)."""
+    libs = tmp_path / "lib"
+    build(libs, sanitize=True)
+    program = tmp_path / "hipcc_check"
+    _cc(
+        [
+            *SANITIZE, *WARNINGS, "-std=c11", str(C_DIR / "hipcc_check.c"), "-o", str(program),
+            f"-L{libs}", "-l:libamdhip64.so", f"-Wl,-rpath,{libs}", "-pthread",
+        ]
+    )  # fmt: skip
+    env = dict(os.environ, HIPR_URL=worker_url, **SANITIZER_ENV)
+    env.pop("HIPCC_CHECK_IMAGE", None)
     result = subprocess.run(
         [str(program)], env=env, capture_output=True, text=True, timeout=120, check=False
     )
@@ -105,6 +130,40 @@ def test_symbol_versions_and_sonames(proxy_libs: None) -> None:
     assert "[libamdhip64.so]" in rtc and "$ORIGIN" in rtc
 
 
+def _exported(library: str) -> set[str]:
+    out = subprocess.run(
+        ["nm", "-D", "--defined-only", str(LIB_DIR / library)],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return {line.split()[-1].split("@")[0] for line in out.splitlines()}
+
+
+def test_every_function_hip_python_loads_is_exported(proxy_libs: None) -> None:
+    """What hip-python dlsyms from libamdhip64.so and libhiprtc.so exists in the proxy's,
+    so that a program or library linked against those names loads."""
+    for library, module in (("libamdhip64.so", "hip"), ("libhiprtc.so", "hiprtc")):
+        missing = set(loaded_symbols(module)) - _exported(library)
+        assert not missing, (library, sorted(missing))
+
+
+UNSERVED = r"""
+import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1])
+calls = [lib.hipMallocArray(None, None, 1, 1, 0) for _ in range(3)]
+calls.append(lib.hipGetLastError())
+print(*calls)
+"""
+
+
+def test_an_unserved_function_returns_not_supported_and_says_so_once(proxy_libs: None) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", UNSERVED, str(LIB_DIR / "libamdhip64.so")],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert result.stdout.split() == ["801", "801", "801", "801"], result.stderr
+    assert result.stderr.count("hipMallocArray is not served") == 1, result.stderr
+
+
 def test_generated_tables_are_current() -> None:
     for name, text in render_tables().items():
         assert (NATIVE / name).read_text() == text, f"run scripts/gen-proxy-tables ({name})"
@@ -135,6 +194,13 @@ def test_generated_tables_are_current() -> None:
         "hiprtcGetCode",
         "hiprtcDestroyProgram",
     } <= served
+
+
+def test_every_function_hipr_hip_serves_the_proxy_serves() -> None:
+    from hipr.facade.coverage import SUPPORTED
+
+    served = {name for name, _, status in coverage() if status == "served"}
+    assert set(SUPPORTED) - served == set()
 
 
 def test_opcodes_match_the_protocol() -> None:

@@ -321,6 +321,20 @@ static int is_device(const void *p) {
     return found;
 }
 
+int hipr_front_alloc_of(const void *p, uint64_t *base, uint64_t *size) {
+    uint64_t a = (uint64_t)(uintptr_t)p;
+    int found = 0;
+    pthread_mutex_lock(&alloc_lock);
+    for (size_t i = 0; i < n_allocs && !found; i++)
+        if (a >= allocs[i].ptr && a - allocs[i].ptr < allocs[i].size) {
+            *base = allocs[i].ptr;
+            *size = allocs[i].size;
+            found = 1;
+        }
+    pthread_mutex_unlock(&alloc_lock);
+    return found;
+}
+
 API hipError_t hipMalloc(void **ptr, size_t size) {
     if (!ptr) return ret(hipErrorInvalidValue);
     *ptr = NULL;
@@ -489,6 +503,7 @@ API hipError_t hipDeviceGetStreamPriorityRange(int *least, int *greatest) {
 
 API hipError_t hipStreamDestroy(hipStream_t stream) {
     if (!stream) return ret(hipErrorInvalidHandle);
+    hipr_capture_forget(stream);
     return ret(on_handle(OP_STREAM_DESTROY, "stream", (uint64_t)(uintptr_t)stream, 0));
 }
 

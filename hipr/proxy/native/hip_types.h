@@ -20,6 +20,7 @@ enum {
     hipErrorNotInitialized = 3,
     hipErrorInvalidDevicePointer = 17,
     hipErrorInvalidMemcpyDirection = 21,
+    hipErrorInvalidConfiguration = 9,
     hipErrorInvalidDeviceFunction = 98,
     hipErrorNoDevice = 100,
     hipErrorInvalidDevice = 101,
@@ -28,7 +29,10 @@ enum {
     hipErrorInvalidHandle = 400,
     hipErrorNotFound = 500,
     hipErrorNotReady = 600,
+    hipErrorIllegalState = 401,
+    hipErrorMissingConfiguration = 52,
     hipErrorNotSupported = 801,
+    hipErrorStreamCaptureUnsupported = 900,
     hipErrorUnknown = 999,
 };
 
@@ -159,6 +163,92 @@ typedef struct hipDeviceProp_tR0600 {
 } hipDeviceProp_tR0600;
 
 _Static_assert(sizeof(hipDeviceProp_tR0600) == 1472, "hipDeviceProp_tR0600 is 1,472 bytes");
+
+/* ROCm 5's hipDeviceProp_t, exported as hipGetDevicePropertiesR0000 and the unversioned
+ * hipGetDeviceProperties (programs built against ROCm 5 headers), as hip-python 5.x's
+ * chip.pxd declares it. */
+typedef struct hipDeviceProp_tR0000 {
+    char name[256];
+    size_t totalGlobalMem;
+    size_t sharedMemPerBlock;
+    int regsPerBlock;
+    int warpSize;
+    int maxThreadsPerBlock;
+    int maxThreadsDim[3];
+    int maxGridSize[3];
+    int clockRate;
+    int memoryClockRate;
+    int memoryBusWidth;
+    size_t totalConstMem;
+    int major;
+    int minor;
+    int multiProcessorCount;
+    int l2CacheSize;
+    int maxThreadsPerMultiProcessor;
+    int computeMode;
+    int clockInstructionRate;
+    hipDeviceArch_t arch;
+    int concurrentKernels;
+    int pciDomainID;
+    int pciBusID;
+    int pciDeviceID;
+    size_t maxSharedMemoryPerMultiProcessor;
+    int isMultiGpuBoard;
+    int canMapHostMemory;
+    int gcnArch;
+    char gcnArchName[256];
+    int integrated;
+    int cooperativeLaunch;
+    int cooperativeMultiDeviceLaunch;
+    int maxTexture1DLinear;
+    int maxTexture1D;
+    int maxTexture2D[2];
+    int maxTexture3D[3];
+    unsigned int *hdpMemFlushCntl;
+    unsigned int *hdpRegFlushCntl;
+    size_t memPitch;
+    size_t textureAlignment;
+    size_t texturePitchAlignment;
+    int kernelExecTimeoutEnabled;
+    int ECCEnabled;
+    int tccDriver;
+    int cooperativeMultiDeviceUnmatchedFunc;
+    int cooperativeMultiDeviceUnmatchedGridDim;
+    int cooperativeMultiDeviceUnmatchedBlockDim;
+    int cooperativeMultiDeviceUnmatchedSharedMem;
+    int isLargeBar;
+    int asicRevision;
+    int managedMemory;
+    int directManagedMemAccessFromHost;
+    int concurrentManagedAccess;
+    int pageableMemoryAccess;
+    int pageableMemoryAccessUsesHostPageTables;
+} hipDeviceProp_tR0000;
+
+_Static_assert(sizeof(hipDeviceProp_tR0000) == 792, "hipDeviceProp_tR0000 is 792 bytes");
+
+enum {
+    hipMemoryTypeUnregistered = 0,
+    hipMemoryTypeHost = 1,
+    hipMemoryTypeDevice = 2,
+};
+
+typedef struct hipPointerAttribute_t {
+    int type; /* hipMemoryType */
+    int device;
+    void *devicePointer;
+    void *hostPointer;
+    int isManaged;
+    unsigned int allocationFlags;
+} hipPointerAttribute_t;
+
+typedef struct { unsigned int x, y, z; } dim3;
+typedef struct hipr_graph *hipGraph_t;
+typedef struct hipr_graph_exec *hipGraphExec_t;
+typedef struct hipr_graph_node *hipGraphNode_t;
+
+enum { hipStreamDefault = 0, hipStreamNonBlocking = 1 };
+enum { hipStreamCaptureStatusNone = 0, hipStreamCaptureStatusActive = 1 };
 
 struct hipr_prop_field {
     const char *name;

@@ -16,6 +16,7 @@
 
 struct hipr_function {
     uint64_t id;
+    char *name; /* hipKernelNameRef */
     /* 0: not asked yet; 1: known; -1: the worker cannot tell. */
     int layout;
     size_t n_params;
@@ -179,6 +180,7 @@ API hipError_t hipModuleGetFunction(hipFunction_t *function, hipModule_t module,
     if (rc == hipSuccess && (hipr_cbor_uint(r.map, "function", &f->id) || !f->id))
         rc = hipErrorUnknown;
     hipr_reply_free(&r);
+    if (rc == hipSuccess && !(f->name = strdup(name))) rc = hipErrorOutOfMemory;
     if (rc) {
         free(f);
         return hipr_front_ret(rc);
@@ -203,13 +205,7 @@ API hipError_t hipModuleUnload(hipModule_t module) {
         rc = hipr_call(hipr_front_device(), OP_MODULE_UNLOAD, &m, NULL, 0, NULL, 0, &r);
         hipr_reply_free(&r);
     }
-    if (rc == hipSuccess) {
-        for (struct hipr_function *f = module->functions, *next; f; f = next) {
-            next = f->next;
-            free(f);
-        }
-        free(module);
-    }
+    if (rc == hipSuccess) hipr_module_forget(module);
     return hipr_front_ret(rc);
 }
 
@@ -316,6 +312,24 @@ static hipError_t launch(struct hipr_function *f, const unsigned grid[3], const 
     memcpy(c.ptrs, ptrs, n_ptrs * sizeof *ptrs);
     return hipr_launch(hipr_front_device(), &c, args, args_len);
 }
+
+hipError_t hipr_module_launch(hipFunction_t f, const unsigned grid[3], const unsigned block[3],
+                              unsigned shared, hipStream_t stream, void **params, void **extra) {
+    if (!f) return hipErrorInvalidHandle;
+    return launch(f, grid, block, shared, stream, params, extra);
+}
+
+void hipr_module_forget(hipModule_t module) {
+    if (!module) return;
+    for (struct hipr_function *f = module->functions, *next; f; f = next) {
+        next = f->next;
+        free(f->name);
+        free(f);
+    }
+    free(module);
+}
+
+API const char *hipKernelNameRef(const hipFunction_t f) { return f ? f->name : NULL; }
 
 API hipError_t hipModuleLaunchKernel(hipFunction_t f, unsigned gx, unsigned gy, unsigned gz,
                                      unsigned bx, unsigned by, unsigned bz, unsigned shared,

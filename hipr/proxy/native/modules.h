@@ -19,4 +19,19 @@ hipError_t hipr_front_ret(hipError_t e);
  * 0 when it is none of these. `limit` bounds what may be read (SIZE_MAX: trust the image). */
 size_t hipr_image_size(const void *image, size_t limit);
 
+/* The device allocation of this session that holds `p` (its base and size): 1, else 0. */
+int hipr_front_alloc_of(const void *p, uint64_t *base, uint64_t *size);
+/* Host memory from hipHostMalloc/hipMallocHost that holds `p`: 1, else 0. */
+int hipr_host_alloc_of(const void *p, uint64_t *base, uint64_t *size);
+
+/* A stream is gone: it is capturing no more (hip_extras.c). */
+void hipr_capture_forget(hipStream_t stream);
+
+/* A launch of `f` (hipModuleLaunchKernel's body, without touching the last error). */
+hipError_t hipr_module_launch(hipFunction_t f, const unsigned grid[3], const unsigned block[3],
+                              unsigned shared, hipStream_t stream, void **params, void **extra);
+/* Frees a module's local bookkeeping without asking the worker (a session that is gone:
+ * a forked child, process exit). */
+void hipr_module_forget(hipModule_t module);
+
 #endif
