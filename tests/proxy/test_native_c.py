@@ -197,7 +197,7 @@ def test_generated_tables_are_current() -> None:
 
 
 def test_every_function_hipr_hip_serves_the_proxy_serves() -> None:
-    from hipr.facade.coverage import SUPPORTED
+    from hipr.facade.hip_names import SUPPORTED
 
     served = {name for name, _, status in coverage() if status == "served"}
     assert set(SUPPORTED) - served == set()
