@@ -22,7 +22,16 @@ from hipr.client.connection import (
 )
 from hipr.client.connection import _view as _bytes_view
 from hipr.client.link import RequestLink
-from hipr.client.objects import DevicePtr, Event, Function, Graph, Module, Stream, handle_id
+from hipr.client.objects import (
+    DevicePtr,
+    Event,
+    Function,
+    Graph,
+    LaunchPlan,
+    Module,
+    Stream,
+    handle_id,
+)
 from hipr.client.timeouts import with_timeouts
 from hipr.errors import HipError, ProtocolError, SessionLostError, invalid_value
 from hipr.kernels.builtins import BUILTINS
@@ -57,6 +66,9 @@ class AsyncGpu:
 
     async def _post(self, opcode: Opcode, args: Any = None, data: Buffer = b"") -> None:
         await self._conn.notify(opcode, args, data)
+
+    async def _launch(self, plan: LaunchPlan, data: bytes) -> None:
+        await self._conn.launch(plan, data)
 
     def worker_info(self) -> dict[str, Any]:
         """What the worker said at HELLO: protocol, worker_version, backend, session_id."""

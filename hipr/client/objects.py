@@ -28,6 +28,7 @@ class AsyncGpu(Protocol):
     def lost(self) -> bool: ...
     async def _call(self, opcode: Opcode, args: Any = None, data: Any = b"") -> Any: ...
     async def _post(self, opcode: Opcode, args: Any = None, data: Any = b"") -> None: ...
+    async def _launch(self, plan: LaunchPlan, data: bytes) -> None: ...
     def _link(self) -> Any: ...
     async def event_elapsed_ms(self, start: Event, end: Event) -> float: ...
 
@@ -272,23 +273,11 @@ class Function(_Handle):
         ``args`` are typed: DevicePtr, numpy scalars, ctypes structures; never plain
         Python ints or floats, whose C width would be a guess.
         """
-        await self._gpu._post(*self._launch_request(grid, block, args, shared_mem, stream))
+        await self._gpu._launch(*self._launch_plan(grid, block, args, shared_mem, stream))
 
     #: Launches the sync client hands its connection as a plan and bytes (see
     #: ``SyncProxy`` and ``BlockingConnection.post_launch``).
     _LAUNCHES = {"launch": "_launch_plan"}
-
-    def _launch_request(
-        self,
-        grid: Dim,
-        block: Dim,
-        args: Sequence[object] = (),
-        shared_mem: int = 0,
-        stream: Stream | None = None,
-    ) -> tuple[Opcode, dict[str, Any], bytes]:
-        """:meth:`launch`'s request: opcode, wire arguments, bytes."""
-        plan, data = self._launch_plan(grid, block, args, shared_mem, stream)
-        return Opcode.LAUNCH_KERNEL, {**plan.wire, "args": data}, b""
 
     def _launch_plan(
         self,
