@@ -28,7 +28,6 @@ import cbor2
 
 from hipr.client.link import (
     PING_FRAME,
-    BatchItem,
     Beat,
     Buffer,
     DirectSink,
@@ -58,7 +57,6 @@ _LINK_ERRORS = (OSError, EOFError)
 _RECEIVE = 1 << 16
 #: Replies with at least this much payload go straight into the caller's buffer.
 _DIRECT_MIN = 1 << 16
-_NO_BYTES = memoryview(b"")
 
 
 class _LinkDown(Exception):
@@ -247,7 +245,7 @@ class BlockingConnection(LinkState):
             generation = self._generation
             sent = self._track(opcode, flags, args, data, pending, progress)
             try:
-                self._send_writes(self._submit_writes(sent, pending is not None))
+                self._send_writes(self._submit_writes(sent, flush=pending is not None))
             except _LINK_ERRORS:
                 pass
             else:
@@ -473,7 +471,7 @@ class BlockingConnection(LinkState):
     # --- the keep-alive thread ---------------------------------------------------------
     def _keep_alive(self) -> None:
         options = self.options
-        period = max(0.01, min(options.heartbeat_interval, options.heartbeat_timeout) / 4)
+        period = self._tick_period()
         while not self._closing and self._broken is None:
             woke = self._keeper_wake.wait(period)
             if woke:
@@ -577,46 +575,50 @@ class BlockingConnection(LinkState):
         """Send a fire-and-forget request: no reply; an error comes with a later call.
         The bytes are copied, so the caller may reuse its buffer at once. Launches of one
         configuration, and small copies on one stream, go in batches (LinkOptions)."""
-        item, view = self._as_post(opcode, args, data)
-        if item is not None:
-            self._post_batched(opcode, args, item)
-        else:
-            self._submit(opcode, Flags.NO_REPLY, args, view, None)
-        if self._needs_barrier():
-            self.call(Opcode.BARRIER)
+        with self._send_lock:
+            if self._broken is not None:
+                raise self._broken
+            writes = self._post_writes(opcode, args, data)
+            if writes is None:
+                return
+            generation = self._generation
+            sent = self._write_posted(writes)
+        self._after_post(sent, generation)
 
     async def launch(self, plan: LaunchPlan, data: bytes) -> None:
         """:meth:`post_launch` (an ``async def`` for the API's coroutines)."""
         self.post_launch(plan, data)
 
     def post_launch(self, plan: LaunchPlan, data: bytes) -> None:
-        """:meth:`post` of a kernel launch from its plan (``Function._launch_plan``), as
-        :meth:`~hipr.client.link.LinkState._as_launch` decides."""
-        item, wire = self._as_launch(plan, data)
-        if item is not None:
-            self._post_batched(Opcode.LAUNCH_KERNEL, wire, item)
-        else:
-            self._submit(Opcode.LAUNCH_KERNEL, Flags.NO_REPLY, wire, _NO_BYTES, None)
-        if self._needs_barrier():
-            self.call(Opcode.BARRIER)
-
-    def _post_batched(self, opcode: int, args: dict[str, Any], item: BatchItem) -> None:
-        """A fire-and-forget request into the open batch, or a new one (LinkState)."""
+        """:meth:`post` of a kernel launch from its plan (``Function._launch_plan``)."""
         with self._send_lock:
             if self._broken is not None:
                 raise self._broken
-            writes = self._post_writes(opcode, args, item)
+            writes = self._launch_writes(plan, data)
             if writes is None:
                 return
             generation = self._generation
-            try:
-                self._send_writes(writes)
-            except _LINK_ERRORS:
-                pass
-            else:
-                self._arm_flush()
-                return
-        self._link_failed(generation)
+            sent = self._write_posted(writes)
+        self._after_post(sent, generation)
+
+    def _write_posted(self, writes: Iterable[Part]) -> bool:
+        """Under the send lock: a fire-and-forget request's writes; False when the link
+        failed under them (the resend carries the request)."""
+        try:
+            self._send_writes(writes)
+        except _LINK_ERRORS:
+            return False
+        if self._flush_due():
+            self._arm_flush()
+        return True
+
+    def _after_post(self, sent: bool, generation: int) -> None:
+        """Out of the send lock: resume a link that failed under the writes, and bound
+        the resend buffer (a barrier's reply acknowledges everything before it)."""
+        if not sent:
+            self._link_failed(generation)
+        if self._needs_barrier():
+            self.call(Opcode.BARRIER)
 
     # --- closing -----------------------------------------------------------------------
     def goodbye(self, timeout: float = 5.0) -> None:

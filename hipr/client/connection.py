@@ -19,7 +19,6 @@ import anyio.abc
 
 from hipr.client.link import (
     PING_FRAME,
-    BatchItem,
     Beat,
     Buffer,
     EventCallback,
@@ -53,7 +52,6 @@ Connector = Callable[[], Awaitable[anyio.abc.ByteStream]]
 _LINK_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 #: Kept for callers that imported the old private name.
 _view = byte_view
-_NO_BYTES = memoryview(b"")
 
 
 class ClientConnection(LinkState):
@@ -169,8 +167,7 @@ class ClientConnection(LinkState):
                 await anyio.aclose_forcefully(stream)
 
     async def _heartbeat(self, scope: anyio.CancelScope) -> None:
-        options = self.options
-        period = max(0.01, min(options.heartbeat_interval, options.heartbeat_timeout) / 4)
+        period = self._tick_period()
         while True:
             await anyio.sleep(period)
             now = time.monotonic()
@@ -267,7 +264,7 @@ class ClientConnection(LinkState):
         try:
             sent = self._track(opcode, flags, args, data, pending, progress)
             with anyio.CancelScope(shield=True):
-                await self._send_writes(self._submit_writes(sent, pending is not None))
+                await self._send_writes(self._submit_writes(sent, flush=pending is not None))
             if self._flush_due():
                 self._outbox_ready.set()
             return sent.request_id
@@ -330,38 +327,36 @@ class ClientConnection(LinkState):
             raise
         return self._result(pending)
 
-    async def _post_batched(self, opcode: int, args: dict[str, Any], item: BatchItem) -> None:
-        """A fire-and-forget request into the open batch, or a new one (LinkState); the
-        flusher sends what waits after ``coalesce_delay``, or the next request does."""
-        await self._hold_send_lock()
-        try:
-            writes = self._post_writes(opcode, args, item)
-            if writes is not None:
-                with anyio.CancelScope(shield=True):
-                    await self._send_writes(writes)
-                self._outbox_ready.set()
-        finally:
-            self._send_lock.release()
-
     async def notify(self, opcode: Opcode, args: Any = None, data: Buffer = b"") -> None:
         """Send a fire-and-forget request: no reply; an error comes with a later call.
         The bytes are copied, so the caller may reuse its buffer at once. Launches of one
         configuration, and small copies on one stream, go in batches (LinkOptions)."""
-        item, view = self._as_post(opcode, args, data)
-        if item is not None:
-            await self._post_batched(opcode, args, item)
-        else:
-            await self._submit(opcode, Flags.NO_REPLY, args, view, None)
+        await self._hold_send_lock()
+        try:
+            writes = self._post_writes(opcode, args, data)
+            if writes is not None:
+                await self._send_posted(writes)
+        finally:
+            self._send_lock.release()
         if self._needs_barrier():
             await self.request(Opcode.BARRIER)
 
     async def launch(self, plan: LaunchPlan, data: bytes) -> None:
-        """A fire-and-forget kernel launch from its plan (``Function._launch_plan``), as
-        :meth:`~hipr.client.link.LinkState._as_launch` decides."""
-        item, wire = self._as_launch(plan, data)
-        if item is not None:
-            await self._post_batched(Opcode.LAUNCH_KERNEL, wire, item)
-        else:
-            await self._submit(Opcode.LAUNCH_KERNEL, Flags.NO_REPLY, wire, _NO_BYTES, None)
+        """A fire-and-forget kernel launch from its plan (``Function._launch_plan``)."""
+        await self._hold_send_lock()
+        try:
+            writes = self._launch_writes(plan, data)
+            if writes is not None:
+                await self._send_posted(writes)
+        finally:
+            self._send_lock.release()
         if self._needs_barrier():
             await self.request(Opcode.BARRIER)
+
+    async def _send_posted(self, writes: Iterable[Part]) -> None:
+        """Write a fire-and-forget request's writes (under the send lock); the flusher
+        sends what waits after ``coalesce_delay``, or the next request does."""
+        with anyio.CancelScope(shield=True):
+            await self._send_writes(writes)
+        if self._flush_due():
+            self._outbox_ready.set()

@@ -21,9 +21,9 @@ import enum
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import structlog
 
@@ -39,6 +39,20 @@ from hipr.client.options import (
     BATCH_COPY_BYTES,
     BATCH_ITEMS,
     LinkOptions,
+)
+from hipr.client.requests import (
+    Buffer,
+    DirectSink,
+    EventCallback,
+    LaunchPlan,
+    Part,
+    Pending,
+    Progress,
+    ReplySink,
+    RequestLink,
+    Sent,
+    byte_view,
+    describe,
 )
 from hipr.errors import (
     AuthError,
@@ -59,25 +73,29 @@ __all__ = [  # what the I/O layers, the API and older imports find here
     "PING_FRAME",
     "PONG_FRAME",
     "Beat",
+    "Buffer",
+    "DirectSink",
+    "EventCallback",
     "Handshake",
     "HandshakeReader",
+    "LaunchPlan",
     "LinkOptions",
     "LinkState",
+    "Part",
+    "Pending",
+    "Progress",
+    "ReplySink",
+    "RequestLink",
+    "Sent",
+    "byte_view",
     "check_first_bytes",
+    "describe",
     "handshake_reply",
     "launch_key",
 ]
 
 log = structlog.get_logger("hipr.client")
 
-Buffer = bytes | bytearray | memoryview
-Part = bytes | bytearray | memoryview
-#: ``progress(done_bytes, total_bytes)``, called as a large copy's chunks go or come, on
-#: the thread that sends or reads them: it should return quickly and not call the Gpu
-#: (a download's callback runs while that thread holds the link for its readers).
-Progress = Callable[[int, int], None]
-#: ``on_event(kind, details)``: kind is disconnected, reconnecting, resumed or session_lost.
-EventCallback = Callable[[str, dict[str, Any]], None]
 #: The absolute deadline (time.monotonic) of the public call under way in this context:
 #: ``timeout=`` on a sync API call sets it; every blocking request of the call obeys it.
 DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
@@ -85,81 +103,6 @@ DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
 )
 #: A request whose frames all fit in one write of at most this many bytes is batched.
 SMALL_REQUEST = 4096
-
-
-class ReplySink(Protocol):
-    """Where a reply's bulk bytes go, chunk by chunk; ``reset`` before a replayed reply."""
-
-    def write(self, chunk: memoryview) -> None:
-        """Take the next chunk."""
-        ...
-
-    def reset(self) -> None:
-        """Forget what was written: the reply is coming again from its start."""
-        ...
-
-
-class LaunchPlan(Protocol):
-    """What a link needs of a kernel's launch plan (``hipr.client.objects.LaunchPlan``):
-    the launches' wire arguments but their bytes, and what a batch of them shares."""
-
-    @property
-    def wire(self) -> dict[str, Any]: ...
-    @property
-    def batch_key(self) -> tuple[Any, ...]: ...
-
-
-class RequestLink(Protocol):
-    """What the API needs of a connection, async or blocking (both implement it)."""
-
-    #: True when requests block the thread instead of suspending (the sync client).
-    inline: bool
-    session_id: str
-
-    @property
-    def broken(self) -> HipError | None: ...
-
-    async def request(
-        self,
-        opcode: Opcode,
-        args: Any = None,
-        data: Buffer = b"",
-        *,
-        sink: ReplySink | None = None,
-        timeout: float | None = None,
-        progress: Progress | None = None,
-    ) -> tuple[Any, bytes]:
-        """Send a request and wait for its reply."""
-        ...
-
-    async def notify(self, opcode: Opcode, args: Any = None, data: Buffer = b"") -> None:
-        """Send a fire-and-forget request."""
-        ...
-
-    async def launch(self, plan: LaunchPlan, data: bytes) -> None:
-        """Send a fire-and-forget kernel launch from its plan and argument bytes."""
-        ...
-
-    def begin_close(self) -> None:
-        """The session is ending on purpose."""
-        ...
-
-    async def aclose(self) -> None:
-        """Close for good."""
-        ...
-
-
-@runtime_checkable
-class DirectSink(ReplySink, Protocol):
-    """A sink whose destination a connection may receive into straight from the socket."""
-
-    def window(self, nbytes: int) -> memoryview | None:
-        """Where the next ``nbytes`` go; None when they would not fit."""
-        ...
-
-    def advance(self, nbytes: int) -> None:
-        """``nbytes`` were written into the last window."""
-        ...
 
 
 #: A request as a batch takes it: (what its batch shares, its bytes, a copy's address).
@@ -178,61 +121,6 @@ class _OpenBatch:
     #: The copies' destinations (empty for launches).
     dsts: list[int]
     nbytes: int
-
-
-@dataclass(slots=True)
-class Pending:
-    """A request waiting for its reply. ``finished`` is the truth; the I/O layer adds
-    its own way to wake the waiter (``waiter``: an anyio Event, or None for blocking
-    callers, which are woken through the connection's condition)."""
-
-    opcode: int
-    sink: ReplySink | None = None
-    waiter: Any = None
-    finished: bool = False
-    result: Any = None
-    error: HipError | None = None
-    bulk: bytearray | None = None
-
-
-@dataclass(slots=True)
-class Sent:
-    """A request on the wire, kept until the worker has provably run it."""
-
-    request_id: int
-    opcode: int
-    flags: Flags
-    args: Any
-    data: memoryview
-    progress: Progress | None = None
-    #: Bytes of its arguments beyond the usual few (a batch's launch buffers).
-    extra: int = 0
-
-    @property
-    def nbytes(self) -> int:
-        return self.data.nbytes + 64 + self.extra
-
-
-def describe(error: BaseException | None) -> str:
-    """An error in a few words, for 'could not reconnect' messages."""
-    if error is None:
-        return "none"
-    if isinstance(error, TimeoutError):
-        return "timed out"
-    return str(error) or type(error).__name__
-
-
-def byte_view(data: Buffer) -> memoryview:
-    """A flat byte view of any C-contiguous buffer, without copying it."""
-    view = memoryview(data)
-    if view.ndim != 1 or view.itemsize != 1:
-        try:
-            view = view.cast("B")
-        except TypeError as exc:
-            raise HipError(
-                1, f"host buffer must be C-contiguous ({exc}); use numpy.ascontiguousarray"
-            ) from None
-    return view
 
 
 class Beat(enum.Enum):
@@ -361,6 +249,12 @@ class LinkState:
             self._last_ping = now
             return Beat.PING
         return Beat.QUIET
+
+    def _tick_period(self) -> float:
+        """How often the I/O layer checks :meth:`_beat` (and flushes) while idle: often
+        enough that neither deadline is overrun by more than a quarter."""
+        options = self.options
+        return max(0.01, min(options.heartbeat_interval, options.heartbeat_timeout) / 4)
 
     def _accept_handshake(self, reply: dict[str, Any]) -> None:
         self.session_id = str(reply.get("session_id", ""))
@@ -590,22 +484,35 @@ class LinkState:
             self._abandon(request_id)
 
     # --- fire-and-forget requests --------------------------------------------------------
-    def _as_post(self, opcode: int, args: Any, data: Buffer) -> tuple[BatchItem | None, memoryview]:
-        """How a fire-and-forget request goes: as an item of a batch, or (None, its bytes
-        copied, so that the caller may reuse its buffer at once) as a frame of its own."""
+    def _post_writes(self, opcode: int, args: Any, data: Buffer) -> Iterable[Part] | None:
+        """A fire-and-forget request (under the send lock): None when it joined the open
+        batch (nothing to write); else the writes that close that batch and open a new
+        one with it, or that put it in the outbox as a frame of its own, its bytes
+        copied so that the caller may reuse its buffer at once. After writes, the
+        caller checks :meth:`_needs_barrier` (so the resend buffer may pass its bound by
+        one batch at most) and arms a delayed flush (:meth:`_flush_due`)."""
         view = byte_view(data)
         item = self._batch_item(opcode, args, view)
-        if item is None and view.nbytes:
+        if item is not None:
+            if self._add_to_batch(item):
+                return None
+            return self._new_batch_writes(opcode, args, item)
+        if view.nbytes:
             view = memoryview(bytes(view))
-        return item, view
+        return self._submit_writes(self._track(opcode, Flags.NO_REPLY, args, view, None, None))
 
-    def _as_launch(self, plan: LaunchPlan, data: bytes) -> tuple[BatchItem | None, dict[str, Any]]:
-        """A launch from its plan (``Function._launch_plan``): an item of a batch whose
-        key and wire arguments are the plan's, made once for every launch of that
-        configuration; else (None, its wire arguments) for a frame of its own."""
+    def _launch_writes(self, plan: LaunchPlan, data: bytes) -> Iterable[Part] | None:
+        """:meth:`_post_writes` of a kernel launch from its plan (``Function._launch_plan``):
+        it joins a batch as its argument bytes, with the plan's wire arguments and the
+        plan's key (one object, made once for every launch of that configuration)."""
         if self._batches:
-            return (plan.batch_key, data, None), plan.wire
-        return None, {**plan.wire, "args": data}
+            item = (plan.batch_key, data, None)
+            if self._add_to_batch(item):
+                return None
+            return self._new_batch_writes(Opcode.LAUNCH_KERNEL, plan.wire, item)
+        wire = {**plan.wire, "args": data}
+        sent = self._track(Opcode.LAUNCH_KERNEL, Flags.NO_REPLY, wire, _NO_BYTES, None, None)
+        return self._submit_writes(sent)
 
     def _needs_barrier(self) -> bool:
         """The resend buffer is over its bound: a BARRIER's reply acknowledges everything
@@ -613,12 +520,22 @@ class LinkState:
         return self._unacked_bytes > self.options.resend_buffer_bytes
 
     # --- what to write (the I/O layer writes each buffer, in order, under its send lock)
-    def _submit_writes(self, sent: Sent, flush: bool) -> Iterator[Part]:
+    def _submit_writes(self, sent: Sent, flush: bool = False) -> Iterable[Part]:
         """The writes of a request just tracked: the open batch first (its id is lower),
         then the request, into the outbox (small) or frame by frame (large); then the
         outbox when ``flush`` (a reply is awaited) or when it holds ``coalesce_bytes``.
         Whatever stays in the outbox waits for :meth:`_flush_writes` (see
         :meth:`_flush_due`)."""
+        if self._batch is None and self._stage(sent):
+            # The common case, without a generator: one small frame, nothing open.
+            if flush or self._outbox_bytes >= self.options.coalesce_bytes:
+                out = self._take_outbox()
+                if out is not None:
+                    return (out,)
+            return ()
+        return self._submit_writes_in_order(sent, flush)
+
+    def _submit_writes_in_order(self, sent: Sent, flush: bool) -> Iterator[Part]:
         batch = self._close_batch()
         if batch is not None and not self._stage(batch):
             yield from self._stream_writes(batch)
@@ -628,16 +545,6 @@ class LinkState:
             out = self._take_outbox()
             if out is not None:
                 yield out
-
-    def _post_writes(self, opcode: int, args: Any, item: BatchItem) -> Iterator[Part] | None:
-        """A fire-and-forget request into the open batch (None: nothing to write), or the
-        writes that close that batch and open a new one with this request. A batch
-        refused for want of room goes at once (a long run is pipelined: the worker issues
-        one frame while the client fills the next); one of another configuration may
-        wait in the outbox, so that alternating kernels share a write."""
-        if self._add_to_batch(item):
-            return None
-        return self._new_batch_writes(opcode, args, item)
 
     def _new_batch_writes(self, opcode: int, args: Any, item: BatchItem) -> Iterator[Part]:
         filled = self._batch_filled(item)
