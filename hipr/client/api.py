@@ -21,8 +21,18 @@ from hipr.client.connection import (
     Progress,
 )
 from hipr.client.connection import _view as _bytes_view
+from hipr.client.direct import Send, sends
 from hipr.client.link import RequestLink
-from hipr.client.objects import DevicePtr, Event, Function, Graph, Module, Stream, handle_id
+from hipr.client.objects import (
+    DevicePtr,
+    Event,
+    Function,
+    Graph,
+    LaunchPlan,
+    Module,
+    Stream,
+    handle_id,
+)
 from hipr.client.timeouts import with_timeouts
 from hipr.errors import HipError, ProtocolError, SessionLostError, invalid_value
 from hipr.kernels.builtins import BUILTINS
@@ -57,6 +67,9 @@ class AsyncGpu:
 
     async def _post(self, opcode: Opcode, args: Any = None, data: Buffer = b"") -> None:
         await self._conn.notify(opcode, args, data)
+
+    async def _launch(self, plan: LaunchPlan, data: bytes) -> None:
+        await self._conn.launch(plan, data)
 
     def worker_info(self) -> dict[str, Any]:
         """What the worker said at HELLO: protocol, worker_version, backend, session_id."""
@@ -106,16 +119,14 @@ class AsyncGpu:
         result = await self._call(Opcode.MEM_GET_INFO)
         return int(result["free"]), int(result["total"])
 
-    async def synchronize(self) -> None:
-        """Wait for all work of the current device; reports asynchronous errors."""
-        await self._call(*self._synchronize_request())
-
-    #: Waits the sync client sends straight from their requests (see ``SyncProxy``).
-    _WAITS = {"synchronize": "_synchronize_request"}
-
     def _synchronize_request(self) -> tuple[Opcode, None, bytes]:
         """:meth:`synchronize`'s request: opcode, wire arguments, bytes."""
         return Opcode.DEVICE_SYNCHRONIZE, None, b""
+
+    @sends(Send.WAIT, _synchronize_request)
+    async def synchronize(self) -> None:
+        """Wait for all work of the current device; reports asynchronous errors."""
+        await self._call(*self._synchronize_request())
 
     # --- memory --------------------------------------------------------------------
     async def malloc(self, size: int) -> DevicePtr:
@@ -153,20 +164,6 @@ class AsyncGpu:
             Opcode.MEMCPY_HTOD, {"dst": int(dst), "size": size}, data, progress=progress
         )
 
-    async def memcpy_htod_async(
-        self,
-        dst: DevicePtr | int,
-        src: Buffer,
-        stream: Stream | None = None,
-        size: int | None = None,
-    ) -> None:
-        """Queue a host-to-device copy on ``stream``. The bytes are sent before this
-        returns, so ``src`` may be reused at once."""
-        await self._post(*self._memcpy_htod_async_request(dst, src, stream, size))
-
-    #: Posts the sync client sends straight from their requests (see ``SyncProxy``).
-    _POSTS = {"memcpy_htod_async": "_memcpy_htod_async_request"}
-
     def _memcpy_htod_async_request(
         self,
         dst: DevicePtr | int,
@@ -178,6 +175,18 @@ class AsyncGpu:
         data, size = _host_source(dst, src, size)
         wire = {"dst": int(dst), "size": size, "stream": handle_id(stream)}
         return Opcode.MEMCPY_HTOD, wire, data
+
+    @sends(Send.POST, _memcpy_htod_async_request)
+    async def memcpy_htod_async(
+        self,
+        dst: DevicePtr | int,
+        src: Buffer,
+        stream: Stream | None = None,
+        size: int | None = None,
+    ) -> None:
+        """Queue a host-to-device copy on ``stream``. The bytes are sent before this
+        returns, so ``src`` may be reused at once."""
+        await self._post(*self._memcpy_htod_async_request(dst, src, stream, size))
 
     def _link(self) -> RequestLink:
         """The connection this object's requests go over."""

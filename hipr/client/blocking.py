@@ -11,62 +11,45 @@ waiting: it reads frames and hands every reply to its owner, then gives the read
 role to the next waiter when its own reply is in (leader/follower). A single caller
 never waits on a condition or another thread.
 
-A small daemon thread keeps an idle link alive (a fire-and-forget PING each
-``heartbeat_interval``, answers to the worker's PINGs), flushes batched
-fire-and-forget frames after ``coalesce_delay`` and notices a dead link while nobody
-calls. It takes no part in a call.
+A small daemon thread keeps an idle link alive (heartbeats as
+:meth:`~hipr.client.link.LinkState._beat` decides, answers to the worker's PINGs),
+flushes batched fire-and-forget frames after ``coalesce_delay`` and notices a closed
+link while nobody calls. It takes no part in a call.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import cbor2
 
 from hipr.client.link import (
-    DEADLINE,
-    BatchItem,
+    PING_FRAME,
+    Beat,
     Buffer,
     DirectSink,
     EventCallback,
+    HandshakeReader,
+    LaunchPlan,
     LinkOptions,
     LinkState,
+    Part,
     Pending,
     Progress,
     ReplySink,
-    Sent,
     byte_view,
-    check_first_bytes,
-    handshake_reply,
     log,
 )
 from hipr.client.stream_io import StreamIO, io_for
 from hipr.client.wait_forecast import FORECAST_OPCODES, WaitForecast, WaitPlan
-from hipr.errors import (
-    AuthError,
-    HipConnectionError,
-    HipError,
-    HipTimeoutError,
-    ProtocolError,
-    SessionLostError,
-    VersionMismatchError,
-)
-from hipr.protocol.codec import (
-    ARGS_LENGTH,
-    Frame,
-    FrameDecoder,
-    encode_frame,
-    encode_frame_parts,
-)
+from hipr.errors import HipConnectionError, HipError, ProtocolError
+from hipr.protocol.codec import ARGS_LENGTH, Frame, FrameDecoder
 from hipr.protocol.header import Flags
-from hipr.protocol.opcodes import Opcode, opcode_name
+from hipr.protocol.opcodes import Opcode
 from hipr.transports.base import BlockingStream
-
-if TYPE_CHECKING:
-    from hipr.client.objects import LaunchPlan
 
 #: Opens a new blocking stream to the worker (the transport's connect_blocking).
 BlockingConnector = Callable[[float], BlockingStream]
@@ -74,7 +57,6 @@ _LINK_ERRORS = (OSError, EOFError)
 _RECEIVE = 1 << 16
 #: Replies with at least this much payload go straight into the caller's buffer.
 _DIRECT_MIN = 1 << 16
-_NO_BYTES = memoryview(b"")
 
 
 class _LinkDown(Exception):
@@ -120,9 +102,6 @@ class BlockingConnection(LinkState):
             FrameDecoder(max_payload),
             0,
         )
-        self._outbox: list[bytes | bytearray | memoryview] = []
-        self._outbox_bytes = 0
-        self._last_sent = time.monotonic()
         self._keeper: threading.Thread | None = None
         self._keeper_wake = threading.Event()
         #: True (under the send lock) from a wake of the keep-alive thread for a flush
@@ -146,47 +125,32 @@ class BlockingConnection(LinkState):
                 self._state.notify_all()
 
     # --- connecting --------------------------------------------------------------------
-    def _handshake(
-        self, stream: BlockingStream, opcode: Opcode, args: dict[str, Any], timeout: float
-    ) -> tuple[dict[str, Any], FrameDecoder]:
-        decoder = FrameDecoder(self._max_payload)
-        stream.settimeout(timeout)
-        for part in encode_frame_parts(opcode, 0, Flags.NONE, args):
-            stream.sendall(part)
-        buffer = bytearray(_RECEIVE)
-        first = True
-        while True:
-            frame = decoder.next_frame()
-            if frame is None:
+    def _shake_hands(
+        self, connector_timeout: float, handshake: HandshakeReader
+    ) -> tuple[BlockingStream, dict[str, Any], FrameDecoder]:
+        """Connect, write the handshake and read until its answer (the I/O of
+        :class:`~hipr.client.link.HandshakeReader`)."""
+        stream = self._connector(connector_timeout)
+        try:
+            stream.settimeout(connector_timeout)
+            for part in handshake.parts:
+                stream.sendall(part)
+            buffer = bytearray(_RECEIVE)
+            while True:
                 try:
                     n = stream.recv_into(buffer)
                 except TimeoutError:
-                    raise HipConnectionError(
-                        message=f"{self.url} accepted the connection but did not answer "
-                        f"{opcode_name(opcode)} within {timeout} s: is it a hipr worker?"
-                    ) from None
-                if not n:
-                    raise HipConnectionError(
-                        message=f"{self.url} closed the connection during the handshake"
-                    )
-                if first:
-                    check_first_bytes(self.url, memoryview(buffer)[:n])
-                    first = False
-                decoder.feed(memoryview(buffer)[:n])
-                continue
-            reply = handshake_reply(frame, opcode, self.url)
-            if reply is not None:
-                return reply, decoder
-
-    def open(self, hello: dict[str, Any]) -> dict[str, Any]:
-        """Connect and say HELLO; the worker's answer. Starts the keep-alive thread."""
-        timeout = self.options.connect_timeout
-        stream = self._connector(timeout)
-        try:
-            reply, decoder = self._handshake(stream, Opcode.HELLO, hello, timeout)
+                    raise handshake.no_answer(connector_timeout) from None
+                reply = handshake.feed(memoryview(buffer)[:n])
+                if reply is not None:
+                    return stream, reply, handshake.decoder
         except BaseException:
             stream.close()
             raise
+
+    def open(self, hello: dict[str, Any]) -> dict[str, Any]:
+        """Connect and say HELLO; the worker's answer. Starts the keep-alive thread."""
+        stream, reply, decoder = self._shake_hands(self.options.connect_timeout, self._hello(hello))
         self._accept_handshake(reply)
         self._install(stream, decoder)
         self._keeper = threading.Thread(
@@ -201,10 +165,7 @@ class BlockingConnection(LinkState):
         # silent), and a read inside a frame: the link is then taken for dead and
         # resumed, as a silent read would be. A reply's wait has its own limit.
         self._io = io_for(stream, self._send_lock, self.options.heartbeat_timeout)
-        self._last_received = self._last_sent = time.monotonic()
-        # Whatever was batched for the old link is in the resend buffer already.
-        self._outbox, self._outbox_bytes = [], 0
-        self._drop_batch()
+        self._link_installed()
         self._generation += 1
         self._reading_side = (self._io, decoder, self._generation)
 
@@ -215,6 +176,7 @@ class BlockingConnection(LinkState):
             if self._generation != generation or self._broken is not None:
                 return
             stream, self._stream = self._stream, None
+            self._link_closed()
             if stream is not None:
                 stream.close()
             if self._closing:
@@ -224,38 +186,26 @@ class BlockingConnection(LinkState):
             self._reconnect()
 
     def _reconnect(self) -> None:
-        last_error: BaseException | None = None
         for attempt, timeout in self._attempts():
             try:
-                stream = self._connector(timeout)
-                try:
-                    reply, decoder = self._handshake(
-                        stream, Opcode.RESUME, self._resume_args(), timeout
-                    )
-                except BaseException:
-                    stream.close()
-                    raise
-            except (SessionLostError, AuthError, VersionMismatchError) as exc:
-                self._cannot_resume(exc)
-                return
+                stream, reply, decoder = self._shake_hands(timeout, self._resume())
             except (HipError, TimeoutError, *_LINK_ERRORS) as exc:
-                last_error = exc
+                if not self._attempt_failed(exc):
+                    return
                 time.sleep(self._backoff())
                 continue
             with self._link_lock:
                 self._install(stream, decoder)
-                again = self._to_resend(int(reply.get("last_executed_id", 0)))
+                again = self._resumed(reply)
             try:
-                for sent in again:
-                    self._write_locked(sent)
-                self._flush_locked()
+                self._send_writes(self._resend_writes(again))
             except _LINK_ERRORS:
                 pass  # the next read finds the link dead again and starts over
             self._emit("resumed", attempt=attempt, resent=len(again))
             with self._state:
                 self._state.notify_all()  # followers: a new link may carry your reply
             return
-        self._gave_up(last_error)
+        self._gave_up()
 
     def _lose(self, error: HipError) -> None:
         super()._lose(error)
@@ -263,17 +213,12 @@ class BlockingConnection(LinkState):
             self._state.notify_all()
 
     # --- sending -----------------------------------------------------------------------
-    def _flush_locked(self, *, close_batch: bool = True) -> None:
-        if close_batch:
-            self._write_batch_locked()
-        if not self._outbox:
-            return
-        batch, self._outbox, self._outbox_bytes = self._outbox, [], 0
+    def _send_writes(self, writes: Iterable[Part]) -> None:
+        """Write what the link state gives, in order (under the send lock)."""
         io = self._io
-        if self._stream is None or io is None:
-            return  # the resend after reconnecting carries these requests
-        io.send_all(b"".join(batch) if len(batch) > 1 else batch[0])
-        self._last_sent = time.monotonic()
+        for part in writes:
+            assert io is not None  # the state writes nothing without a link
+            io.send_all(part)
 
     def _arm_flush(self) -> None:
         """Under the send lock, after writing a fire-and-forget frame that stays in the
@@ -282,39 +227,6 @@ class BlockingConnection(LinkState):
         if not self._flush_armed:
             self._flush_armed = True
             self._keeper_wake.set()
-
-    def _write_batch_locked(self) -> None:
-        """Write the open batch of launches or copies (before anything else is written,
-        so that frames keep the order of their request ids)."""
-        sent = self._close_batch()
-        if sent is not None:
-            self._write_locked(sent)
-
-    def _write_locked(self, sent: Sent) -> None:
-        """Batch a small request; send a large one frame by frame from the caller's
-        buffer (no copy: sendall reads the memoryview)."""
-        total = sent.data.nbytes
-        if self._is_small(sent, self.chunk_bytes):
-            # One frame, flags as given: encoded directly (what _frames would yield
-            # first, without the generator, the slicing and the flag arithmetic).
-            for part in encode_frame_parts(
-                sent.opcode, sent.request_id, sent.flags, sent.args, sent.data
-            ):
-                self._outbox.append(part)
-                self._outbox_bytes += len(part)
-            if sent.progress is not None:
-                sent.progress(total, total)
-            return
-        self._flush_locked()
-        io = self._io
-        if self._stream is None or io is None:
-            return
-        for parts, done in self._frames(sent):
-            for part in parts:
-                io.send_all(part)
-            self._last_sent = time.monotonic()
-            if sent.progress is not None:
-                sent.progress(done, total)
 
     def _submit(
         self,
@@ -333,15 +245,12 @@ class BlockingConnection(LinkState):
             generation = self._generation
             sent = self._track(opcode, flags, args, data, pending, progress)
             try:
-                self._write_batch_locked()
-                self._write_locked(sent)
-                if pending is not None or self._outbox_bytes >= self.options.coalesce_bytes:
-                    self._flush_locked()
-                else:
-                    self._arm_flush()
+                self._send_writes(self._submit_writes(sent, flush=pending is not None))
             except _LINK_ERRORS:
                 pass
             else:
+                if self._flush_due():
+                    self._arm_flush()
                 return sent.request_id
         self._link_failed(generation)
         return sent.request_id
@@ -375,8 +284,10 @@ class BlockingConnection(LinkState):
         while frame is not None:
             if frame.request_id:
                 self._deliver_of(generation, frame)
-            elif self._from_worker(frame):
-                self._send_raw(encode_frame(Opcode.PING, 0, Flags.REPLY))
+            else:
+                answer = self._from_worker(frame)
+                if answer is not None:
+                    self._send_raw(answer)
             frame = decoder.next_frame()
         return True
 
@@ -465,9 +376,8 @@ class BlockingConnection(LinkState):
             if self._stream is None or io is None:
                 return
             try:
-                self._flush_locked()
+                self._send_writes(self._flush_writes())
                 io.send_all(data)
-                self._last_sent = time.monotonic()
             except _LINK_ERRORS:
                 pass
 
@@ -476,8 +386,8 @@ class BlockingConnection(LinkState):
         thread already does."""
         options = self.options
         # Silence counts from when we began to wait, not from the last frame received:
-        # nothing comes back while a link idles (our keep-alive PINGs ask no answer) or
-        # while a long upload holds the send lock, and that is no sign of a dead link.
+        # nobody may have read the link before (a long upload held the send lock, which
+        # the keep-alive thread waits for), and that is no sign of a dead link.
         waiting_since = time.monotonic()
         while not pending.finished:
             with self._state:
@@ -510,14 +420,15 @@ class BlockingConnection(LinkState):
                         now = time.monotonic()
                         if deadline is not None and now >= deadline:
                             raise TimeoutError
-                        silent = now - max(self._last_received, waiting_since)
-                        if silent >= options.heartbeat_timeout:
+                        beat = self._beat(now, waiting_since)
+                        if beat is Beat.DEAD:
+                            silent = now - max(self._last_received, waiting_since)
                             log.warning(
                                 "link silent; treating it as dead", url=self.url, seconds=silent
                             )
                             raise _LinkDown
-                        if silent >= options.heartbeat_interval:
-                            self._send_raw(encode_frame(Opcode.PING, 0))
+                        if beat is Beat.PING:
+                            self._send_raw(PING_FRAME)
                     if self._broken is not None and not pending.finished:
                         raise self._broken
             except _LinkDown:
@@ -560,7 +471,7 @@ class BlockingConnection(LinkState):
     # --- the keep-alive thread ---------------------------------------------------------
     def _keep_alive(self) -> None:
         options = self.options
-        period = max(0.01, min(options.heartbeat_interval, options.heartbeat_timeout) / 4)
+        period = self._tick_period()
         while not self._closing and self._broken is None:
             woke = self._keeper_wake.wait(period)
             if woke:
@@ -571,15 +482,15 @@ class BlockingConnection(LinkState):
             with self._send_lock:
                 self._flush_armed = False
                 try:
-                    if self._outbox or self._batch is not None:
-                        self._flush_locked()
+                    self._send_writes(self._flush_writes())
                 except _LINK_ERRORS:
                     pass
-            self._tend_idle_link(options)
+            self._tend_idle_link()
 
-    def _tend_idle_link(self, options: LinkOptions) -> None:
-        """While nobody reads: answer the worker's PINGs, notice a dead link, and send
-        a heartbeat when we have been quiet for ``heartbeat_interval``."""
+    def _tend_idle_link(self) -> None:
+        """While nobody reads: answer the worker's PINGs, notice a closed link, and send
+        a heartbeat when one is due. Silence is not judged here: this thread polls now
+        and then and misses what a call read meanwhile (the waiting call judges it)."""
         with self._state:
             if self._reading:
                 return
@@ -600,9 +511,8 @@ class BlockingConnection(LinkState):
         # Not in a `finally` that tests the shared flag: after _LinkDown, another thread
         # may hold the reading role by now, and releasing it would let two threads read.
         self._release_reader()
-        if time.monotonic() - self._last_sent >= options.heartbeat_interval:
-            # NO_REPLY: the worker counts it as life and sends nothing back.
-            self._send_raw(encode_frame(Opcode.PING, 0, Flags.NO_REPLY))
+        if self._beat(time.monotonic(), None) is Beat.PING:
+            self._send_raw(PING_FRAME)
 
     # --- requests ----------------------------------------------------------------------
     async def request(
@@ -633,10 +543,7 @@ class BlockingConnection(LinkState):
         """The blocking request itself."""
         view = byte_view(data)
         pending = Pending(opcode, sink)
-        deadline = DEADLINE.get()
-        if timeout is not None:
-            mine = time.monotonic() + timeout
-            deadline = mine if deadline is None else min(deadline, mine)
+        deadline = self._deadline(timeout)
         request_id = 0
         try:
             request_id = self._submit(opcode, Flags.NONE, args, view, pending, progress)
@@ -648,14 +555,9 @@ class BlockingConnection(LinkState):
             else:
                 self._wait(pending, deadline)
         except TimeoutError:
-            self._abandon(request_id)
-            shown = timeout if timeout is not None else "the call's timeout"
-            raise HipTimeoutError(
-                message=f"{opcode_name(opcode)} got no reply within {shown} s"
-            ) from None
+            raise self._timed_out(request_id, opcode, timeout) from None
         except BaseException:
-            if request_id and not pending.finished:
-                self._abandon(request_id)
+            self._stopped_waiting(request_id, pending)
             raise
         return self._result(pending)
 
@@ -673,57 +575,50 @@ class BlockingConnection(LinkState):
         """Send a fire-and-forget request: no reply; an error comes with a later call.
         The bytes are copied, so the caller may reuse its buffer at once. Launches of one
         configuration, and small copies on one stream, go in batches (LinkOptions)."""
-        view = byte_view(data)
-        item = self._batch_item(opcode, args, view)
-        if item is not None:
-            self._post_batched(opcode, args, item)
-        else:
-            if view.nbytes:
-                view = memoryview(bytes(view))
-            self._submit(opcode, Flags.NO_REPLY, args, view, None)
-        if self._unacked_bytes > self.options.resend_buffer_bytes:
-            # Bound the resend buffer: a barrier's reply acknowledges everything before it.
-            self.call(Opcode.BARRIER)
-
-    def post_launch(self, plan: LaunchPlan, data: bytes) -> None:
-        """:meth:`post` of a kernel launch from its plan (``Function._launch_plan``): the
-        launch joins the open batch as its argument bytes, its wire arguments and its
-        batch's key being the plan's, made once for every launch of that configuration."""
-        if self._batches:
-            self._post_batched(Opcode.LAUNCH_KERNEL, plan.wire, (plan.batch_key, data, None))
-        else:
-            wire = {**plan.wire, "args": data}
-            self._submit(Opcode.LAUNCH_KERNEL, Flags.NO_REPLY, wire, _NO_BYTES, None)
-        if self._unacked_bytes > self.options.resend_buffer_bytes:
-            self.call(Opcode.BARRIER)  # as in post()
-
-    def _post_batched(self, opcode: int, args: dict[str, Any], item: BatchItem) -> None:
-        """A fire-and-forget request into the open batch, or a new one (LinkState)."""
         with self._send_lock:
             if self._broken is not None:
                 raise self._broken
-            if self._add_to_batch(item):
+            writes = self._post_writes(opcode, args, data)
+            if writes is None:
                 return
-            filled = self._batch_filled(item)
             generation = self._generation
-            # The batch before goes out (to the outbox; a large copy batch to the wire),
-            # then this one opens, whatever happened: its id is taken now, so a link
-            # that failed under either write resends it with the rest.
-            failed = False
-            try:
-                self._write_batch_locked()
-            except _LINK_ERRORS:
-                failed = True
-            self._open_batch(opcode, args, item)
-            try:
-                if not failed and (filled or self._outbox_bytes >= self.options.coalesce_bytes):
-                    self._flush_locked(close_batch=False)
-            except _LINK_ERRORS:
-                failed = True
-            if not failed:
-                self._arm_flush()
-        if failed:
+            sent = self._write_posted(writes)
+        self._after_post(sent, generation)
+
+    async def launch(self, plan: LaunchPlan, data: bytes) -> None:
+        """:meth:`post_launch` (an ``async def`` for the API's coroutines)."""
+        self.post_launch(plan, data)
+
+    def post_launch(self, plan: LaunchPlan, data: bytes) -> None:
+        """:meth:`post` of a kernel launch from its plan (``Function._launch_plan``)."""
+        with self._send_lock:
+            if self._broken is not None:
+                raise self._broken
+            writes = self._launch_writes(plan, data)
+            if writes is None:
+                return
+            generation = self._generation
+            sent = self._write_posted(writes)
+        self._after_post(sent, generation)
+
+    def _write_posted(self, writes: Iterable[Part]) -> bool:
+        """Under the send lock: a fire-and-forget request's writes; False when the link
+        failed under them (the resend carries the request)."""
+        try:
+            self._send_writes(writes)
+        except _LINK_ERRORS:
+            return False
+        if self._flush_due():
+            self._arm_flush()
+        return True
+
+    def _after_post(self, sent: bool, generation: int) -> None:
+        """Out of the send lock: resume a link that failed under the writes, and bound
+        the resend buffer (a barrier's reply acknowledges everything before it)."""
+        if not sent:
             self._link_failed(generation)
+        if self._needs_barrier():
+            self.call(Opcode.BARRIER)
 
     # --- closing -----------------------------------------------------------------------
     def goodbye(self, timeout: float = 5.0) -> None:
@@ -744,18 +639,12 @@ class BlockingConnection(LinkState):
             stream, self._stream = self._stream, None
             if stream is not None:
                 try:
-                    self._flush_last()
+                    self._send_writes(self._flush_writes())  # what is batched goes last
                 except _LINK_ERRORS:
                     pass
                 stream.close()
+            self._link_closed()
         self._lose(HipConnectionError(message="the connection is closed"))
-
-    def _flush_last(self) -> None:
-        """Send what is batched over the link being closed (``_stream`` already None)."""
-        self._write_batch_locked()
-        if self._outbox and self._io is not None:
-            self._io.send_all(b"".join(self._outbox))
-            self._outbox, self._outbox_bytes = [], 0
 
     async def aclose(self) -> None:
         """Close (the async API's name for :meth:`close`)."""

@@ -11,38 +11,32 @@ replied request, when the batch reaches ``coalesce_bytes``, or after a short del
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import anyio
 import anyio.abc
 
 from hipr.client.link import (
-    BatchItem,
+    PING_FRAME,
+    Beat,
     Buffer,
     EventCallback,
+    HandshakeReader,
+    LaunchPlan,
     LinkOptions,
     LinkState,
+    Part,
     Pending,
     Progress,
     ReplySink,
-    Sent,
     byte_view,
-    check_first_bytes,
-    handshake_reply,
     log,
 )
-from hipr.errors import (
-    AuthError,
-    HipConnectionError,
-    HipError,
-    HipTimeoutError,
-    SessionLostError,
-    VersionMismatchError,
-)
-from hipr.protocol.codec import FrameDecoder, encode_frame, encode_frame_parts
+from hipr.errors import HipConnectionError, HipError
+from hipr.protocol.codec import FrameDecoder
 from hipr.protocol.header import Flags
-from hipr.protocol.opcodes import Opcode, opcode_name
+from hipr.protocol.opcodes import Opcode
 
 __all__ = [
     "Buffer",
@@ -80,8 +74,6 @@ class ClientConnection(LinkState):
         self._decoder = FrameDecoder(max_payload)
         self._link_up = anyio.Event()
         self._send_lock = anyio.Lock()
-        self._outbox: list[bytes | bytearray | memoryview] = []
-        self._outbox_bytes = 0
         self._outbox_ready = anyio.Event()
 
     def _wake(self, pending: Pending) -> None:
@@ -89,49 +81,37 @@ class ClientConnection(LinkState):
             pending.waiter.set()
 
     # --- handshake -------------------------------------------------------------------
-    async def _handshake(
-        self, stream: anyio.abc.ByteStream, opcode: Opcode, args: dict[str, Any]
+    async def _shake_hands(
+        self, stream: anyio.abc.ByteStream, handshake: HandshakeReader
     ) -> tuple[dict[str, Any], FrameDecoder]:
-        """Send HELLO or RESUME on a fresh stream; the worker's reply and the decoder
-        that holds whatever arrived behind it."""
-        decoder = FrameDecoder(self._max_payload)
-        for part in encode_frame_parts(opcode, 0, Flags.NONE, args):
-            await stream.send(part)  # type: ignore[arg-type]
-        first = True
-        while True:
-            frame = decoder.next_frame()
-            if frame is None:
+        """Write the handshake on a fresh stream and read until its answer (the I/O of
+        :class:`~hipr.client.link.HandshakeReader`); closes the stream on failure."""
+        try:
+            for part in handshake.parts:
+                await stream.send(part)  # type: ignore[arg-type]
+            while True:
                 try:
                     data = await stream.receive(RECEIVE_SIZE)
                 except anyio.EndOfStream:
-                    raise HipConnectionError(
-                        message=f"{self.url} closed the connection during the handshake"
-                    ) from None
-                if first:
-                    check_first_bytes(self.url, data)
-                    first = False
-                decoder.feed(data)
-                continue
-            reply = handshake_reply(frame, opcode, self.url)
-            if reply is not None:
-                return reply, decoder
-
-    async def open(self, hello: dict[str, Any]) -> dict[str, Any]:
-        """Connect and say HELLO; the worker's answer."""
-        with anyio.fail_after(self.options.connect_timeout):
-            stream = await self._connector()
-        try:
-            with anyio.fail_after(self.options.connect_timeout):
-                reply, decoder = await self._handshake(stream, Opcode.HELLO, hello)
-        except TimeoutError:
-            await anyio.aclose_forcefully(stream)
-            raise HipConnectionError(
-                message=f"{self.url} accepted the connection but did not answer HELLO within "
-                f"{self.options.connect_timeout} s: is it a hipr worker?"
-            ) from None
+                    data = b""
+                reply = handshake.feed(data)
+                if reply is not None:
+                    return reply, handshake.decoder
         except BaseException:
             await anyio.aclose_forcefully(stream)
             raise
+
+    async def open(self, hello: dict[str, Any]) -> dict[str, Any]:
+        """Connect and say HELLO; the worker's answer."""
+        timeout = self.options.connect_timeout
+        with anyio.fail_after(timeout):
+            stream = await self._connector()
+        handshake = self._hello(hello)
+        try:
+            with anyio.fail_after(timeout):
+                reply, decoder = await self._shake_hands(stream, handshake)
+        except TimeoutError:
+            raise handshake.no_answer(timeout) from None
         self._accept_handshake(reply)
         self._install(stream, decoder)
         return reply
@@ -139,10 +119,7 @@ class ClientConnection(LinkState):
     def _install(self, stream: anyio.abc.ByteStream, decoder: FrameDecoder) -> None:
         self._stream = stream
         self._decoder = decoder
-        self._last_received = time.monotonic()
-        # Whatever was batched for the old link is in the resend buffer already.
-        self._outbox, self._outbox_bytes = [], 0
-        self._drop_batch()
+        self._link_installed()
         self._link_up.set()
 
     # --- the supervisor: one link after another ----------------------------------------
@@ -170,8 +147,10 @@ class ClientConnection(LinkState):
                 for frame in self._decoder.frames():
                     if frame.request_id:
                         self._deliver(frame)
-                    elif self._from_worker(frame):
-                        await self._send_raw(encode_frame_parts(Opcode.PING, 0, Flags.REPLY))
+                    else:
+                        answer = self._from_worker(frame)
+                        if answer is not None:
+                            await self._send_raw(answer)
                 data = await stream.receive(self._decoder.receive_size())
                 self._last_received = time.monotonic()
                 self._decoder.feed(data)
@@ -181,23 +160,26 @@ class ClientConnection(LinkState):
             self._lose(exc)
         finally:
             self._stream = None
+            self._link_closed()
             self._link_up = anyio.Event()
             scope.cancel()
             with anyio.CancelScope(shield=True):
                 await anyio.aclose_forcefully(stream)
 
     async def _heartbeat(self, scope: anyio.CancelScope) -> None:
-        options = self.options
-        period = max(0.01, min(options.heartbeat_interval, options.heartbeat_timeout) / 4)
+        period = self._tick_period()
         while True:
             await anyio.sleep(period)
-            silent = time.monotonic() - self._last_received
-            if silent >= options.heartbeat_timeout:
+            now = time.monotonic()
+            # The reader task reads all the time: silence counts from the last frame.
+            beat = self._beat(now, 0.0)
+            if beat is Beat.DEAD:
+                silent = now - self._last_received
                 log.warning("link silent; treating it as dead", url=self.url, seconds=silent)
                 scope.cancel()
                 return
-            if silent >= options.heartbeat_interval:
-                await self._send_raw(encode_frame_parts(Opcode.PING, 0, Flags.NONE))
+            if beat is Beat.PING:
+                await self._send_raw(PING_FRAME)
 
     async def _flusher(self) -> None:
         while True:
@@ -205,37 +187,26 @@ class ClientConnection(LinkState):
             self._outbox_ready = anyio.Event()
             await anyio.sleep(self.options.coalesce_delay)
             async with self._send_lock:
-                await self._flush_locked()
+                await self._send_writes(self._flush_writes())
 
     async def _reconnect(self) -> bool:
-        last_error: BaseException | None = None
         for attempt, timeout in self._attempts():
             try:
                 with anyio.fail_after(timeout):
                     stream = await self._connector()
-                    try:
-                        reply, decoder = await self._handshake(
-                            stream, Opcode.RESUME, self._resume_args()
-                        )
-                    except BaseException:
-                        await anyio.aclose_forcefully(stream)
-                        raise
-            except (SessionLostError, AuthError, VersionMismatchError) as exc:
-                self._cannot_resume(exc)
-                return False
+                    reply, decoder = await self._shake_hands(stream, self._resume())
             except (HipError, TimeoutError, *_LINK_ERRORS) as exc:
-                last_error = exc
+                if not self._attempt_failed(exc):
+                    return False
                 await anyio.sleep(self._backoff())
                 continue
             async with self._send_lock:
                 self._install(stream, decoder)
-                again = self._to_resend(int(reply.get("last_executed_id", 0)))
-                for sent in again:
-                    await self._write_request_locked(sent)
-                await self._flush_locked()
+                again = self._resumed(reply)
+                await self._send_writes(self._resend_writes(again))
             self._emit("resumed", attempt=attempt, resent=len(again))
             return True
-        self._gave_up(last_error)
+        self._gave_up()
         return False
 
     # --- failure -----------------------------------------------------------------------
@@ -253,67 +224,30 @@ class ClientConnection(LinkState):
             await anyio.aclose_forcefully(stream)
 
     # --- sending -----------------------------------------------------------------------
-    async def _send_raw(self, parts: list[bytes | bytearray | memoryview]) -> None:
-        """Frames outside the request sequence (heartbeats); dropped if the link is down."""
+    async def _send_raw(self, data: bytes) -> None:
+        """A frame outside the request sequence (heartbeats); dropped if the link is down."""
         with anyio.CancelScope(shield=True):
             async with self._send_lock:
                 stream = self._stream
                 if stream is None:
                     return
+                await self._send_writes(self._flush_writes())
                 try:
-                    await self._flush_locked()
-                    for part in parts:
-                        await stream.send(part)  # type: ignore[arg-type]
+                    await stream.send(data)
                 except _LINK_ERRORS:
                     pass
 
-    async def _flush_locked(self) -> None:
-        await self._write_batch_locked()
-        if not self._outbox:
-            return
+    async def _send_writes(self, writes: Iterable[Part]) -> None:
+        """Write what the link state gives, in order (under the send lock). A link that
+        fails meanwhile is left to the reader, which sees it dead; the resend covers
+        what was not written."""
         stream = self._stream
-        batch, self._outbox, self._outbox_bytes = self._outbox, [], 0
-        if stream is None:
-            return  # the resend after reconnecting carries these requests
         try:
-            await stream.send(b"".join(batch))
+            for part in writes:
+                assert stream is not None  # the state writes nothing without a link
+                await stream.send(part)  # type: ignore[arg-type]
         except _LINK_ERRORS:
-            pass  # the reader sees the dead link; resend covers the batch
-
-    async def _write_batch_locked(self) -> None:
-        """Write the open batch of launches or copies (before anything else is written,
-        so that frames keep the order of their request ids)."""
-        sent = self._close_batch()
-        if sent is not None:
-            await self._write_request_locked(sent)
-
-    async def _write_request_locked(self, sent: Sent) -> None:
-        """Put one request's frames in the outbox (small) or on the wire (large)."""
-        total = sent.data.nbytes
-        if self._is_small(sent, self.chunk_bytes):
-            for part in next(self._frames(sent))[0]:
-                self._outbox.append(bytes(part) if isinstance(part, memoryview) else part)
-                self._outbox_bytes += len(part)
-            if sent.progress is not None:
-                sent.progress(total, total)
-            return
-        await self._flush_locked()
-        stream = self._stream
-        if stream is None:
-            return
-        try:
-            for parts, done in self._frames(sent):
-                for part in parts:
-                    await stream.send(part)  # type: ignore[arg-type]
-                if sent.progress is not None:
-                    sent.progress(done, total)
-                if time.monotonic() - self._last_received >= self.options.heartbeat_interval:
-                    # A long upload holds the send lock and hears nothing back: without a
-                    # heartbeat slipped between its chunks (the worker answers PINGs ahead
-                    # of its queue) a live link would be taken for dead mid-copy.
-                    await stream.send(encode_frame(Opcode.PING, 0))
-        except _LINK_ERRORS:
-            pass  # the reader sees the dead link; resend covers this request
+            pass
 
     async def _submit(
         self,
@@ -330,12 +264,9 @@ class ClientConnection(LinkState):
         try:
             sent = self._track(opcode, flags, args, data, pending, progress)
             with anyio.CancelScope(shield=True):
-                await self._write_batch_locked()
-                await self._write_request_locked(sent)
-                if pending is not None or self._outbox_bytes >= self.options.coalesce_bytes:
-                    await self._flush_locked()
-                elif self._outbox:
-                    self._outbox_ready.set()
+                await self._send_writes(self._submit_writes(sent, flush=pending is not None))
+            if self._flush_due():
+                self._outbox_ready.set()
             return sent.request_id
         finally:
             self._send_lock.release()
@@ -377,58 +308,55 @@ class ClientConnection(LinkState):
         """
         view = byte_view(data)
         pending = Pending(opcode, sink, anyio.Event())
+        deadline = self._deadline(timeout)
         request_id = 0
         try:
-            if timeout is None:  # no cancel scope to set up on the common path
+            if deadline is None:  # no cancel scope to set up on the common path
                 request_id = await self._submit(opcode, Flags.NONE, args, view, pending, progress)
                 await pending.waiter.wait()
             else:
-                with anyio.fail_after(timeout):
+                with anyio.fail_after(max(0.0, deadline - time.monotonic())):
                     request_id = await self._submit(
                         opcode, Flags.NONE, args, view, pending, progress
                     )
                     await pending.waiter.wait()
         except TimeoutError:
-            self._abandon(request_id)
-            raise HipTimeoutError(
-                message=f"{opcode_name(opcode)} got no reply within {timeout} s"
-            ) from None
+            raise self._timed_out(request_id, opcode, timeout) from None
         except BaseException:
-            if request_id:
-                self._abandon(request_id)
+            self._stopped_waiting(request_id, pending)
             raise
         return self._result(pending)
-
-    async def _post_batched(self, opcode: int, args: dict[str, Any], item: BatchItem) -> None:
-        """A fire-and-forget request into the open batch, or a new one (LinkState)."""
-        await self._hold_send_lock()
-        try:
-            if not self._add_to_batch(item):
-                filled = self._batch_filled(item)
-                with anyio.CancelScope(shield=True):
-                    # The batch before goes to the outbox, then this one opens; the
-                    # flusher sends it after coalesce_delay, or the next request; a
-                    # full one goes now (pipelined with the posts that follow).
-                    await self._write_batch_locked()
-                    if filled or self._outbox_bytes >= self.options.coalesce_bytes:
-                        await self._flush_locked()
-                    self._open_batch(opcode, args, item)
-                    self._outbox_ready.set()
-        finally:
-            self._send_lock.release()
 
     async def notify(self, opcode: Opcode, args: Any = None, data: Buffer = b"") -> None:
         """Send a fire-and-forget request: no reply; an error comes with a later call.
         The bytes are copied, so the caller may reuse its buffer at once. Launches of one
         configuration, and small copies on one stream, go in batches (LinkOptions)."""
-        view = byte_view(data)
-        item = self._batch_item(opcode, args, view)
-        if item is not None:
-            await self._post_batched(opcode, args, item)
-        else:
-            if view.nbytes:
-                view = memoryview(bytes(view))
-            await self._submit(opcode, Flags.NO_REPLY, args, view, None)
-        if self._unacked_bytes > self.options.resend_buffer_bytes:
-            # Bound the resend buffer: a barrier's reply acknowledges everything before it.
+        await self._hold_send_lock()
+        try:
+            writes = self._post_writes(opcode, args, data)
+            if writes is not None:
+                await self._send_posted(writes)
+        finally:
+            self._send_lock.release()
+        if self._needs_barrier():
             await self.request(Opcode.BARRIER)
+
+    async def launch(self, plan: LaunchPlan, data: bytes) -> None:
+        """A fire-and-forget kernel launch from its plan (``Function._launch_plan``)."""
+        await self._hold_send_lock()
+        try:
+            writes = self._launch_writes(plan, data)
+            if writes is not None:
+                await self._send_posted(writes)
+        finally:
+            self._send_lock.release()
+        if self._needs_barrier():
+            await self.request(Opcode.BARRIER)
+
+    async def _send_posted(self, writes: Iterable[Part]) -> None:
+        """Write a fire-and-forget request's writes (under the send lock); the flusher
+        sends what waits after ``coalesce_delay``, or the next request does."""
+        with anyio.CancelScope(shield=True):
+            await self._send_writes(writes)
+        if self._flush_due():
+            self._outbox_ready.set()

@@ -17,31 +17,85 @@ fire-and-forget requests it already ran and answers replied ones from its reply 
 from __future__ import annotations
 
 import contextvars
+import enum
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
-from hipr.cpus import auto_spin_wait
-from hipr.errors import HipConnectionError, HipError, ProtocolError, SessionLostError
-from hipr.protocol.codec import Frame, encode_frame_parts
-from hipr.protocol.header import MAGIC, MAX_REQUEST_ID, Flags
-from hipr.protocol.opcodes import Opcode
+from hipr.client.handshake import (
+    Handshake,
+    HandshakeReader,
+    check_first_bytes,
+    handshake_reply,
+)
+from hipr.client.options import (
+    _BATCHES_SINCE_MINOR,
+    BATCH_BYTES,
+    BATCH_COPY_BYTES,
+    BATCH_ITEMS,
+    LinkOptions,
+)
+from hipr.client.requests import (
+    Buffer,
+    DirectSink,
+    EventCallback,
+    LaunchPlan,
+    Part,
+    Pending,
+    Progress,
+    ReplySink,
+    RequestLink,
+    Sent,
+    byte_view,
+    describe,
+)
+from hipr.errors import (
+    AuthError,
+    HipError,
+    HipTimeoutError,
+    SessionLostError,
+    VersionMismatchError,
+)
+from hipr.protocol.codec import Frame, encode_frame, encode_frame_parts
+from hipr.protocol.header import MAX_REQUEST_ID, Flags
+from hipr.protocol.opcodes import Opcode, opcode_name
+
+__all__ = [  # what the I/O layers, the API and older imports find here
+    "BATCH_BYTES",
+    "BATCH_COPY_BYTES",
+    "BATCH_ITEMS",
+    "DEADLINE",
+    "PING_FRAME",
+    "PONG_FRAME",
+    "Beat",
+    "Buffer",
+    "DirectSink",
+    "EventCallback",
+    "Handshake",
+    "HandshakeReader",
+    "LaunchPlan",
+    "LinkOptions",
+    "LinkState",
+    "Part",
+    "Pending",
+    "Progress",
+    "ReplySink",
+    "RequestLink",
+    "Sent",
+    "byte_view",
+    "check_first_bytes",
+    "describe",
+    "handshake_reply",
+    "launch_key",
+]
 
 log = structlog.get_logger("hipr.client")
 
-Buffer = bytes | bytearray | memoryview
-Part = bytes | bytearray | memoryview
-#: ``progress(done_bytes, total_bytes)``, called as a large copy's chunks go or come, on
-#: the thread that sends or reads them: it should return quickly and not call the Gpu
-#: (a download's callback runs while that thread holds the link for its readers).
-Progress = Callable[[int, int], None]
-#: ``on_event(kind, details)``: kind is disconnected, reconnecting, resumed or session_lost.
-EventCallback = Callable[[str, dict[str, Any]], None]
 #: The absolute deadline (time.monotonic) of the public call under way in this context:
 #: ``timeout=`` on a sync API call sets it; every blocking request of the call obeys it.
 DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
@@ -49,131 +103,6 @@ DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
 )
 #: A request whose frames all fit in one write of at most this many bytes is batched.
 SMALL_REQUEST = 4096
-
-
-class ReplySink(Protocol):
-    """Where a reply's bulk bytes go, chunk by chunk; ``reset`` before a replayed reply."""
-
-    def write(self, chunk: memoryview) -> None:
-        """Take the next chunk."""
-        ...
-
-    def reset(self) -> None:
-        """Forget what was written: the reply is coming again from its start."""
-        ...
-
-
-class RequestLink(Protocol):
-    """What the API needs of a connection, async or blocking (both implement it)."""
-
-    #: True when requests block the thread instead of suspending (the sync client).
-    inline: bool
-    session_id: str
-
-    @property
-    def broken(self) -> HipError | None: ...
-
-    async def request(
-        self,
-        opcode: Opcode,
-        args: Any = None,
-        data: Buffer = b"",
-        *,
-        sink: ReplySink | None = None,
-        timeout: float | None = None,
-        progress: Progress | None = None,
-    ) -> tuple[Any, bytes]:
-        """Send a request and wait for its reply."""
-        ...
-
-    async def notify(self, opcode: Opcode, args: Any = None, data: Buffer = b"") -> None:
-        """Send a fire-and-forget request."""
-        ...
-
-    def begin_close(self) -> None:
-        """The session is ending on purpose."""
-        ...
-
-    async def aclose(self) -> None:
-        """Close for good."""
-        ...
-
-
-@runtime_checkable
-class DirectSink(ReplySink, Protocol):
-    """A sink whose destination a connection may receive into straight from the socket."""
-
-    def window(self, nbytes: int) -> memoryview | None:
-        """Where the next ``nbytes`` go; None when they would not fit."""
-        ...
-
-    def advance(self, nbytes: int) -> None:
-        """``nbytes`` were written into the last window."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class LinkOptions:
-    """Heartbeats, reconnection and batching of one client connection."""
-
-    #: Send a heartbeat when nothing was received for this long (seconds).
-    heartbeat_interval: float = 5.0
-    #: A link silent for this long is dead.
-    heartbeat_timeout: float = 15.0
-    #: Reconnection gives up after this many attempts ...
-    reconnect_attempts: int = 10
-    #: ... or this many seconds, whichever comes first.
-    reconnect_timeout: float = 60.0
-    #: First backoff delay; doubled after each failed attempt, with jitter.
-    reconnect_delay: float = 0.05
-    reconnect_max_delay: float = 5.0
-    #: Bytes of unacknowledged requests kept for resending before the client waits.
-    resend_buffer_bytes: int = 64 << 20
-    #: Fire-and-forget bytes batched into one write.
-    coalesce_bytes: int = 64 << 10
-    #: Longest a fire-and-forget frame waits for its batch (seconds).
-    coalesce_delay: float = 0.002
-    #: Time for one connection attempt and its handshake.
-    connect_timeout: float = 30.0
-    #: How long the synchronous client polls its socket without sleeping while it waits
-    #: for a reply, before it blocks (seconds; ``None``: :func:`auto_spin_wait`). A
-    #: reply that arrives within it is seen without the kernel waking a sleeping thread,
-    #: which costs tens of µs on a virtual machine: CUDA's ``cudaDeviceScheduleSpin``
-    #: for a remote call. ``0`` always blocks at once; a value as long as a kernel
-    #: (``0.01``) spins through it, one core busy meanwhile. The async client never spins.
-    spin_wait: float | None = None
-    #: While spinning is on (``spin_wait``): a device's, stream's or event's synchronize
-    #: that outlasts the spin sleeps through most of its expected wait (learned from the
-    #: last ones) and polls again from shortly before its end until shortly after (at
-    #: most 250 µs each side), so that the reply finds the caller running
-    #: (:mod:`hipr.client.wait_forecast`). ``False``: block after the spin, as before.
-    forecast_waits: bool = True
-    #: Fire-and-forget launches of one kernel configuration (function, geometry, shared
-    #: memory, stream, pointer offsets), and fire-and-forget host-to-device copies of
-    #: at most :data:`BATCH_COPY_BYTES` on one stream, that follow each other go to the
-    #: worker as one frame, LAUNCH_KERNELS or MEMCPY_HTOD_MANY (protocol 1.1; a worker
-    #: before it gets one frame each). The frame leaves when anything else is sent,
-    #: after ``coalesce_delay``, or at once when it holds :data:`BATCH_ITEMS` items or
-    #: :data:`BATCH_BYTES`, so nothing waits longer than in a batched write, and a long
-    #: run is pipelined: the worker issues one frame while the client fills the next.
-    batch_posts: bool = True
-
-    def spin_seconds(self) -> float:
-        """The spin window in force: ``spin_wait``, or the automatic choice."""
-        return auto_spin_wait() if self.spin_wait is None else max(0.0, self.spin_wait)
-
-
-#: Launches or copies one batch frame carries at most (the worker takes up to 4,096). A
-#: full batch is sent at once: small enough that the worker starts early and issues a
-#: frame while the client posts the next, where frames of 1,024 sent whole at the
-#: synchronize made the worker wait for the client (benchmarks/README.md has the A/B).
-BATCH_ITEMS = 64
-#: Bytes one batch frame carries at most: launch argument buffers, or copied bytes.
-BATCH_BYTES = 64 << 10
-#: Fire-and-forget host-to-device copies of at most this many bytes are batched.
-BATCH_COPY_BYTES = 4096
-#: The protocol minor from which a worker takes LAUNCH_KERNELS and MEMCPY_HTOD_MANY.
-_BATCHES_SINCE_MINOR = 1
 
 
 #: A request as a batch takes it: (what its batch shares, its bytes, a copy's address).
@@ -194,97 +123,22 @@ class _OpenBatch:
     nbytes: int
 
 
-@dataclass(slots=True)
-class Pending:
-    """A request waiting for its reply. ``finished`` is the truth; the I/O layer adds
-    its own way to wake the waiter (``waiter``: an anyio Event, or None for blocking
-    callers, which are woken through the connection's condition)."""
+class Beat(enum.Enum):
+    """What a link's heartbeat check (:meth:`LinkState._beat`) asks of its I/O layer."""
 
-    opcode: int
-    sink: ReplySink | None = None
-    waiter: Any = None
-    finished: bool = False
-    result: Any = None
-    error: HipError | None = None
-    bulk: bytearray | None = None
+    #: Nothing to do.
+    QUIET = 0
+    #: Write :data:`PING_FRAME`.
+    PING = 1
+    #: Nothing heard for ``heartbeat_timeout``: take the link for dead and resume.
+    DEAD = 2
 
 
-@dataclass(slots=True)
-class Sent:
-    """A request on the wire, kept until the worker has provably run it."""
-
-    request_id: int
-    opcode: int
-    flags: Flags
-    args: Any
-    data: memoryview
-    progress: Progress | None = None
-    #: Bytes of its arguments beyond the usual few (a batch's launch buffers).
-    extra: int = 0
-
-    @property
-    def nbytes(self) -> int:
-        return self.data.nbytes + 64 + self.extra
-
-
-def describe(error: BaseException | None) -> str:
-    """An error in a few words, for 'could not reconnect' messages."""
-    if error is None:
-        return "none"
-    if isinstance(error, TimeoutError):
-        return "timed out"
-    return str(error) or type(error).__name__
-
-
-def byte_view(data: Buffer) -> memoryview:
-    """A flat byte view of any C-contiguous buffer, without copying it."""
-    view = memoryview(data)
-    if view.ndim != 1 or view.itemsize != 1:
-        try:
-            view = view.cast("B")
-        except TypeError as exc:
-            raise HipError(
-                1, f"host buffer must be C-contiguous ({exc}); use numpy.ascontiguousarray"
-            ) from None
-    return view
-
-
-@dataclass(slots=True)
-class Handshake:
-    """What HELLO or RESUME answered, and the bytes that arrived behind the answer."""
-
-    reply: dict[str, Any]
-    leftover: list[Frame] = field(default_factory=list)
-
-
-def check_first_bytes(url: str, data: bytes | bytearray | memoryview) -> None:
-    """Refuse a peer whose first bytes are not a frame's magic: it is no hipr worker.
-
-    ``data`` is what arrived first on the connection (any length); the error quotes it,
-    so that an HTTP server (the worker's metrics port) or an SSH banner is recognisable."""
-    head = bytes(data[: len(MAGIC)])
-    if head and not MAGIC.startswith(head):
-        said = bytes(data[:40]).split(b"\n", 1)[0].strip().decode("ascii", "replace")
-        web = said.startswith(("HTTP/", "<"))
-        hint = " (a web server: the worker's metrics port?)" if web else ""
-        raise HipConnectionError(
-            message=f"{url} is not a hipr worker: it answered {said!r}{hint}; "
-            "check the host and port (a worker listens on 18515 by default)"
-        )
-
-
-def handshake_reply(frame: Frame, opcode: int, url: str) -> dict[str, Any] | None:
-    """The worker's answer to HELLO/RESUME in ``frame``; None for a frame to skip (a
-    heartbeat that crossed the handshake); raises the worker's refusal."""
-    if frame.request_id != 0 or frame.opcode not in (opcode, 0):
-        return None
-    if Flags.ERROR in frame.flags:
-        raise HipError.from_wire(frame.args)
-    if frame.error is not None:
-        raise frame.error
-    if not isinstance(frame.args, dict):
-        raise ProtocolError(message=f"unexpected handshake reply from {url}")
-    return frame.args
+#: A heartbeat: a PING outside the request sequence that the worker answers at once,
+#: ahead of its queue, so that the client hears from a live link however busy it is.
+PING_FRAME = encode_frame(Opcode.PING, 0)
+#: The answer to the worker's own heartbeat.
+PONG_FRAME = encode_frame(Opcode.PING, 0, Flags.REPLY)
 
 
 class LinkState:
@@ -317,6 +171,13 @@ class LinkState:
         self._batches = False
         #: The batch of launches or copies not yet written to the outbox (LinkOptions).
         self._batch: _OpenBatch | None = None
+        #: Small frames written but not yet sent: they leave together in one write.
+        self._outbox: list[Part] = []
+        self._outbox_bytes = 0
+        #: A link is installed: frames can be written (else the resend carries them).
+        self._link_open = False
+        self._last_ping = 0.0
+        self._last_attempt_error: BaseException | None = None
 
     # --- events and failure ----------------------------------------------------------
     def _emit(self, kind: str, **details: Any) -> None:
@@ -356,6 +217,44 @@ class LinkState:
         """The session is ending on purpose: a link that drops from now on (the worker
         closes it after GOODBYE) is not a reason to reconnect."""
         self._closing = True
+
+    def _link_installed(self) -> None:
+        """A new link is up (after HELLO or RESUME): what was batched for the old one is
+        in the resend buffer already, and silence counts from now."""
+        self._last_received = self._last_ping = time.monotonic()
+        self._outbox, self._outbox_bytes = [], 0
+        self._drop_batch()
+        self._link_open = True
+
+    def _link_closed(self) -> None:
+        """The link is gone: frames written from now on wait for the resend, which
+        carries the unsent ones too."""
+        self._link_open = False
+        self._outbox, self._outbox_bytes = [], 0
+
+    # --- heartbeats (one rule for both I/O layers) --------------------------------------
+    def _beat(self, now: float, listening_since: float | None) -> Beat:
+        """The heartbeat decision. A PING (answered at once by the worker, see
+        :data:`PING_FRAME`) is due when nothing was heard for ``heartbeat_interval`` and
+        none was sent for as long; the link is dead when nothing was heard for
+        ``heartbeat_timeout`` while someone listened (``listening_since``: when the
+        caller began to read; None for a caller that only polls now and then and so
+        cannot judge silence: the sync client's keep-alive thread, an upload)."""
+        heard = self._last_received
+        if listening_since is not None:
+            heard = max(heard, listening_since)
+            if now - heard >= self.options.heartbeat_timeout:
+                return Beat.DEAD
+        if now - max(heard, self._last_ping) >= self.options.heartbeat_interval:
+            self._last_ping = now
+            return Beat.PING
+        return Beat.QUIET
+
+    def _tick_period(self) -> float:
+        """How often the I/O layer checks :meth:`_beat` (and flushes) while idle: often
+        enough that neither deadline is overrun by more than a quarter."""
+        options = self.options
+        return max(0.01, min(options.heartbeat_interval, options.heartbeat_timeout) / 4)
 
     def _accept_handshake(self, reply: dict[str, Any]) -> None:
         self.session_id = str(reply.get("session_id", ""))
@@ -468,6 +367,17 @@ class LinkState:
     def _resume_args(self) -> dict[str, Any]:
         return {"session_id": self.session_id, "resume_token": self._resume_token}
 
+    def _handshake_reader(self, opcode: Opcode, args: dict[str, Any]) -> HandshakeReader:
+        return HandshakeReader(self.url, opcode, args, self._max_payload)
+
+    def _hello(self, args: dict[str, Any]) -> HandshakeReader:
+        """The first handshake of the session."""
+        return self._handshake_reader(Opcode.HELLO, args)
+
+    def _resume(self) -> HandshakeReader:
+        """The handshake of a reconnection: RESUME with the session's secret."""
+        return self._handshake_reader(Opcode.RESUME, self._resume_args())
+
     # --- reconnection schedule (shared by both I/O layers) --------------------------
     def _attempts(self) -> Iterator[tuple[int, float]]:
         """Reconnection attempts: (number, seconds this attempt may take), until
@@ -491,13 +401,25 @@ class LinkState:
         left = max(0.0, self._retry_deadline - time.monotonic())
         return min(self._retry_delay, left) * random.uniform(0.5, 1.0)
 
-    def _cannot_resume(self, exc: HipError) -> None:
-        """The worker refused the RESUME for good (session gone, token, version)."""
-        self._lose(SessionLostError(message=f"session {self.session_id} cannot resume: {exc}"))
+    def _attempt_failed(self, exc: BaseException) -> bool:
+        """A reconnection attempt failed with ``exc``: True to back off (:meth:`_backoff`)
+        and try again; False when the worker refused the RESUME for good (session gone,
+        token, version), and the session is lost now."""
+        if isinstance(exc, SessionLostError | AuthError | VersionMismatchError):
+            self._lose(SessionLostError(message=f"session {self.session_id} cannot resume: {exc}"))
+            return False
+        self._last_attempt_error = exc
+        return True
 
-    def _gave_up(self, last_error: BaseException | None) -> None:
+    def _resumed(self, reply: dict[str, Any]) -> list[Sent]:
+        """The worker took the RESUME (the new link is installed): what to send again."""
+        self._last_attempt_error = None
+        return self._to_resend(int(reply.get("last_executed_id", 0)))
+
+    def _gave_up(self) -> None:
         """Every reconnection attempt failed: the session is lost."""
         options = self.options
+        last_error = self._last_attempt_error
         self._lose(
             SessionLostError(
                 message=f"lost the link to {self.url} and could not reconnect within "
@@ -541,6 +463,168 @@ class LinkState:
         if sent is not None and sent.data.nbytes:
             sent.data = memoryview(bytes(sent.data))
 
+    def _deadline(self, timeout: float | None) -> float | None:
+        """The absolute deadline (``time.monotonic``) of a request: its own ``timeout``,
+        and the public call's (:data:`DEADLINE`), whichever comes first."""
+        deadline = DEADLINE.get()
+        if timeout is not None:
+            mine = time.monotonic() + timeout
+            deadline = mine if deadline is None else min(deadline, mine)
+        return deadline
+
+    def _timed_out(self, request_id: int, opcode: int, timeout: float | None) -> HipTimeoutError:
+        """The request got no reply in time: its reply is dropped when it comes."""
+        self._abandon(request_id)
+        shown = timeout if timeout is not None else "the call's timeout"
+        return HipTimeoutError(message=f"{opcode_name(opcode)} got no reply within {shown} s")
+
+    def _stopped_waiting(self, request_id: int, pending: Pending) -> None:
+        """The caller left before the reply (cancelled, interrupted)."""
+        if request_id and not pending.finished:
+            self._abandon(request_id)
+
+    # --- fire-and-forget requests --------------------------------------------------------
+    def _post_writes(self, opcode: int, args: Any, data: Buffer) -> Iterable[Part] | None:
+        """A fire-and-forget request (under the send lock): None when it joined the open
+        batch (nothing to write); else the writes that close that batch and open a new
+        one with it, or that put it in the outbox as a frame of its own, its bytes
+        copied so that the caller may reuse its buffer at once. After writes, the
+        caller checks :meth:`_needs_barrier` (so the resend buffer may pass its bound by
+        one batch at most) and arms a delayed flush (:meth:`_flush_due`)."""
+        view = byte_view(data)
+        item = self._batch_item(opcode, args, view)
+        if item is not None:
+            if self._add_to_batch(item):
+                return None
+            return self._new_batch_writes(opcode, args, item)
+        if view.nbytes:
+            view = memoryview(bytes(view))
+        return self._submit_writes(self._track(opcode, Flags.NO_REPLY, args, view, None, None))
+
+    def _launch_writes(self, plan: LaunchPlan, data: bytes) -> Iterable[Part] | None:
+        """:meth:`_post_writes` of a kernel launch from its plan (``Function._launch_plan``):
+        it joins a batch as its argument bytes, with the plan's wire arguments and the
+        plan's key (one object, made once for every launch of that configuration)."""
+        if self._batches:
+            item = (plan.batch_key, data, None)
+            if self._add_to_batch(item):
+                return None
+            return self._new_batch_writes(Opcode.LAUNCH_KERNEL, plan.wire, item)
+        wire = {**plan.wire, "args": data}
+        sent = self._track(Opcode.LAUNCH_KERNEL, Flags.NO_REPLY, wire, _NO_BYTES, None, None)
+        return self._submit_writes(sent)
+
+    def _needs_barrier(self) -> bool:
+        """The resend buffer is over its bound: a BARRIER's reply acknowledges everything
+        before it, so the caller sends one and waits."""
+        return self._unacked_bytes > self.options.resend_buffer_bytes
+
+    # --- what to write (the I/O layer writes each buffer, in order, under its send lock)
+    def _submit_writes(self, sent: Sent, flush: bool = False) -> Iterable[Part]:
+        """The writes of a request just tracked: the open batch first (its id is lower),
+        then the request, into the outbox (small) or frame by frame (large); then the
+        outbox when ``flush`` (a reply is awaited) or when it holds ``coalesce_bytes``.
+        Whatever stays in the outbox waits for :meth:`_flush_writes` (see
+        :meth:`_flush_due`)."""
+        if self._batch is None and self._stage(sent):
+            # The common case, without a generator: one small frame, nothing open.
+            if flush or self._outbox_bytes >= self.options.coalesce_bytes:
+                out = self._take_outbox()
+                if out is not None:
+                    return (out,)
+            return ()
+        return self._submit_writes_in_order(sent, flush)
+
+    def _submit_writes_in_order(self, sent: Sent, flush: bool) -> Iterator[Part]:
+        batch = self._close_batch()
+        if batch is not None and not self._stage(batch):
+            yield from self._stream_writes(batch)
+        if not self._stage(sent):
+            yield from self._stream_writes(sent)
+        if flush or self._outbox_bytes >= self.options.coalesce_bytes:
+            out = self._take_outbox()
+            if out is not None:
+                yield out
+
+    def _new_batch_writes(self, opcode: int, args: Any, item: BatchItem) -> Iterator[Part]:
+        filled = self._batch_filled(item)
+        before = self._close_batch()
+        # Its id is taken now, after the closed batch's: ids still follow wire order.
+        self._open_batch(opcode, args, item)
+        if before is not None and not self._stage(before):
+            yield from self._stream_writes(before)
+        if filled or self._outbox_bytes >= self.options.coalesce_bytes:
+            out = self._take_outbox()
+            if out is not None:
+                yield out
+
+    def _flush_writes(self) -> Iterator[Part]:
+        """Everything written and not yet sent: the open batch, then the outbox."""
+        batch = self._close_batch()
+        if batch is not None and not self._stage(batch):
+            yield from self._stream_writes(batch)
+        out = self._take_outbox()
+        if out is not None:
+            yield out
+
+    def _resend_writes(self, again: list[Sent]) -> Iterator[Part]:
+        """The requests of :meth:`_resumed`, written again in order on the new link."""
+        for sent in again:
+            if not self._stage(sent):
+                yield from self._stream_writes(sent)
+        out = self._take_outbox()
+        if out is not None:
+            yield out
+
+    def _flush_due(self) -> bool:
+        """Something written waits to be sent: the I/O layer sends it after
+        ``coalesce_delay`` unless another write takes it first."""
+        return bool(self._outbox) or self._batch is not None
+
+    def _stage(self, sent: Sent) -> bool:
+        """Put a small request's frame in the outbox: True. False for a request to send
+        frame by frame (:meth:`_stream_writes`)."""
+        data = sent.data
+        total = data.nbytes
+        if total >= SMALL_REQUEST or total >= self.chunk_bytes:
+            return False
+        if self._link_open:
+            parts = encode_frame_parts(sent.opcode, sent.request_id, sent.flags, sent.args, data)
+            for part in parts:
+                self._outbox.append(part)
+                self._outbox_bytes += len(part)
+        if sent.progress is not None:
+            sent.progress(total, total)
+        return True
+
+    def _take_outbox(self) -> Part | None:
+        """The outbox as one buffer to send, emptied; None when empty."""
+        batch = self._outbox
+        if not batch:
+            return None
+        self._outbox, self._outbox_bytes = [], 0
+        return b"".join(batch) if len(batch) > 1 else batch[0]
+
+    def _stream_writes(self, sent: Sent) -> Iterator[Part]:
+        """A large request's writes: the outbox before it, then its frames from the
+        caller's buffer (no copy), progress reported as chunks go, and a heartbeat
+        slipped between chunks when one is due: a long upload holds the link and hears
+        nothing back meanwhile, and the worker answers PINGs ahead of its queue, so a
+        live link is never taken for dead mid-copy. Nothing without a link (the resend
+        after reconnecting carries the request)."""
+        if not self._link_open:
+            return
+        out = self._take_outbox()
+        if out is not None:
+            yield out
+        total = sent.data.nbytes
+        for parts, done in self._frames(sent):
+            yield from parts
+            if sent.progress is not None:
+                sent.progress(done, total)
+            if done < total and self._beat(time.monotonic(), None) is Beat.PING:
+                yield PING_FRAME
+
     def _frames(self, sent: Sent) -> Iterator[tuple[list[Part], int]]:
         """The request's frames: (buffers of one frame, bulk bytes sent once it is out).
         Large requests continue in DATA frames of at most ``chunk_bytes``."""
@@ -561,10 +645,6 @@ class LinkState:
                 encode_frame_parts(Opcode.DATA, sent.request_id, more, None, piece),
                 first.nbytes + offset,
             )
-
-    @staticmethod
-    def _is_small(sent: Sent, chunk_bytes: int) -> bool:
-        return sent.data.nbytes < min(SMALL_REQUEST, chunk_bytes)
 
     def _to_resend(self, last_executed: int) -> list[Sent]:
         """What to send again after RESUME, in order: everything the worker may not have
@@ -627,11 +707,11 @@ class LinkState:
         pending.finished = True
         self._wake(pending)
 
-    def _from_worker(self, frame: Frame) -> bool:
-        """Handle a worker-initiated frame (request id 0); True when it is a heartbeat
-        the I/O layer must answer with a PING reply."""
-        if frame.opcode == Opcode.PING and Flags.REPLY not in frame.flags:
-            return True
+    def _from_worker(self, frame: Frame) -> bytes | None:
+        """Handle a worker-initiated frame (request id 0); the answer to write, if any
+        (:data:`PONG_FRAME` for the worker's heartbeat)."""
+        if frame.opcode == Opcode.PING:
+            return None if frame.flags & _ANSWERED else PONG_FRAME
         if frame.opcode == Opcode.GOODBYE:
             reason = frame.args.get("reason", "") if isinstance(frame.args, dict) else ""
             self._lose(SessionLostError(message=f"the worker ended the session: {reason}"))
@@ -642,7 +722,7 @@ class LinkState:
                 if isinstance(error, SessionLostError)
                 else SessionLostError(message=f"the worker closed the session: {error}")
             )
-        return False
+        return None
 
     @staticmethod
     def _result(pending: Pending) -> tuple[Any, bytes]:
@@ -654,6 +734,7 @@ class LinkState:
 _NO_BYTES = memoryview(b"")
 _MORE = int(Flags.MORE)
 _ERROR = int(Flags.ERROR)
+_ANSWERED = Flags.REPLY | Flags.NO_REPLY
 
 
 def launch_key(wire: dict[str, Any]) -> tuple[Any, ...]:

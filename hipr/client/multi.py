@@ -9,7 +9,10 @@ device; calls that name no object go to the current device's worker.
 This is a layer over the public single-worker API, so one worker costs nothing extra:
 every pointer and handle the multi-worker client returns is the single-worker object
 tagged with the worker that owns it (:class:`WorkerPtr`, :class:`AsyncWorkerHandle`,
-:class:`WorkerHandle`). A call is routed to the worker that owns its objects; a call
+:class:`WorkerHandle`). It is written once, async: :class:`MultiGpu` runs
+:class:`AsyncMultiGpu`'s coroutines in the caller's thread over each worker's blocking
+connection, as :class:`hipr.Gpu` runs :class:`hipr.AsyncGpu`'s (:mod:`hipr.client.sync`).
+A call is routed to the worker that owns its objects; a call
 that mixes objects of two workers fails with ``hipErrorInvalidValue`` naming both,
 except :meth:`AsyncMultiGpu.memcpy_dtod`, which copies across workers through the client.
 
@@ -22,9 +25,8 @@ from __future__ import annotations
 
 import inspect
 import os
-import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager, nullcontext
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,15 +36,18 @@ from hipr.backends.interface import DeviceProperties
 from hipr.client.api import AsyncGpu
 from hipr.client.api import aconnect as aconnect_one
 from hipr.client.objects import DevicePtr, _Handle
-from hipr.client.sync import Gpu
-from hipr.client.sync import connect as connect_one
-from hipr.errors import (
-    HipError,
-    HipErrorCode,
-    HipTimeoutError,
-    SessionLostError,
-    invalid_value,
+from hipr.client.sync import (
+    Gpu,
+    SyncProxy,
+    add_sync_methods,
+    inline_view,
+    register_sync_class,
+    run_inline,
+    wrap,
 )
+from hipr.client.sync import connect as connect_one
+from hipr.client.timeouts import time_limit
+from hipr.errors import HipError, HipErrorCode, SessionLostError, invalid_value
 
 __all__ = [
     "COPY_CHUNK_BYTES",
@@ -86,6 +91,13 @@ class WorkerSlot:
     device_count: int
     tenant: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The async API object the client awaits: ``gpu`` itself for the async client, its
+    #: coroutines run inline for the sync one (``hipr.client.sync.inline_view``).
+    session: Any = None
+
+    def __post_init__(self) -> None:
+        if self.session is None:
+            self.session = inline_view(self.gpu)
 
     @property
     def devices(self) -> range:
@@ -211,6 +223,8 @@ class _Router:
             )
 
     def unwrap(self, value: Any) -> Any:
+        if isinstance(value, SyncProxy):
+            value = value._target
         if isinstance(value, WorkerPtr):
             self._see(value.worker, value)
             return value.plain()
@@ -261,27 +275,25 @@ class AsyncWorkerHandle(_Tagged):
         return call
 
 
-class WorkerHandle(_Tagged):
-    """The synchronous counterpart of :class:`AsyncWorkerHandle`, for :class:`MultiGpu`."""
+class WorkerHandle(SyncProxy):
+    """The synchronous counterpart of :class:`AsyncWorkerHandle`, for :class:`MultiGpu`:
+    its methods block, running the async handle's coroutines in the caller's thread."""
 
-    __slots__ = ()
+    @property
+    def worker(self) -> WorkerSlot:
+        """The worker that owns this object."""
+        worker: WorkerSlot = self._target.worker
+        return worker
 
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._target, name)
-        if name.startswith("_") or not callable(attr) or isinstance(attr, type):
-            return attr
-        worker = self._worker
-        what = f"{getattr(self._target, 'kind', 'handle')}.{name}"
+    @property
+    def target(self) -> Any:
+        """The single-worker handle behind this one (the sync client's)."""
+        target = self._target.target
+        # A worker on a portal thread hands out sync handles already (``inline_view``).
+        return getattr(target, "_sync", None) or wrap(target, run_inline)
 
-        def call(*args: Any, **kwargs: Any) -> Any:
-            router = _Router(what, worker)
-            a, kw = router.args(args, kwargs)
-            worker.check_alive()
-            return _tag(attr(*a, **kw), worker, WorkerHandle)
 
-        call.__name__ = name
-        call.__doc__ = attr.__doc__
-        return call
+register_sync_class(AsyncWorkerHandle, WorkerHandle)
 
 
 def _check_copy(dst: DevicePtr | int, src: DevicePtr | int, size: int) -> None:
@@ -296,14 +308,18 @@ def _ptr_owner(ptr: object) -> WorkerSlot | None:
     return ptr.worker if isinstance(ptr, WorkerPtr) else None
 
 
-class _MultiBase:
-    """What the async and sync multi-worker clients share: the device list and routing."""
+class AsyncMultiGpu:
+    """The devices of several workers as one list, with :class:`hipr.AsyncGpu`'s names
+    (every method a coroutine, ``timeout=`` on each). Made by :func:`hipr.aconnect` when
+    it is given more than one URL."""
 
-    def __init__(self, slots: list[WorkerSlot]) -> None:
+    def __init__(self, slots: list[WorkerSlot], *, inline: bool = False) -> None:
         if not slots:
             raise invalid_value("a multi-worker client needs at least one worker")
         self._slots = slots
         self._current = slots[0]
+        #: The coroutines run without an event loop (inside :class:`MultiGpu`).
+        self._inline = inline
 
     # --- the device list -------------------------------------------------------------
     @property
@@ -325,11 +341,13 @@ class _MultiBase:
     @property
     def session_id(self) -> str:
         """The workers' session ids, comma-separated in worker order."""
-        return ",".join(str(getattr(slot.gpu, "session_id", "")) for slot in self._slots)
+        return ",".join(str(getattr(slot.session, "session_id", "")) for slot in self._slots)
 
     def worker_of(self, obj: object) -> WorkerSlot:
         """The worker that owns ``obj`` (a pointer or handle of this client) or, for a
         device ordinal, the worker whose device it is."""
+        if isinstance(obj, SyncProxy):
+            obj = obj._target
         if isinstance(obj, WorkerPtr):
             return obj.worker
         if isinstance(obj, _Tagged):
@@ -408,13 +426,13 @@ class _MultiBase:
     def worker_info(self) -> dict[str, Any]:
         """What the current device's worker said at HELLO, plus ``workers``: one entry
         per worker with its URL, device ordinals and HELLO reply."""
-        info = dict(self._current.gpu.worker_info())
+        info = dict(self._current.session.worker_info())
         info["workers"] = [
             {
                 "url": slot.url,
                 "devices": list(slot.devices),
                 "lost": slot.lost,
-                **(dict(slot.gpu.worker_info()) if not slot.lost else {}),
+                **(dict(slot.session.worker_info()) if not slot.lost else {}),
             }
             for slot in self._slots
         ]
@@ -424,21 +442,15 @@ class _MultiBase:
         inner = ", ".join(slot.describe() for slot in self._slots)
         return f"<{type(self).__name__} {inner}>"
 
-
-class AsyncMultiGpu(_MultiBase):
-    """The devices of several workers as one list, with :class:`hipr.AsyncGpu`'s names
-    (every method a coroutine, ``timeout=`` on each). Made by :func:`hipr.aconnect` when
-    it is given more than one URL."""
-
     async def _do(self, name: str, *args: Any, **kwargs: Any) -> Any:
         slot, a, kw = self._route(name, args, kwargs)
-        return _tag(await getattr(slot.gpu, name)(*a, **kw), slot, AsyncWorkerHandle)
+        return _tag(await getattr(slot.session, name)(*a, **kw), slot, AsyncWorkerHandle)
 
     def __getattr__(self, name: str) -> Any:
         # A public call of the single-worker API that this class does not spell out
         # (added there later) is routed like the others: by its objects, else to the
         # current device's worker.
-        attr = getattr(self._current.gpu, name) if not name.startswith("_") else None
+        attr = getattr(self._current.session, name) if not name.startswith("_") else None
         if attr is None or not inspect.iscoroutinefunction(attr):
             raise AttributeError(name)
 
@@ -466,20 +478,22 @@ class AsyncMultiGpu(_MultiBase):
         """Make ``device`` (a client-wide ordinal) current: its worker gets later calls."""
         slot = self._slot_of_device(device)
         slot.check_alive()
-        await slot.gpu.set_device(device - slot.first_device, **kw)
+        await slot.session.set_device(device - slot.first_device, **kw)
         self._current = slot
 
     async def get_device(self, **kw: Any) -> int:
         """The current device's client-wide ordinal."""
         slot = self._current
         slot.check_alive()
-        return slot.first_device + int(await slot.gpu.get_device(**kw))
+        return slot.first_device + int(await slot.session.get_device(**kw))
 
     async def device_properties(self, device: int = 0, **kw: Any) -> DeviceProperties:
         """Properties of ``device`` (a client-wide ordinal)."""
         slot = self._slot_of_device(device)
         slot.check_alive()
-        props: DeviceProperties = await slot.gpu.device_properties(device - slot.first_device, **kw)
+        props: DeviceProperties = await slot.session.device_properties(
+            device - slot.first_device, **kw
+        )
         return props
 
     async def mem_get_info(self, **kw: Any) -> tuple[int, int]:
@@ -539,13 +553,8 @@ class AsyncMultiGpu(_MultiBase):
             await self._do("memcpy_dtod", dst, src, size, stream, **kw)
             return
         dst_slot, src_slot, _ = across
-        try:
-            with anyio.fail_after(timeout) if timeout is not None else nullcontext():
-                await self._copy_across(dst_slot, int(dst), src_slot, int(src), size, stream)
-        except TimeoutError:
-            raise HipTimeoutError(
-                message=f"memcpy_dtod across workers did not complete within {timeout} s"
-            ) from None
+        with time_limit("memcpy_dtod across workers", timeout, self._inline):
+            await self._copy_across(dst_slot, int(dst), src_slot, int(src), size, stream)
 
     async def _copy_across(
         self,
@@ -563,12 +572,12 @@ class AsyncMultiGpu(_MultiBase):
         done = 0
         while done < size:
             n = min(chunk.nbytes, size - done)
-            await src_slot.gpu.memcpy_dtoh(src + done, n, out=chunk[:n], stream=on_src)
+            await src_slot.session.memcpy_dtoh(src + done, n, out=chunk[:n], stream=on_src)
             if on_dst is None:
-                await dst_slot.gpu.memcpy_htod(dst + done, chunk[:n])
+                await dst_slot.session.memcpy_htod(dst + done, chunk[:n])
             else:
                 # The bytes leave before this returns, so the buffer is free for the next.
-                await dst_slot.gpu.memcpy_htod_async(dst + done, chunk[:n], on_dst)
+                await dst_slot.session.memcpy_htod_async(dst + done, chunk[:n], on_dst)
             done += n
 
     async def memcpy_peer(
@@ -634,205 +643,22 @@ class AsyncMultiGpu(_MultiBase):
         """End every worker's session (each is also ended by its ``async with``)."""
         for slot in self._slots:
             with anyio.CancelScope(shield=True):
-                await slot.gpu.close()
+                await slot.session.close()
 
 
-class MultiGpu(_MultiBase):
+class MultiGpu(SyncProxy):
     """The devices of several workers as one list for synchronous code, with
     :class:`hipr.Gpu`'s names. Holds one sync :class:`hipr.Gpu` per worker (no event
-    loop of its own). Made by :func:`hipr.connect` when it is given more than one URL."""
+    loop of its own) and runs :class:`AsyncMultiGpu`'s coroutines over them in the
+    caller's thread. Made by :func:`hipr.connect` when it is given more than one URL."""
 
-    def _do(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        slot, a, kw = self._route(name, args, kwargs)
-        return _tag(getattr(slot.gpu, name)(*a, **kw), slot, WorkerHandle)
-
-    def __getattr__(self, name: str) -> Any:
-        # As AsyncMultiGpu.__getattr__: later additions to the single-worker API route.
-        attr = getattr(self._current.gpu, name) if not name.startswith("_") else None
-        if attr is None or not callable(attr):
-            raise AttributeError(name)
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return self._do(name, *args, **kwargs)
-
-        call.__name__ = name
-        call.__doc__ = attr.__doc__
-        return call
-
-    # --- devices -------------------------------------------------------------------
-    def ping(self, **kw: Any) -> float:
-        """Seconds for one null round trip to the current device's worker."""
-        return float(self._do("ping", **kw))
-
-    def admin_status(self, admin_token: str | None = None, **kw: Any) -> dict[str, Any]:
-        """The current device's worker's status (see :meth:`hipr.AsyncGpu.admin_status`)."""
-        return dict(self._do("admin_status", admin_token, **kw))
-
-    def device_count(self, **kw: Any) -> int:
-        """Devices of all workers together (lost workers' included: ordinals never move)."""
-        return sum(slot.device_count for slot in self._slots)
-
-    def set_device(self, device: int, **kw: Any) -> None:
-        """Make ``device`` (a client-wide ordinal) current: its worker gets later calls."""
-        slot = self._slot_of_device(device)
-        slot.check_alive()
-        slot.gpu.set_device(device - slot.first_device, **kw)
-        self._current = slot
-
-    def get_device(self, **kw: Any) -> int:
-        """The current device's client-wide ordinal."""
-        slot = self._current
-        slot.check_alive()
-        return slot.first_device + int(slot.gpu.get_device(**kw))
-
-    def device_properties(self, device: int = 0, **kw: Any) -> DeviceProperties:
-        """Properties of ``device`` (a client-wide ordinal)."""
-        slot = self._slot_of_device(device)
-        slot.check_alive()
-        props: DeviceProperties = slot.gpu.device_properties(device - slot.first_device, **kw)
-        return props
-
-    def mem_get_info(self, **kw: Any) -> tuple[int, int]:
-        """(free, total) bytes of the current device."""
-        free, total = self._do("mem_get_info", **kw)
-        return int(free), int(total)
-
-    def synchronize(self, **kw: Any) -> None:
-        """Wait for all work of the current device."""
-        self._do("synchronize", **kw)
-
-    # --- memory --------------------------------------------------------------------
-    def malloc(self, size: int, **kw: Any) -> WorkerPtr:
-        """Allocate ``size`` bytes on the current device."""
-        result: WorkerPtr = self._do("malloc", size, **kw)
-        return result
-
-    def malloc_htod(self, src: Any, **kw: Any) -> WorkerPtr:
-        """Allocate on the current device a copy of the host buffer ``src``."""
-        result: WorkerPtr = self._do("malloc_htod", src, **kw)
-        return result
-
-    def free(self, ptr: DevicePtr | int, **kw: Any) -> None:
-        """Free an allocation (on the worker that owns it)."""
-        self._do("free", ptr, **kw)
-
-    def memcpy_htod(self, dst: DevicePtr | int, src: Any, *a: Any, **kw: Any) -> None:
-        """Copy a host buffer to ``dst``'s worker."""
-        self._do("memcpy_htod", dst, src, *a, **kw)
-
-    def memcpy_htod_async(self, dst: DevicePtr | int, src: Any, *a: Any, **kw: Any) -> None:
-        """Queue a host-to-device copy on ``dst``'s worker."""
-        self._do("memcpy_htod_async", dst, src, *a, **kw)
-
-    def memcpy_dtoh(self, src: DevicePtr | int, *a: Any, **kw: Any) -> Any:
-        """Copy device bytes from ``src``'s worker to the host."""
-        return self._do("memcpy_dtoh", src, *a, **kw)
-
-    def memcpy_dtod(
-        self,
-        dst: DevicePtr | int,
-        src: DevicePtr | int,
-        size: int,
-        stream: Any = None,
-        *,
-        timeout: float | None = None,
-    ) -> None:
-        """Copy between device ranges; across workers through this client, with the
-        cost described at :meth:`AsyncMultiGpu.memcpy_dtod`."""
-        across = self._across_workers(dst, src, size, stream)
-        if across is None:
-            kw: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
-            self._do("memcpy_dtod", dst, src, size, stream, **kw)
-            return
-        dst_slot, src_slot, stream_slot = across
-        deadline = None if timeout is None else time.monotonic() + timeout
-
-        def left() -> dict[str, Any]:
-            if deadline is None:
-                return {}
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise HipTimeoutError(
-                    message=f"memcpy_dtod across workers did not complete within {timeout} s"
-                )
-            return {"timeout": remaining}
-
-        target = stream.target if isinstance(stream, _Tagged) else None
-        on_src = target if stream is not None and stream_slot is src_slot else None
-        on_dst = target if stream is not None and stream_slot is dst_slot else None
-        chunk = memoryview(bytearray(min(size, COPY_CHUNK_BYTES)))
-        done = 0
-        while done < size:
-            n = min(chunk.nbytes, size - done)
-            src_slot.gpu.memcpy_dtoh(int(src) + done, n, out=chunk[:n], stream=on_src, **left())
-            if on_dst is None:
-                dst_slot.gpu.memcpy_htod(int(dst) + done, chunk[:n], **left())
-            else:
-                dst_slot.gpu.memcpy_htod_async(int(dst) + done, chunk[:n], on_dst, **left())
-            done += n
-
-    def memcpy_peer(
-        self,
-        dst: DevicePtr | int,
-        dst_device: int,
-        src: DevicePtr | int,
-        src_device: int,
-        size: int,
-        **kw: Any,
-    ) -> None:
-        """Copy between devices given by client-wide ordinals (see
-        :meth:`AsyncMultiGpu.memcpy_peer`)."""
-        dst, src = self._peer_pointers(dst, dst_device, src, src_device, size)
-        self.memcpy_dtod(dst, src, size, **kw)
-
-    def memset(self, ptr: DevicePtr | int, value: int, size: int, *a: Any, **kw: Any) -> None:
-        """Set ``size`` bytes at ``ptr`` (on its worker) to the byte ``value``."""
-        self._do("memset", ptr, value, size, *a, **kw)
-
-    # --- streams, events, kernels, graphs -------------------------------------------
-    def stream_create(self, **kw: Any) -> WorkerHandle:
-        """A new stream on the current device."""
-        result: WorkerHandle = self._do("stream_create", **kw)
-        return result
-
-    def event_create(self, **kw: Any) -> WorkerHandle:
-        """A new event on the current device's worker."""
-        result: WorkerHandle = self._do("event_create", **kw)
-        return result
-
-    def event_elapsed_ms(self, start: Any, end: Any, **kw: Any) -> float:
-        """Milliseconds between two completed events of one worker."""
-        return float(self._do("event_elapsed_ms", start, end, **kw))
-
-    def compile(self, source: str, *a: Any, **kw: Any) -> WorkerHandle:
-        """Compile HIP C++ on the current device's worker and load it."""
-        result: WorkerHandle = self._do("compile", source, *a, **kw)
-        return result
-
-    def compile_code(self, source: str, *a: Any, **kw: Any) -> bytes:
-        """Compile HIP C++ on the current device's worker; its code object, unloaded
-        (load it on any worker with :meth:`module_load`)."""
-        return bytes(self._do("compile_code", source, *a, **kw))
-
-    def module_load(self, image: Any, **kw: Any) -> WorkerHandle:
-        """Load a code object on the current device's worker."""
-        result: WorkerHandle = self._do("module_load", image, **kw)
-        return result
-
-    def builtin(self, name: str, **kw: Any) -> WorkerHandle:
-        """A built-in kernel on the current device's worker."""
-        result: WorkerHandle = self._do("builtin", name, **kw)
-        return result
-
-    def graph_create(self, **kw: Any) -> WorkerHandle:
-        """An empty graph on the current device's worker."""
-        result: WorkerHandle = self._do("graph_create", **kw)
-        return result
+    def __init__(self, slots: list[WorkerSlot]) -> None:
+        super().__init__(AsyncMultiGpu(slots, inline=True), run_inline)
 
     def close(self) -> None:
         """End every worker's session; the first error is raised after all are closed."""
         error: BaseException | None = None
-        for slot in self._slots:
+        for slot in self._target.workers:
             try:
                 slot.gpu.close()
             except Exception as exc:
@@ -845,6 +671,9 @@ class MultiGpu(_MultiBase):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+add_sync_methods(MultiGpu, AsyncMultiGpu)
 
 
 def _size_of(ptr: DevicePtr | int, size: int) -> int:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from hipr.client.direct import Send, sends
 from hipr.client.link import launch_key
 from hipr.client.timeouts import with_timeouts
 from hipr.errors import HipError, HipErrorCode, SessionLostError, invalid_value
@@ -28,6 +29,7 @@ class AsyncGpu(Protocol):
     def lost(self) -> bool: ...
     async def _call(self, opcode: Opcode, args: Any = None, data: Any = b"") -> Any: ...
     async def _post(self, opcode: Opcode, args: Any = None, data: Any = b"") -> None: ...
+    async def _launch(self, plan: LaunchPlan, data: bytes) -> None: ...
     def _link(self) -> Any: ...
     async def event_elapsed_ms(self, start: Event, end: Event) -> float: ...
 
@@ -127,16 +129,14 @@ class Stream(_Handle):
 
     kind = "stream"
 
-    async def synchronize(self) -> None:
-        """Wait for the stream's work."""
-        await self._gpu._call(*self._synchronize_request())
-
-    #: Waits the sync client sends straight from their requests (see ``SyncProxy``).
-    _WAITS = {"synchronize": "_synchronize_request"}
-
     def _synchronize_request(self) -> tuple[Opcode, dict[str, Any], bytes]:
         """:meth:`synchronize`'s request: opcode, wire arguments, bytes."""
         return Opcode.STREAM_SYNCHRONIZE, {"stream": self._check()}, b""
+
+    @sends(Send.WAIT, _synchronize_request)
+    async def synchronize(self) -> None:
+        """Wait for the stream's work."""
+        await self._gpu._call(*self._synchronize_request())
 
     async def query(self) -> bool:
         """True when the stream has no pending work."""
@@ -175,16 +175,14 @@ class Event(_Handle):
             Opcode.EVENT_RECORD, {"event": self._check(), "stream": handle_id(stream)}
         )
 
-    async def synchronize(self) -> None:
-        """Wait for the event."""
-        await self._gpu._call(*self._synchronize_request())
-
-    #: Waits the sync client sends straight from their requests (see ``SyncProxy``).
-    _WAITS = {"synchronize": "_synchronize_request"}
-
     def _synchronize_request(self) -> tuple[Opcode, dict[str, Any], bytes]:
         """:meth:`synchronize`'s request: opcode, wire arguments, bytes."""
         return Opcode.EVENT_SYNCHRONIZE, {"event": self._check()}, b""
+
+    @sends(Send.WAIT, _synchronize_request)
+    async def synchronize(self) -> None:
+        """Wait for the event."""
+        await self._gpu._call(*self._synchronize_request())
 
     async def query(self) -> bool:
         """True when the event has completed."""
@@ -259,37 +257,6 @@ class Function(_Handle):
         #: fails at ``launch()``, not at the next synchronize.
         self._builtin = builtin
 
-    async def launch(
-        self,
-        grid: Dim,
-        block: Dim,
-        args: Sequence[object] = (),
-        shared_mem: int = 0,
-        stream: Stream | None = None,
-    ) -> None:
-        """Launch the kernel (asynchronous: a failure surfaces at the next sync).
-
-        ``args`` are typed: DevicePtr, numpy scalars, ctypes structures; never plain
-        Python ints or floats, whose C width would be a guess.
-        """
-        await self._gpu._post(*self._launch_request(grid, block, args, shared_mem, stream))
-
-    #: Launches the sync client hands its connection as a plan and bytes (see
-    #: ``SyncProxy`` and ``BlockingConnection.post_launch``).
-    _LAUNCHES = {"launch": "_launch_plan"}
-
-    def _launch_request(
-        self,
-        grid: Dim,
-        block: Dim,
-        args: Sequence[object] = (),
-        shared_mem: int = 0,
-        stream: Stream | None = None,
-    ) -> tuple[Opcode, dict[str, Any], bytes]:
-        """:meth:`launch`'s request: opcode, wire arguments, bytes."""
-        plan, data = self._launch_plan(grid, block, args, shared_mem, stream)
-        return Opcode.LAUNCH_KERNEL, {**plan.wire, "args": data}, b""
-
     def _launch_plan(
         self,
         grid: Dim,
@@ -329,6 +296,22 @@ class Function(_Handle):
                 self._plans[key] = plan
             return plan, pack_args(args).data
         return plan, plan.pack(args)
+
+    @sends(Send.LAUNCH, _launch_plan)
+    async def launch(
+        self,
+        grid: Dim,
+        block: Dim,
+        args: Sequence[object] = (),
+        shared_mem: int = 0,
+        stream: Stream | None = None,
+    ) -> None:
+        """Launch the kernel (asynchronous: a failure surfaces at the next sync).
+
+        ``args`` are typed: DevicePtr, numpy scalars, ctypes structures; never plain
+        Python ints or floats, whose C width would be a guess.
+        """
+        await self._gpu._launch(*self._launch_plan(grid, block, args, shared_mem, stream))
 
     def _new_plan(
         self,

@@ -20,7 +20,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from hipr.client.multi import AsyncMultiGpu, MultiGpu
+from hipr.client.multi import AsyncMultiGpu
+from hipr.client.sync import run_sync
 from hipr.errors import AuthError, HipError, HipErrorCode, SessionLostError
 
 __all__ = ["DeviceLoad", "apick_device", "arank_devices", "pick_device", "rank_devices"]
@@ -56,9 +57,11 @@ class _Worker:
 
 
 def _workers(gpu: Any, count: int | None) -> list[_Worker]:
-    if isinstance(gpu, AsyncMultiGpu | MultiGpu):
+    if isinstance(gpu, AsyncMultiGpu):
         return [
-            _Worker(s.url, s.gpu, s.first_device, s.device_count) for s in gpu.workers if not s.lost
+            _Worker(s.url, s.session, s.first_device, s.device_count)
+            for s in gpu.workers
+            if not s.lost
         ]
     assert count is not None
     return [_Worker("", gpu, 0, count)]
@@ -166,30 +169,10 @@ async def apick_device(
 
 def rank_devices(gpu: Any, *, admin_token: str | None = None) -> list[DeviceLoad]:
     """Every live device of ``gpu`` (a :class:`~hipr.Gpu` or a multi-worker one) with
-    what placement knows of it, best first. The current device is left as it was."""
-    token = _token(admin_token)
-    single_count = None if isinstance(gpu, MultiGpu) else gpu.device_count()
-    loads: list[DeviceLoad] = []
-    for worker in _workers(gpu, single_count):
-        g = worker.gpu
-        try:
-            previous = g.get_device()
-            memory = []
-            for local in range(worker.count):
-                g.set_device(local)
-                memory.append(g.mem_get_info())
-            g.set_device(previous)
-            status = None
-            if token:
-                try:
-                    status = g.admin_status(token)
-                except AuthError:
-                    status = None
-            tenant = str(g.worker_info().get("tenant", ""))
-        except SessionLostError:
-            continue
-        loads += _loads_of(worker, memory, status, tenant)
-    return _rank(loads)
+    what placement knows of it, best first. The current device is left as it was.
+    (:func:`arank_devices`, run in the caller's thread.)"""
+    result: list[DeviceLoad] = run_sync(arank_devices, gpu, admin_token=admin_token)
+    return result
 
 
 def pick_device(
@@ -198,8 +181,7 @@ def pick_device(
     """The ordinal of the best device of ``gpu`` for new work needing ``min_free``
     bytes: ``hipr.pick_device(gpu, min_free=2 << 30)``. Made current when ``select``;
     HipError (hipErrorOutOfMemory) when no device qualifies. Async code uses
-    :func:`apick_device`."""
-    best = _choose(rank_devices(gpu, admin_token=admin_token), min_free)
-    if select:
-        gpu.set_device(best.device)
-    return best.device
+    :func:`apick_device` (this is it, run in the caller's thread)."""
+    return int(
+        run_sync(apick_device, gpu, min_free=min_free, admin_token=admin_token, select=select)
+    )

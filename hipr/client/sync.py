@@ -24,6 +24,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hipr._version import __version__
 from hipr.client.api import DEFAULT_URL, AsyncGpu, aconnect, check_hello, hello_args
 from hipr.client.blocking import BlockingConnection
+from hipr.client.direct import declared_send
 from hipr.client.link import EventCallback, LinkOptions
 from hipr.client.objects import _Handle
 from hipr.protocol.codec import DEFAULT_MAX_PAYLOAD
@@ -66,18 +67,15 @@ def _unwrap(value: Any) -> Any:
 
 def _direct(
     call: Callable[..., Any],
-    request: Callable[..., tuple[Any, Any, Any]],
-    send: Callable[[Any, Any, Any], None],
+    request: Callable[..., tuple[Any, ...]],
+    send: Callable[..., None],
 ) -> Callable[..., Any]:
-    """``call``, an API method whose body only sends one request and returns nothing,
-    as a direct send on the blocking connection: ``request`` (the method's own request
-    builder, which the async method sends too) gives the opcode, arguments and bytes,
-    and ``send`` sends them (``BlockingConnection.post`` for a fire-and-forget call,
-    ``wait_for_reply`` for a synchronize), with no coroutine to run. Launches and
-    synchronizes are the calls a program makes most, and each coroutine layer is a
-    measurable part of their cost to the caller (``benchmarks.pieces``). A ``timeout=``
-    goes the general way. Arguments are not unwrapped: a request builder reads handles
-    only through ``handle_id``, which a proxy answers as its handle does."""
+    """``call``, an API method declared with :func:`~hipr.client.direct.sends`, as a
+    direct send on the blocking connection: ``request`` (the method's own request
+    builder, which the async method sends too) gives what ``send`` takes, with no
+    coroutine to run. A ``timeout=`` goes the general way. Arguments are not unwrapped:
+    a request builder reads handles only through ``handle_id``, which a proxy answers as
+    its handle does."""
 
     @functools.wraps(call)
     def fast(*args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
@@ -89,19 +87,15 @@ def _direct(
     return fast
 
 
-#: The API's tables of methods that send straight from a request builder, and the
-#: blocking connection's method that sends each kind (a launch: its plan and bytes).
-_DIRECT = (("_POSTS", "post"), ("_WAITS", "wait_for_reply"), ("_LAUNCHES", "post_launch"))
-
-
 class SyncProxy:
     """Wraps an async API object; its coroutine methods become blocking calls.
 
     Each class of wrapped object has a sync class of its own (:func:`sync_class`), with
     a real method per public method of the async class, carrying its name, signature and
     docstring, so ``dir()``, ``help()`` and the API reference show them. On first use a
-    method makes the instance's blocking version (a direct send for launches and posts)
-    and keeps it on the instance, so later calls find it as a plain attribute."""
+    method makes the instance's blocking version (a direct send for the methods that
+    declare one, :mod:`hipr.client.direct`) and keeps it on the instance, so later calls
+    find it as a plain attribute."""
 
     def __init__(self, target: Any, runner: Runner) -> None:
         self._target = target
@@ -121,18 +115,14 @@ class SyncProxy:
                 args = tuple([_unwrap(a) for a in args])
             if kwargs:
                 kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
-            result = runner(attr, args, kwargs)
-            return (
-                sync_class(type(result))(result, runner) if isinstance(result, _Handle) else result
-            )
+            return wrap(runner(attr, args, kwargs), runner)
 
         method: Callable[..., Any] = call
-        if runner is run_inline:
-            for table, sender in _DIRECT:
-                request_of = getattr(self._target, table, {}).get(name)
-                if request_of is not None:
-                    send = getattr(self._target._link(), sender)
-                    method = _direct(call, getattr(self._target, request_of), send)
+        declared = declared_send(attr) if runner is run_inline else None
+        if declared is not None:
+            how, builder = declared
+            send = getattr(self._target._link(), how.value)
+            method = _direct(call, builder.__get__(self._target), send)
         self.__dict__[name] = method
         return method
 
@@ -172,9 +162,33 @@ def _sync_method(name: str, coroutine_function: Callable[..., Any]) -> Callable[
     return method
 
 
+def _delegate(name: str, member: Any) -> Any:
+    """A public property or plain method of the async class, read through the proxy."""
+    if isinstance(member, property):
+        return property(lambda self: getattr(self._target, name), doc=member.__doc__)
+
+    @functools.wraps(member)
+    def method(self: SyncProxy, *args: Any, **kwargs: Any) -> Any:
+        if args:
+            args = tuple([_unwrap(a) for a in args])
+        return getattr(self._target, name)(*args, **kwargs)
+
+    del method.__wrapped__  # type: ignore[attr-defined]
+    return method
+
+
 def add_sync_methods(cls: type[SyncProxy], async_cls: type) -> None:
     """Give ``cls`` a blocking method for each public coroutine method of ``async_cls``
-    that ``cls`` does not define itself."""
+    that ``cls`` does not define itself, and the async class's public properties and
+    plain methods, read through the proxy (so that ``dir()`` and the reference show
+    the same names on both)."""
+    for name, member in inspect.getmembers(async_cls):
+        if name.startswith("_") or name in cls.__dict__ or hasattr(SyncProxy, name):
+            continue
+        if isinstance(member, property) or (
+            inspect.isfunction(member) and not inspect.iscoroutinefunction(member)
+        ):
+            setattr(cls, name, _delegate(name, member))
     for name, fn in inspect.getmembers(async_cls, inspect.iscoroutinefunction):
         if not name.startswith("_") and name not in cls.__dict__:
             method = _sync_method(name, fn)
@@ -188,6 +202,79 @@ def add_sync_methods(cls: type[SyncProxy], async_cls: type) -> None:
 
 
 _SYNC_CLASSES: dict[type, type[SyncProxy]] = {}
+
+
+def register_sync_class(async_cls: type, cls: type[SyncProxy]) -> None:
+    """Results of type ``async_cls`` come back to sync code wrapped in ``cls`` (a class
+    written by hand, such as the multi-worker client's handles)."""
+    _SYNC_CLASSES[async_cls] = cls
+
+
+def wrap(result: Any, runner: Runner) -> Any:
+    """A result of an API coroutine as sync code gets it: a handle (or any object of a
+    registered async class) in its sync class, anything else as it is."""
+    cls = _SYNC_CLASSES.get(type(result))
+    if cls is None:
+        if not isinstance(result, _Handle):
+            return result
+        cls = sync_class(type(result))
+    return cls(result, runner)
+
+
+def inline_view(obj: Any) -> Any:
+    """The async API object to drive with :func:`run_inline` for ``obj``: a sync client
+    object's own async target where its coroutines run inline (a blocking connection),
+    an object whose coroutines never suspend where it runs on a portal thread (a
+    transport without a blocking connect), an async object as it is."""
+    if not isinstance(obj, SyncProxy):
+        return obj
+    if obj._runner is run_inline:
+        return obj._target
+    return _NoSuspend(obj)
+
+
+class _NoSuspend:
+    """A sync client object seen as an async one whose coroutines never suspend: each
+    runs the sync call (on its portal thread) and returns. Handles it returns are seen
+    the same way, and arguments of this kind are handed back as the sync objects."""
+
+    __slots__ = ("_sync",)
+
+    def __init__(self, sync: SyncProxy) -> None:
+        self._sync = sync
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._sync, name)
+        if name.startswith("_") or not inspect.iscoroutinefunction(
+            getattr(self._sync._target, name, None)
+        ):
+            return attr  # not a coroutine of the async API: the same on both sides
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            args = tuple(a._sync if isinstance(a, _NoSuspend) else a for a in args)
+            kwargs = {k: v._sync if isinstance(v, _NoSuspend) else v for k, v in kwargs.items()}
+            result = attr(*args, **kwargs)
+            return _NoSuspend(result) if isinstance(result, SyncProxy) else result
+
+        call.__name__ = name
+        call.__doc__ = attr.__doc__
+        return call
+
+    def __eq__(self, other: object) -> bool:
+        mine = other._sync if isinstance(other, _NoSuspend) else other
+        return bool(self._sync == mine)
+
+    def __hash__(self) -> int:
+        return hash(self._sync)
+
+    def __repr__(self) -> str:
+        return repr(self._sync)
+
+
+def run_sync(fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any, **kwargs: Any) -> Any:
+    """Run an async API function (placement's, say) for sync client objects: each
+    argument is seen through :func:`inline_view`, and the coroutine runs inline."""
+    return run_inline(fn, tuple(inline_view(a) for a in args), kwargs)
 
 
 def sync_class(async_cls: type) -> type[SyncProxy]:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import functools
 import inspect
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import anyio
@@ -23,26 +24,37 @@ from hipr.errors import HipTimeoutError
 C = TypeVar("C", bound=type)
 
 
+@contextmanager
+def time_limit(name: str, timeout: float | None, inline: bool) -> Iterator[None]:
+    """Bound a whole call of several requests by ``timeout`` seconds (None: no bound):
+    through :data:`DEADLINE` where its coroutines run inline on a blocking connection
+    (no event loop), else as an anyio deadline. Raises HipTimeoutError naming ``name``."""
+    if timeout is None:
+        yield
+        return
+    if inline:
+        token = DEADLINE.set(time.monotonic() + timeout)
+        try:
+            yield
+        except HipTimeoutError:
+            raise HipTimeoutError(message=f"{name} did not complete within {timeout} s") from None
+        finally:
+            DEADLINE.reset(token)
+        return
+    try:
+        with anyio.fail_after(timeout):
+            yield
+    except TimeoutError:
+        raise HipTimeoutError(message=f"{name} did not complete within {timeout} s") from None
+
+
 def _timed(name: str, method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     @functools.wraps(method)
     async def call(*args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
         if timeout is None:
             return await method(*args, **kwargs)
-        if _runs_inline(args[0]):
-            token = DEADLINE.set(time.monotonic() + timeout)
-            try:
-                return await method(*args, **kwargs)
-            except HipTimeoutError:
-                raise HipTimeoutError(
-                    message=f"{name} did not complete within {timeout} s"
-                ) from None
-            finally:
-                DEADLINE.reset(token)
-        try:
-            with anyio.fail_after(timeout):
-                return await method(*args, **kwargs)
-        except TimeoutError:
-            raise HipTimeoutError(message=f"{name} did not complete within {timeout} s") from None
+        with time_limit(name, timeout, _runs_inline(args[0])):
+            return await method(*args, **kwargs)
 
     return call
 
