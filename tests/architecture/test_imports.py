@@ -238,8 +238,6 @@ def test_no_two_modules_share_a_base_name() -> None:
 #: Lines past which a hand-written module should be split (a generated table says
 #: "GENERATED" in its docstring and is exempt).
 MAX_MODULE_LINES = 800
-#: Modules still over it (h30-client splits MultiGpu's twin APIs): emptied at merge.
-STILL_TOO_LONG_ELSEWHERE = {"hipr/client/multi.py"}
 
 
 def test_no_hand_written_module_is_too_long() -> None:
@@ -250,7 +248,7 @@ def test_no_hand_written_module_is_too_long() -> None:
             continue
         if text.count("\n") > MAX_MODULE_LINES:
             long.add(path.relative_to(ROOT.parent).as_posix())
-    assert long == STILL_TOO_LONG_ELSEWHERE
+    assert long == set()
 
 
 def test_every_package_is_named_in_the_architecture_doc() -> None:
