@@ -30,6 +30,7 @@ from hipr.cpus import auto_spin_wait
 from hipr.errors import HipConnectionError, HipError, ProtocolError, SessionLostError
 from hipr.protocol.codec import Frame, encode_frame_parts
 from hipr.protocol.header import MAGIC, MAX_REQUEST_ID, Flags
+from hipr.protocol.messages import LaunchConfig, LaunchKernel, LaunchKernels
 from hipr.protocol.opcodes import Opcode
 
 log = structlog.get_logger("hipr.client")
@@ -375,8 +376,8 @@ class LinkState:
         a frame of its own (another kind of request, a large copy, no 1.1 worker)."""
         if not self._batches or type(args) is not dict:
             return None
-        if opcode == Opcode.LAUNCH_KERNEL and type(args.get("args")) is bytes:
-            return launch_key(args), args["args"], None
+        if opcode == Opcode.LAUNCH_KERNEL and type(args.get(_LAUNCH_ARGS)) is bytes:
+            return launch_key(args), args[_LAUNCH_ARGS], None
         if (
             opcode == Opcode.MEMCPY_HTOD
             and 0 < data.nbytes <= BATCH_COPY_BYTES
@@ -393,7 +394,7 @@ class LinkState:
         key, piece, dst = item
         if opcode == Opcode.LAUNCH_KERNEL:
             items = [piece]
-            wire = {**args, "args": items}
+            wire = {**args, _BATCH_ARGS: items}
             sent = self._track(Opcode.LAUNCH_KERNELS, Flags.NO_REPLY, wire, _NO_BYTES, None, None)
             self._batch = _OpenBatch(key, sent, items, [], len(piece))
             return
@@ -445,7 +446,7 @@ class LinkState:
         if sent.opcode == Opcode.LAUNCH_KERNELS:
             if len(items) == 1:
                 sent.opcode = Opcode.LAUNCH_KERNEL
-                sent.args = {**sent.args, "args": items[0]}
+                sent.args = {**sent.args, _LAUNCH_ARGS: items[0]}
             return sent
         stream = sent.args["stream"]
         if len(items) == 1:
@@ -656,15 +657,14 @@ _MORE = int(Flags.MORE)
 _ERROR = int(Flags.ERROR)
 
 
+#: The keys of a launch (hipr.protocol.messages): its argument buffer, a batch's buffers,
+#: and what the launches of one LAUNCH_KERNELS share (LaunchConfig's keys and the stream).
+_LAUNCH_ARGS = LaunchKernel.args
+_BATCH_ARGS = LaunchKernels.args
+_SHARED_KEYS = (*(f.name for f in LaunchConfig.fields), LaunchKernel.stream)
+
+
 def launch_key(wire: dict[str, Any]) -> tuple[Any, ...]:
     """What the launches of one LAUNCH_KERNELS share (compared, never hashed: the lists
-    stay lists)."""
-    return (
-        "launch",
-        wire.get("function"),
-        wire.get("grid"),
-        wire.get("block"),
-        wire.get("shared_mem"),
-        wire.get("stream"),
-        wire.get("ptrs"),
-    )
+    stay lists): the values of LaunchConfig's keys and the stream."""
+    return ("launch", *map(wire.get, _SHARED_KEYS))

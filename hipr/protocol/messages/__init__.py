@@ -65,6 +65,7 @@ from hipr.protocol.messages._schema import (
     MESSAGES,
     TYPES,
     Field,
+    FieldGroup,
     Message,
     declared,
 )
@@ -121,6 +122,7 @@ __all__ = [
     "EventRecord",
     "EventSynchronize",
     "Field",
+    "FieldGroup",
     "Free",
     "FunctionParams",
     "GetDevice",

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from hipr.protocol.messages._module_messages import MAX_KERNEL_ARGS_BYTES, LaunchConfig
-from hipr.protocol.messages._schema import Message, Out, field, fields_of, message
+from hipr.protocol.messages._schema import FieldGroup, Message, Out, field, fields_of, message
 from hipr.protocol.opcodes import Opcode
 
 _NODE = (Out("node", "handle", "the new node, usable as a dependency of later nodes"),)
 
 
 @fields_of
-class NodeOf:
+class NodeOf(FieldGroup):
     """Where a new graph node goes."""
 
     graph = field("handle", "the graph")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hipr.protocol.messages._schema import Message, Out, field, fields_of, message
+from hipr.protocol.messages._schema import FieldGroup, Message, Out, field, fields_of, message
 from hipr.protocol.opcodes import Opcode
 
 #: Characters of HIP C++ source one compile takes.
@@ -20,7 +20,7 @@ CODE_CHUNK = 4 << 20
 
 
 @fields_of
-class Compile:
+class Compile(FieldGroup):
     """What a run-time compilation takes."""
 
     source = field("text", "HIP C++ source", range=f"at most {MAX_SOURCE} characters")
@@ -41,7 +41,7 @@ class Compile:
 
 
 @fields_of
-class LaunchConfig:
+class LaunchConfig(FieldGroup):
     """What every launch of one kernel configuration shares (the key of a batch)."""
 
     function = field("handle", "the kernel (MODULE_GET_FUNCTION's `function`)")

@@ -95,12 +95,17 @@ def Out(
     return Field(name, type, doc, required, unit=unit)
 
 
-class Message:
+class FieldGroup:
+    """Fields that several messages share (a base class of theirs, :func:`fields_of`)."""
+
+    #: The fields, in declaration order (inherited ones first).
+    fields: ClassVar[tuple[Field, ...]] = ()
+
+
+class Message(FieldGroup):
     """A request and its reply, declared once. Subclasses are filled in by :func:`message`."""
 
     opcode: ClassVar[Opcode]
-    #: Request fields, in declaration order (inherited ones first).
-    fields: ClassVar[tuple[Field, ...]] = ()
     #: Reply fields of a success.
     reply: ClassVar[tuple[Field, ...]] = ()
     #: The reply map may carry keys not declared here (a status map): clients ignore them.
@@ -188,10 +193,13 @@ def message(
     return declare
 
 
-def fields_of(cls: type) -> type:
+G = TypeVar("G", bound=type[FieldGroup])
+
+
+def fields_of(cls: G) -> G:
     """Declare a group of fields that several messages share (a base class of theirs):
     its :func:`field` attributes become their keys, as :func:`message` does."""
-    _collect_fields(cls)
+    cls.fields = _collect_fields(cls)
     return cls
 
 
