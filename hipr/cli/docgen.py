@@ -1,10 +1,10 @@
 """The reference pages of ``docs/`` that are generated from the code, never edited by hand.
 
-``docs/protocol.md`` comes from the opcodes, the frame header and the handler registry
-(each handler's docstring is its opcode's documentation), ``docs/configuration.md`` from
-the config schema, ``docs/metrics.md`` from the Prometheus exporter. ``scripts/gen-docs``
-writes them; ``scripts/gen-docs --check`` (and ``tests/test_docs.py``) fails when the
-committed pages differ from what the code says.
+``docs/protocol.md`` comes from the message declarations (``hipr.protocol.messages``),
+the frame header, the codec and the errors (``hipr.cli.protocol_doc``);
+``docs/configuration.md`` from the config schema, ``docs/metrics.md`` from the Prometheus
+exporter. ``scripts/gen-docs`` writes them; ``scripts/gen-docs --check`` (and
+``tests/test_docs.py``) fails when the committed pages differ from what the code says.
 
     python -m hipr.cli.docgen [--check] [ROOT]
 """
@@ -58,143 +58,12 @@ def _cell(text: str) -> str:
 
 # --- protocol --------------------------------------------------------------------------
 
-#: What the connection itself does with opcodes it handles before (or instead of) the
-#: registry. Argument lists belong in the handlers' docstrings, not here.
-CONNECTION_NOTES = {
-    "HELLO": "Must be the first frame of a connection; the connection answers it (the "
-    "registered handler refuses a second one). See `hipr/worker/connection.py` for its map.",
-    "RESUME": "Valid only as the first frame of a new connection, in place of HELLO: "
-    "re-attaches a session kept after its link dropped (`resume_grace`).",
-    "DATA": "A continuation of the bulk data of the request with the same id (whose first "
-    "frame had MORE set); never a request of its own, so no handler.",
-    "PING": "The connection's reader answers it at once, ahead of queued requests, so "
-    "heartbeats are never stuck behind a long GPU call.",
-}
-
 
 def protocol_markdown() -> str:
-    """``docs/protocol.md``."""
-    import hipr.handlers  # noqa: F401  (registers every handler)
-    from hipr.errors import _KINDS
-    from hipr.handlers.registry import REGISTRY
-    from hipr.protocol.header import HEADER_SIZE, MAGIC, PROTOCOL_VERSION, Flags, version_text
-    from hipr.protocol.opcodes import Opcode, OpcodeRange
+    """``docs/protocol.md``, from the message declarations (``hipr.cli.protocol_doc``)."""
+    from hipr.cli.protocol_doc import protocol_markdown as markdown
 
-    specs = {spec.opcode: spec for spec in REGISTRY.specs()}
-    notes = member_comments(Opcode)
-    flag_notes = member_comments(Flags)
-    out = [
-        "# Wire protocol",
-        "",
-        BANNER.format(source="hipr/protocol, hipr/handlers, hipr/errors.py"),
-        "",
-        f"Protocol version **{version_text(PROTOCOL_VERSION)}** "
-        f"(`0x{PROTOCOL_VERSION:04x}` on the wire: major in the high byte). A worker refuses "
-        "a client of another major version with a `version` error naming both. Minor "
-        "versions add requests: a client sends one only to a worker whose HELLO reply "
-        "names a minor that has it (1.1: LAUNCH_KERNELS, MEMCPY_HTOD_MANY), and sends "
-        "their one-at-a-time forms (LAUNCH_KERNEL, MEMCPY_HTOD) to an older worker.",
-        "",
-        "## Frames",
-        "",
-        f"Every message is a {HEADER_SIZE}-byte header, little-endian, then a payload.",
-        "",
-        "| field | bytes | meaning |",
-        "|---|---|---|",
-        f"| magic | 4 | `{MAGIC.decode()}` |",
-        "| version | 2 | protocol version, major << 8 \\| minor |",
-        "| opcode | 2 | what is asked (below) |",
-        "| request id | 4 | echoed in the reply; 0 for worker-initiated frames |",
-        "| flags | 4 | bits below |",
-        "| payload length | 8 | bytes after the header; bounded by the worker's "
-        "`max_frame_bytes` |",
-        "",
-        "The payload is a CBOR map (the arguments, or the reply) followed by raw bulk bytes "
-        "(copies, code objects), which are never re-encoded. Bulk data larger than a chunk "
-        "travels as the request frame with MORE set, then DATA frames of the same request id.",
-        "",
-        "| flag | bit | meaning |",
-        "|---|---|---|",
-    ]
-    for flag in Flags:
-        if flag.value:
-            note = _cell(flag_notes.get(str(flag.name), ""))
-            out.append(f"| `{flag.name}` | `0x{flag.value:x}` | {note} |")
-    out += [
-        "",
-        "## Errors",
-        "",
-        "An error reply has the ERROR flag and the map `{code, kind, message, details?}`: "
-        "`code` is HIP's `hipError_t`, `kind` picks the client's exception class, "
-        "`details` names e.g. the quota and its limit. An error of a fire-and-forget request "
-        "is kept and returned by the session's next synchronising request.",
-        "",
-        "| kind | exception | meaning |",
-        "|---|---|---|",
-    ]
-    for kind, cls in _KINDS.items():
-        doc = (inspect.getdoc(cls) or "").split("\n\n")[0]
-        out.append(f"| `{kind}` | `{cls.__name__}` | {_cell(rst_to_markdown(doc))} |")
-    out += [
-        "",
-        "## Opcodes",
-        "",
-        "Opcodes come in ranges of 256, one handler module each. *Fire-and-forget*: the "
-        "request may be sent with NO_REPLY. *Streams data*: the request's bulk data may "
-        "continue in DATA frames.",
-        "",
-    ]
-    for op_range in OpcodeRange:
-        members = [op for op in Opcode if op.range is op_range]
-        if not members:
-            continue
-        modules = sorted({specs[op].module for op in members if op in specs})
-        out += [
-            f"### {op_range.name.lower()} (`0x{op_range.value:02x}xx`)",
-            "",
-            f"Handled by {', '.join(f'`{m}`' for m in modules) or 'the connection'}.",
-            "",
-            "| opcode | value | fire-and-forget | streams data | summary |",
-            "|---|---|---|---|---|",
-        ]
-        for op in members:
-            spec = specs.get(op)
-            summary = _summary(spec.doc if spec else notes.get(op.name, ""))
-            out.append(
-                f"| [`{op.name}`](#{op.name.lower()}) | `0x{op.value:04x}` | "
-                f"{_yes(spec.fire_and_forget) if spec else '-'} | "
-                f"{_yes(spec.streams_request) if spec else '-'} | {_cell(summary)} |"
-            )
-        out.append("")
-        for op in members:
-            spec = specs.get(op)
-            out += [f"#### {op.name}", ""]
-            facts = [f"`0x{op.value:04x}`"]
-            if spec is None:
-                facts.append("no handler")
-            else:
-                facts.append(f"handler `{spec.module}.{spec.fn.__name__}`")
-                facts.append("fire-and-forget allowed" if spec.fire_and_forget else "replies")
-                if spec.streams_request:
-                    facts.append("request data may continue in DATA frames")
-            out += ["; ".join(facts) + ".", ""]
-            if op.name in notes:
-                out += [rst_to_markdown(notes[op.name]), ""]
-            if spec is not None and spec.doc:
-                out += [rst_to_markdown(inspect.cleandoc(spec.doc)), ""]
-            if op.name in CONNECTION_NOTES:
-                out += [CONNECTION_NOTES[op.name], ""]
-    return "\n".join(out).rstrip() + "\n"
-
-
-def _yes(flag: bool) -> str:
-    return "yes" if flag else "no"
-
-
-def _summary(doc: str) -> str:
-    """The first sentence or line of a handler's docstring, in Markdown."""
-    first = inspect.cleandoc(doc).split("\n\n")[0].replace("\n", " ")
-    return rst_to_markdown(first)
+    return markdown()
 
 
 # --- configuration ---------------------------------------------------------------------
