@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from hipr.protocol.messages import Message, declared
-from hipr.protocol.opcodes import Opcode, OpcodeRange
+from hipr.protocol.opcodes import Opcode, OpcodeRange, opcode_name
 
 if TYPE_CHECKING:
     from hipr.handlers.context import Request
@@ -134,7 +134,7 @@ def _declaration(message: type[Message] | Opcode, where: str) -> type[Message]:
     found = declared(message)
     if found is None:
         raise RegistrationError(
-            f"{where} registers {Opcode(message).name}, which hipr.protocol.messages does "
+            f"{where} registers {opcode_name(message)}, which hipr.protocol.messages does "
             "not declare"
         )
     return found

@@ -67,6 +67,7 @@ from hipr.protocol.messages._schema import (
     Field,
     FieldGroup,
     Message,
+    conforms,
     declared,
 )
 from hipr.protocol.messages._session_messages import (
@@ -166,5 +167,6 @@ __all__ = [
     "StreamSynchronize",
     "StreamWaitEvent",
     "SyncErrors",
+    "conforms",
     "declared",
 ]

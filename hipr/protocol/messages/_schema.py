@@ -148,6 +148,62 @@ class Message(FieldGroup):
         """The success reply's keys."""
         return frozenset(f.name for f in cls.reply)
 
+    @classmethod
+    def problems(cls, wire: object, *, reply: bool = False) -> list[str]:
+        """What is wrong with ``wire`` as this message's request (or its success reply):
+        missing required keys, undeclared keys, values not of their declared wire type.
+        Empty when it conforms. For tests and tools: requests are never checked this way
+        on the per-call path (the worker's handlers check what they read)."""
+        fields = cls.reply if reply else cls.fields
+        if wire is None:
+            wire = {}
+        if not isinstance(wire, dict):
+            return [f"{cls.opcode.name}: not a map but {type(wire).__name__}"]
+        found = []
+        declared = {f.name: f for f in fields}
+        for key in wire:
+            if key not in declared and not (reply and cls.reply_open):
+                found.append(f"{cls.opcode.name}: undeclared key {key!r}")
+        for f in fields:
+            value = wire.get(f.name)
+            if value is None:
+                if f.required and not (reply and cls.reply_open):
+                    found.append(f"{cls.opcode.name}: missing {f.name!r}")
+                continue
+            if not conforms(f.type, value, optional=not f.required):
+                found.append(f"{cls.opcode.name}: {f.name!r} is not {f.type}: {value!r:.60}")
+        return found
+
+
+def _uint(value: object, high: int = 2**64 - 1, low: int = 0) -> bool:
+    return type(value) is int and low <= value <= high
+
+
+def conforms(type_name: str, value: object, *, optional: bool = False) -> bool:
+    """True when ``value`` (decoded CBOR) is of the wire type ``type_name`` (:data:`TYPES`)."""
+    if type_name.startswith("["):
+        inner = type_name[1:-1]
+        return isinstance(value, list) and all(conforms(inner, v) for v in value)
+    if type_name == "uint":
+        return _uint(value)
+    if type_name == "size":
+        return _uint(value, 2**63 - 1)
+    if type_name == "address":
+        return _uint(value)
+    if type_name == "handle":
+        return _uint(value, low=0 if optional else 1)
+    if type_name == "dim3":
+        items = value if isinstance(value, list) else [value]
+        return 1 <= len(items) <= 3 and all(_uint(v, 2**31 - 1, 1) for v in items)
+    if type_name == "float":
+        return type(value) in (int, float)
+    if type_name == "map":
+        return isinstance(value, dict)
+    if type_name == "any":
+        return True
+    wanted = {"text": str, "bytes": bytes, "bool": bool}[type_name]
+    return type(value) is wanted
+
 
 #: Every declaration, by opcode value (filled as the declaring modules are imported).
 MESSAGES: dict[int, type[Message]] = {}
