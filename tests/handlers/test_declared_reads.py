@@ -19,7 +19,7 @@ import pytest
 from anyio.from_thread import start_blocking_portal
 
 import hipr
-import hipr.handlers  # noqa: F401  (registers every handler)
+import hipr.handlers  # registers every handler
 from hipr.backends.emulator import EmulatorBackend
 from hipr.handlers import args as args_module
 from hipr.handlers.context import Reply
@@ -262,7 +262,7 @@ def test_a_session_reads_only_declared_keys_and_replies_as_declared(
     ):
         _session(gpu)
     by_name = {op.name: m.MESSAGES[op] for op in Opcode}
-    undeclared = [(op, key) for op, key in recorder.reads if key not in by_name[op].keys()]
+    undeclared = [(op, key) for op, key in recorder.reads if key not in by_name[op].request_keys()]
     assert not undeclared, f"handlers read undeclared keys: {sorted(undeclared)}"
     assert not recorder.bad_replies, recorder.bad_replies
     # The scenario reached the calls it means to (the batch frames included).
@@ -277,4 +277,4 @@ def test_a_session_reads_only_declared_keys_and_replies_as_declared(
     # A launch carries exactly its declaration's keys: one spelling on both sides.
     launches = {op: dict(wire) for op, wire in recorder.requests}
     for op in (Opcode.LAUNCH_KERNEL, Opcode.LAUNCH_KERNELS, Opcode.GRAPH_ADD_KERNEL):
-        assert set(launches[op]) == m.MESSAGES[op].keys(), op
+        assert set(launches[op]) == m.MESSAGES[op].request_keys(), op

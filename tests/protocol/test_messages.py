@@ -27,8 +27,8 @@ def test_a_declaration_is_complete(declaration: type[Message]) -> None:
     for f in declaration.fields:
         key = getattr(declaration, f.name)
         assert type(key) is str and key == f.name
-    assert len(declaration.keys()) == len(declaration.fields)
-    assert declaration.required_keys() <= declaration.keys()
+    assert len(declaration.request_keys()) == len(declaration.fields)
+    assert declaration.required_keys() <= declaration.request_keys()
     if declaration.batch_of:
         assert declaration.since_minor >= 1 and declaration.fire_and_forget
     if declaration.streams_request:
@@ -37,10 +37,14 @@ def test_a_declaration_is_complete(declaration: type[Message]) -> None:
 
 def test_shared_field_groups_are_the_messages_own_keys() -> None:
     for launch in (m.LaunchKernel, m.LaunchKernels, m.GraphAddKernel):
-        assert {f.name for f in m.LaunchConfig.fields} <= launch.keys()
+        assert {f.name for f in m.LaunchConfig.fields} <= launch.request_keys()
     for compile_ in (m.ModuleCompile, m.ProgramCompile, m.CompileAndGetFunction):
-        assert {f.name for f in m.Compile.fields} <= compile_.keys()
-    assert m.LaunchKernel.keys() == {*(f.name for f in m.LaunchConfig.fields), "stream", "args"}
+        assert {f.name for f in m.Compile.fields} <= compile_.request_keys()
+    assert m.LaunchKernel.request_keys() == {
+        *(f.name for f in m.LaunchConfig.fields),
+        "stream",
+        "args",
+    }
 
 
 def test_a_field_declared_twice_or_an_opcode_declared_twice_is_refused() -> None:

@@ -134,7 +134,7 @@ class Message(FieldGroup):
         raise KeyError(f"{cls.opcode.name} declares no request field {name!r}")
 
     @classmethod
-    def keys(cls) -> frozenset[str]:
+    def request_keys(cls) -> frozenset[str]:
         """The request's keys."""
         return frozenset(f.name for f in cls.fields)
 
