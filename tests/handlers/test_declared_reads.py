@@ -267,14 +267,14 @@ def test_a_session_reads_only_declared_keys_and_replies_as_declared(
     assert not recorder.bad_replies, recorder.bad_replies
     # The scenario reached the calls it means to (the batch frames included).
     read_opcodes = {op for op, _ in recorder.reads}
-    for op in ("LAUNCH_KERNELS", "MEMCPY_HTOD_MANY", "GRAPH_ADD_KERNEL", "EVENT_ELAPSED_TIME"):
-        assert op in read_opcodes, op
+    for name in ("LAUNCH_KERNELS", "MEMCPY_HTOD_MANY", "GRAPH_ADD_KERNEL", "EVENT_ELAPSED_TIME"):
+        assert name in read_opcodes, name
     assert len(recorder.served) >= 25
     # Every request the client built is what its declaration accepts: no key it does not
     # declare, every required one, each of its declared type.
-    wrong = [p for op, wire in recorder.requests for p in m.MESSAGES[op].problems(dict(wire))]
+    wrong = [p for o, wire in recorder.requests for p in m.MESSAGES[o].problems(dict(wire))]
     assert not wrong, wrong
     # A launch carries exactly its declaration's keys: one spelling on both sides.
-    launches = {op: dict(wire) for op, wire in recorder.requests}
-    for op in (Opcode.LAUNCH_KERNEL, Opcode.LAUNCH_KERNELS, Opcode.GRAPH_ADD_KERNEL):
-        assert set(launches[op]) == m.MESSAGES[op].request_keys(), op
+    launches = {o: dict(wire) for o, wire in recorder.requests}
+    for launch in (Opcode.LAUNCH_KERNEL, Opcode.LAUNCH_KERNELS, Opcode.GRAPH_ADD_KERNEL):
+        assert set(launches[launch]) == m.MESSAGES[launch].request_keys(), launch
