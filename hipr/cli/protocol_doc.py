@@ -73,7 +73,7 @@ def _intro() -> list[str]:
 
 
 def _frames() -> list[str]:
-    from hipr.cli.docgen import member_comments
+    from hipr.cli._markdown import member_comments
     from hipr.protocol.header import HEADER, HEADER_SIZE, MAGIC, MAX_REQUEST_ID, Flags
 
     flag_notes = member_comments(Flags)
@@ -337,7 +337,7 @@ def _resume() -> list[str]:
 
 
 def _errors() -> list[str]:
-    from hipr.cli.docgen import rst_to_markdown
+    from hipr.cli._markdown import rst_to_markdown
     from hipr.errors import _KINDS, HipErrorCode
     from hipr.protocol.messages import ERROR_REPLY
 
