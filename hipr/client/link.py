@@ -661,10 +661,24 @@ _ERROR = int(Flags.ERROR)
 #: and what the launches of one LAUNCH_KERNELS share (LaunchConfig's keys and the stream).
 _LAUNCH_ARGS = LaunchKernel.args
 _BATCH_ARGS = LaunchKernels.args
-_SHARED_KEYS = (*(f.name for f in LaunchConfig.fields), LaunchKernel.stream)
+_FUNCTION = LaunchConfig.function
+_GRID = LaunchConfig.grid
+_BLOCK = LaunchConfig.block
+_SHARED_MEM = LaunchConfig.shared_mem
+_PTRS = LaunchConfig.ptrs
+_STREAM = LaunchKernel.stream
 
 
 def launch_key(wire: dict[str, Any]) -> tuple[Any, ...]:
     """What the launches of one LAUNCH_KERNELS share (compared, never hashed: the lists
     stay lists): the values of LaunchConfig's keys and the stream."""
-    return ("launch", *map(wire.get, _SHARED_KEYS))
+    get = wire.get
+    return (
+        "launch",
+        get(_FUNCTION),
+        get(_GRID),
+        get(_BLOCK),
+        get(_SHARED_MEM),
+        get(_STREAM),
+        get(_PTRS),
+    )
