@@ -86,7 +86,8 @@ def _frames() -> list[str]:
         "| offset | bytes | field | meaning |",
         "|---|---|---|---|",
         f"| 0 | 4 | magic | `{MAGIC.decode()}` (`{MAGIC.hex(' ')}`) |",
-        "| 4 | 2 | version | the sender's protocol version, major << 8 \\| minor |",
+        "| 4 | 2 | version | the sender's protocol version, major << 8 \\| minor (the worker "
+        "checks it on the handshake's frame; its own frames carry its version) |",
         "| 6 | 2 | opcode | what is asked (below); a reply carries its request's opcode |",
         f"| 8 | 4 | request id | 1 to {MAX_REQUEST_ID}, chosen by the client and echoed in "
         "the reply; 0 for the handshake and for frames the worker starts |",
