@@ -29,6 +29,7 @@ OPCODE_RANGE = OpcodeRange.MODULE
 MAX_SOURCE = m.MAX_SOURCE
 MAX_KERNEL_ARGS_BYTES = m.MAX_KERNEL_ARGS_BYTES
 MAX_SHARED_MEMORY = m.MAX_SHARED_MEMORY
+MAX_POINTER_ARGS = m.MAX_POINTER_ARGS
 CODE_CHUNK = m.CODE_CHUNK
 # A launch's keys, read for every launch: module constants, not attribute look-ups.
 _FUNCTION = m.LaunchConfig.function
@@ -188,7 +189,7 @@ def launch_config(session: Session, args: Args) -> tuple[Any, Any, Any, int, lis
     grid = args.dim3(_GRID)
     block = args.dim3(_BLOCK)
     shared_mem = args.integer(_SHARED_MEM, high=MAX_SHARED_MEMORY, default=0)
-    ptrs = args.int_list(_PTRS, max_items=m.MAX_POINTER_ARGS, high=MAX_KERNEL_ARGS_BYTES)
+    ptrs = args.int_list(_PTRS, max_items=MAX_POINTER_ARGS, high=MAX_KERNEL_ARGS_BYTES)
     return function.handle, grid, block, shared_mem, ptrs
 
 
