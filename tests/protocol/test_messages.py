@@ -82,3 +82,15 @@ def test_limits_the_handlers_enforce_are_the_declared_ones() -> None:
     assert str(m.MAX_BATCH_LAUNCHES) in m.LaunchKernels.field_named("args").range
     with pytest.raises(KeyError, match="declares no request field 'nope'"):
         m.Malloc.field_named("nope")
+
+
+def test_packed_kernel_arguments_use_the_launch_keys() -> None:
+    # hipr.kernels sits below the protocol and cannot import the declarations: its
+    # to_wire() (tests and tools use it) is held to them here.
+    import numpy as np
+
+    from hipr.kernels.args import pack_args
+
+    wire = pack_args([np.uint32(1), np.float32(2.0)]).to_wire()
+    assert set(wire) == {m.LaunchKernel.args, m.LaunchKernel.ptrs}
+    assert m.LaunchKernel.problems({**wire, "function": 1, "grid": 1, "block": 1}) == []
