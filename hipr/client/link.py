@@ -672,13 +672,12 @@ _STREAM = LaunchKernel.stream
 def launch_key(wire: dict[str, Any]) -> tuple[Any, ...]:
     """What the launches of one LAUNCH_KERNELS share (compared, never hashed: the lists
     stay lists): the values of LaunchConfig's keys and the stream."""
-    get = wire.get
     return (
         "launch",
-        get(_FUNCTION),
-        get(_GRID),
-        get(_BLOCK),
-        get(_SHARED_MEM),
-        get(_STREAM),
-        get(_PTRS),
+        wire.get(_FUNCTION),
+        wire.get(_GRID),
+        wire.get(_BLOCK),
+        wire.get(_SHARED_MEM),
+        wire.get(_STREAM),
+        wire.get(_PTRS),
     )
