@@ -487,7 +487,10 @@ def _message_section(msg: type, spec: object) -> list[str]:
     facts = [f"`0x{op.value:04x}`"]
     if spec is not None:
         facts.append(f"handler `{spec.module}.{spec.fn.__name__}`")  # type: ignore[attr-defined]
-    facts.append("fire-and-forget allowed" if msg.fire_and_forget else "replies")
+    if spec is None:
+        facts.append("no handler: never answered on its own")
+    else:
+        facts.append("fire-and-forget allowed" if msg.fire_and_forget else "replies")
     if msg.streams_request:
         facts.append("request data may continue in DATA frames")
     if msg.batch_of:
