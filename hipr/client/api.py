@@ -38,6 +38,7 @@ from hipr.errors import HipError, ProtocolError, SessionLostError, invalid_value
 from hipr.kernels.builtins import BUILTINS
 from hipr.protocol.codec import DEFAULT_MAX_PAYLOAD
 from hipr.protocol.header import PROTOCOL_VERSION
+from hipr.protocol.messages import Hello
 from hipr.protocol.opcodes import Opcode
 
 DEFAULT_URL = "tcp://127.0.0.1:18515"
@@ -394,9 +395,9 @@ def hello_args(token: str | None, version: str) -> dict[str, Any]:
     # "eol" ends the request of any line-based server reached by mistake (an HTTP
     # metrics port waits for a blank line), so it answers at once and the handshake
     # can say "not a hipr worker" instead of waiting out the connect timeout.
-    args: dict[str, Any] = {"client": f"hipr-py/{version}", "eol": "\r\n\r\n"}
+    args: dict[str, Any] = {Hello.client: f"hipr-py/{version}", Hello.eol: "\r\n\r\n"}
     if token:
-        args["token"] = token
+        args[Hello.token] = token
     return args
 
 

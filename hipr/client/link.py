@@ -63,6 +63,7 @@ from hipr.errors import (
 )
 from hipr.protocol.codec import Frame, encode_frame, encode_frame_parts
 from hipr.protocol.header import MAX_REQUEST_ID, Flags
+from hipr.protocol.messages import LaunchConfig, LaunchKernel, LaunchKernels
 from hipr.protocol.opcodes import Opcode, opcode_name
 
 __all__ = [  # what the I/O layers, the API and older imports find here
@@ -274,8 +275,8 @@ class LinkState:
         a frame of its own (another kind of request, a large copy, no 1.1 worker)."""
         if not self._batches or type(args) is not dict:
             return None
-        if opcode == Opcode.LAUNCH_KERNEL and type(args.get("args")) is bytes:
-            return launch_key(args), args["args"], None
+        if opcode == Opcode.LAUNCH_KERNEL and type(args.get(_LAUNCH_ARGS)) is bytes:
+            return launch_key(args), args[_LAUNCH_ARGS], None
         if (
             opcode == Opcode.MEMCPY_HTOD
             and 0 < data.nbytes <= BATCH_COPY_BYTES
@@ -292,7 +293,7 @@ class LinkState:
         key, piece, dst = item
         if opcode == Opcode.LAUNCH_KERNEL:
             items = [piece]
-            wire = {**args, "args": items}
+            wire = {**args, _BATCH_ARGS: items}
             sent = self._track(Opcode.LAUNCH_KERNELS, Flags.NO_REPLY, wire, _NO_BYTES, None, None)
             self._batch = _OpenBatch(key, sent, items, [], len(piece))
             return
@@ -344,7 +345,7 @@ class LinkState:
         if sent.opcode == Opcode.LAUNCH_KERNELS:
             if len(items) == 1:
                 sent.opcode = Opcode.LAUNCH_KERNEL
-                sent.args = {**sent.args, "args": items[0]}
+                sent.args = {**sent.args, _LAUNCH_ARGS: items[0]}
             return sent
         stream = sent.args["stream"]
         if len(items) == 1:
@@ -510,7 +511,7 @@ class LinkState:
             if self._add_to_batch(item):
                 return None
             return self._new_batch_writes(Opcode.LAUNCH_KERNEL, plan.wire, item)
-        wire = {**plan.wire, "args": data}
+        wire = {**plan.wire, _LAUNCH_ARGS: data}
         sent = self._track(Opcode.LAUNCH_KERNEL, Flags.NO_REPLY, wire, _NO_BYTES, None, None)
         return self._submit_writes(sent)
 
@@ -737,15 +738,27 @@ _ERROR = int(Flags.ERROR)
 _ANSWERED = Flags.REPLY | Flags.NO_REPLY
 
 
+#: The keys of a launch (hipr.protocol.messages): its argument buffer, a batch's buffers,
+#: and what the launches of one LAUNCH_KERNELS share (LaunchConfig's keys and the stream).
+_LAUNCH_ARGS = LaunchKernel.args
+_BATCH_ARGS = LaunchKernels.args
+_FUNCTION = LaunchConfig.function
+_GRID = LaunchConfig.grid
+_BLOCK = LaunchConfig.block
+_SHARED_MEM = LaunchConfig.shared_mem
+_PTRS = LaunchConfig.ptrs
+_STREAM = LaunchKernel.stream
+
+
 def launch_key(wire: dict[str, Any]) -> tuple[Any, ...]:
     """What the launches of one LAUNCH_KERNELS share (compared, never hashed: the lists
-    stay lists)."""
+    stay lists): the values of LaunchConfig's keys and the stream."""
     return (
         "launch",
-        wire.get("function"),
-        wire.get("grid"),
-        wire.get("block"),
-        wire.get("shared_mem"),
-        wire.get("stream"),
-        wire.get("ptrs"),
+        wire.get(_FUNCTION),
+        wire.get(_GRID),
+        wire.get(_BLOCK),
+        wire.get(_SHARED_MEM),
+        wire.get(_STREAM),
+        wire.get(_PTRS),
     )

@@ -16,6 +16,7 @@ from hipr.client.timeouts import with_timeouts
 from hipr.errors import HipError, HipErrorCode, SessionLostError, invalid_value
 from hipr.kernels.builtins import BuiltinKernel
 from hipr.kernels.kernel_args import pack_args, packer, register_pointer_type
+from hipr.protocol.messages import GraphAddKernel, LaunchConfig, LaunchKernel
 from hipr.protocol.opcodes import Opcode
 
 
@@ -205,17 +206,29 @@ def launch_args(
     args: Sequence[object],
     shared_mem: int,
 ) -> dict[str, Any]:
-    """The wire arguments of a launch or kernel node."""
+    """The wire arguments of a launch or kernel node (``LaunchKernel``'s keys, less the
+    stream; a kernel node's are the same)."""
     if not isinstance(shared_mem, int) or shared_mem < 0:
         raise invalid_value(f"shared_mem must be a non-negative int, got {shared_mem!r}")
     packed = pack_args(list(args))
     return {
-        "function": function._check(),
-        "grid": dim3(grid, "grid"),
-        "block": dim3(block, "block"),
-        "shared_mem": shared_mem,
-        **packed.to_wire(),
+        _FUNCTION: function._check(),
+        _GRID: dim3(grid, "grid"),
+        _BLOCK: dim3(block, "block"),
+        _SHARED_MEM: shared_mem,
+        _ARGS: packed.data,
+        _PTRS: packed.pointer_offsets(),
     }
+
+
+# A launch's keys (hipr.protocol.messages): module constants, read on every launch.
+_FUNCTION = LaunchConfig.function
+_GRID = LaunchConfig.grid
+_BLOCK = LaunchConfig.block
+_SHARED_MEM = LaunchConfig.shared_mem
+_PTRS = LaunchConfig.ptrs
+_ARGS = LaunchKernel.args
+_STREAM = LaunchKernel.stream
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -324,8 +337,8 @@ class Function(_Handle):
         wire = launch_args(self, grid, block, args, shared_mem)
         if self._builtin is not None:  # after the general checks, which say more of a bad value
             self._builtin.check_launch(args, block, shared_mem)
-        del wire["args"]
-        wire["stream"] = handle_id(stream)
+        del wire[_ARGS]
+        wire[_STREAM] = handle_id(stream)
         return LaunchPlan(wire, grid, block, launch_key(wire), packer(tuple(map(type, args))))
 
     def __repr__(self) -> str:
@@ -422,7 +435,8 @@ class Graph(_Handle):
     ) -> GraphNode:
         """A kernel node."""
         wire = launch_args(function, grid, block, args, shared_mem)
-        wire.update(graph=self._check(), dependencies=_deps(dependencies))
+        wire[GraphAddKernel.graph] = self._check()
+        wire[GraphAddKernel.dependencies] = _deps(dependencies)
         result = await self._gpu._call(Opcode.GRAPH_ADD_KERNEL, wire)
         return GraphNode(self._gpu, result["node"])
 

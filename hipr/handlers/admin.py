@@ -32,8 +32,9 @@ from hipr.observability.metrics import (
 )
 from hipr.observability.metrics import Worker as MetricsWorker
 from hipr.observability.telemetry import device_telemetry
+from hipr.protocol import messages as m
 from hipr.protocol.header import PROTOCOL_VERSION
-from hipr.protocol.opcodes import Opcode, OpcodeRange
+from hipr.protocol.opcodes import OpcodeRange
 from hipr.sessions.busy_poll import BusyPoll
 from hipr.sessions.state import Session
 
@@ -187,7 +188,7 @@ async def _whole_status_from_parent(worker: Worker, caller: Session) -> dict[str
     return status
 
 
-@handler(Opcode.ADMIN_STATUS)
+@handler(m.AdminStatus)
 async def admin_status(session: Session, request: Request) -> Any:
     """``{admin_token}`` -> ``{worker_version, protocol, backend, started_at, uptime_s,
     listen, max_clients, sessions, tenants, children, pinned_payload_buffers, devices}``.
@@ -208,7 +209,7 @@ async def admin_status(session: Session, request: Request) -> Any:
     worker has no ``admin_token_sha256``.
     """
     worker = _worker_of(request)
-    token = request.args.text("admin_token", default="", max_length=4096)
+    token = request.args.text(m.AdminStatus.admin_token, default="", max_length=4096)
     check_admin_token(worker.config.admin_token_sha256, token)
     status = await _whole_status_from_parent(worker, session)
     if status is None:

@@ -7,7 +7,8 @@ from typing import Any
 from hipr.errors import HipError, HipErrorCode
 from hipr.handlers.context import Request
 from hipr.handlers.registry import LATER, answers_now, handler
-from hipr.protocol.opcodes import Opcode, OpcodeRange
+from hipr.protocol import messages as m
+from hipr.protocol.opcodes import OpcodeRange
 from hipr.sessions.state import Session
 
 OPCODE_RANGE = OpcodeRange.DEVICE
@@ -21,53 +22,53 @@ def _check_device(session: Session, device: int) -> None:
         )
 
 
-@handler(Opcode.DEVICE_COUNT)
+@handler(m.DeviceCount)
 async def device_count(session: Session, request: Request) -> Any:
     """-> ``{count}``: visible devices."""
     return {"count": await session.gpu(session.backend.device_count)}
 
 
-@handler(Opcode.SET_DEVICE)
+@handler(m.SetDevice)
 async def set_device(session: Session, request: Request) -> Any:
     """``{device}``: make ``device`` current for the session's later calls."""
-    device = request.args.integer("device", high=2**31 - 1)
+    device = request.args.integer(m.SetDevice.device, high=2**31 - 1)
     _check_device(session, device)
     await session.gpu(session.backend.bind_thread, device)
     session.device = device
     return {}
 
 
-@handler(Opcode.GET_DEVICE)
+@handler(m.GetDevice)
 async def get_device(session: Session, request: Request) -> Any:
     """-> ``{device}``: the session's current device."""
     return {"device": session.device}
 
 
-@answers_now(Opcode.GET_DEVICE)
+@answers_now(m.GetDevice)
 def get_device_now(session: Session, request: Request) -> Any:
     """Answered in the worker's I/O callback."""
     return {"device": session.device}
 
 
-@handler(Opcode.DEVICE_PROPERTIES)
+@handler(m.DeviceProperties)
 async def device_properties(session: Session, request: Request) -> Any:
     """``{device}`` -> the device's properties map (name, arch, total_memory, ...)."""
-    device = request.args.integer("device", high=2**31 - 1)
+    device = request.args.integer(m.DeviceProperties.device, high=2**31 - 1)
     _check_device(session, device)
     props = await session.gpu(session.backend.device_properties, device)
     return props.to_wire()
 
 
-@answers_now(Opcode.DEVICE_PROPERTIES)
+@answers_now(m.DeviceProperties)
 def device_properties_now(session: Session, request: Request) -> Any:
     """Answered in the worker's I/O callback where the backend reads properties inline."""
-    device = request.args.integer("device", high=2**31 - 1)
+    device = request.args.integer(m.DeviceProperties.device, high=2**31 - 1)
     _check_device(session, device)
     ran, props = session.try_here(session.backend.device_properties, device)
     return props.to_wire() if ran and props is not None else LATER
 
 
-@handler(Opcode.DEVICE_SYNCHRONIZE)
+@handler(m.DeviceSynchronize)
 async def device_synchronize(session: Session, request: Request) -> Any:
     """Wait for all work on the current device (answered at once, without a GPU-thread
     round trip, when the backend can tell that the session's work is done)."""
@@ -76,20 +77,20 @@ async def device_synchronize(session: Session, request: Request) -> Any:
     return {}
 
 
-@answers_now(Opcode.DEVICE_SYNCHRONIZE)
+@answers_now(m.DeviceSynchronize)
 def device_synchronize_now(session: Session, request: Request) -> Any:
     """Answered in the worker's I/O callback when the session's work is done already."""
     return {} if session.work_done() else LATER
 
 
-@handler(Opcode.MEM_GET_INFO)
+@handler(m.MemGetInfo)
 async def mem_get_info(session: Session, request: Request) -> Any:
     """-> ``{free, total}`` bytes of the current device."""
     free, total = await session.gpu(session.backend.mem_get_info)
     return {"free": free, "total": total}
 
 
-@answers_now(Opcode.MEM_GET_INFO)
+@answers_now(m.MemGetInfo)
 def mem_get_info_now(session: Session, request: Request) -> Any:
     """Answered in the worker's I/O callback where the backend asks inline."""
     ran, info = session.try_here(session.backend.mem_get_info)

@@ -7,19 +7,23 @@ from typing import Any
 
 from hipr.handlers.context import Request, or_restore, post_ordered, run_ordered
 from hipr.handlers.registry import LATER, answers_now, handler
-from hipr.protocol.opcodes import Opcode, OpcodeRange
+from hipr.protocol import messages as m
+from hipr.protocol.opcodes import OpcodeRange
 from hipr.sessions.state import Session
 
 OPCODE_RANGE = OpcodeRange.EVENT
 
+#: EVENT_RECORD's stream, read for every record: a module constant.
+_RECORD_STREAM = m.EventRecord.stream
 
-def _event(session: Session, request: Request, key: str = "event") -> Any:
+
+def _event(session: Session, request: Request, key: str = m.EventQuery.event) -> Any:
     event_id = request.args.handle(key)
     assert event_id is not None
     return session.events.get(event_id)
 
 
-@handler(Opcode.EVENT_CREATE)
+@handler(m.EventCreate)
 async def event_create(session: Session, request: Request) -> Any:
     """-> ``{event}``: a new event with timing."""
     session.gate.check_count("max_events")
@@ -27,10 +31,10 @@ async def event_create(session: Session, request: Request) -> Any:
     return {"event": session.events.add(event)}
 
 
-@handler(Opcode.EVENT_DESTROY, fire_and_forget=True)
+@handler(m.EventDestroy)
 async def event_destroy(session: Session, request: Request) -> Any:
     """``{event}``: destroy an event."""
-    event_id = request.args.handle("event")
+    event_id = request.args.handle(m.EventDestroy.event)
     assert event_id is not None
     event = session.events.pop(event_id)
     destroy = or_restore(
@@ -40,7 +44,7 @@ async def event_destroy(session: Session, request: Request) -> Any:
     return {}
 
 
-@handler(Opcode.EVENT_RECORD, fire_and_forget=True)
+@handler(m.EventRecord)
 async def event_record(session: Session, request: Request) -> Any:
     """``{event, stream?}``: record the event on the stream."""
     await run_ordered(
@@ -51,10 +55,12 @@ async def event_record(session: Session, request: Request) -> Any:
 
 def _record_call(session: Session, request: Request) -> tuple[Any, Any]:
     """The backend ``event_record`` arguments of a record request, checked."""
-    return _event(session, request), session.stream(request.args.handle("stream", optional=True))
+    return _event(session, request), session.stream(
+        request.args.handle(_RECORD_STREAM, optional=True)
+    )
 
 
-@answers_now(Opcode.EVENT_RECORD)
+@answers_now(m.EventRecord)
 def event_record_now(session: Session, request: Request) -> Any:
     """A fire-and-forget record, issued from the worker's I/O callback."""
     if not request.no_reply:
@@ -63,7 +69,7 @@ def event_record_now(session: Session, request: Request) -> Any:
     return {}
 
 
-@handler(Opcode.EVENT_SYNCHRONIZE)
+@handler(m.EventSynchronize)
 async def event_synchronize(session: Session, request: Request) -> Any:
     """``{event}``: wait for the event."""
     event = _event(session, request)
@@ -75,28 +81,28 @@ async def event_synchronize(session: Session, request: Request) -> Any:
     return {}
 
 
-@answers_now(Opcode.EVENT_SYNCHRONIZE)
+@answers_now(m.EventSynchronize)
 def event_synchronize_now(session: Session, request: Request) -> Any:
     """Answered in the worker's I/O callback when the event has completed."""
     return {} if session.settled(session.backend.event_query, _event(session, request)) else LATER
 
 
-@handler(Opcode.EVENT_QUERY)
+@handler(m.EventQuery)
 async def event_query(session: Session, request: Request) -> Any:
     """``{event}`` -> ``{done}``."""
     return {"done": await session.gpu(session.backend.event_query, _event(session, request))}
 
 
-@answers_now(Opcode.EVENT_QUERY)
+@answers_now(m.EventQuery)
 def event_query_now(session: Session, request: Request) -> Any:
     """Answered in the worker's I/O callback where the backend queries inline."""
     ran, done = session.try_here(session.backend.event_query, _event(session, request))
     return {"done": done} if ran else LATER
 
 
-@handler(Opcode.EVENT_ELAPSED_TIME)
+@handler(m.EventElapsedTime)
 async def event_elapsed_time(session: Session, request: Request) -> Any:
     """``{start, end}`` -> ``{ms}``: milliseconds between two completed events."""
-    start = _event(session, request, "start")
-    end = _event(session, request, "end")
+    start = _event(session, request, m.EventElapsedTime.start)
+    end = _event(session, request, m.EventElapsedTime.end)
     return {"ms": await session.gpu(session.backend.event_elapsed_ms, start, end)}

@@ -10,7 +10,8 @@ from hipr.errors import invalid_value
 from hipr.handlers.context import Request, or_restore, run_ordered
 from hipr.handlers.module import launch_arguments
 from hipr.handlers.registry import handler
-from hipr.protocol.opcodes import Opcode, OpcodeRange
+from hipr.protocol import messages as m
+from hipr.protocol.opcodes import OpcodeRange
 from hipr.sessions.graph_memory import GraphKey
 from hipr.sessions.resources import GraphEntry, GraphNodeEntry
 from hipr.sessions.state import Session
@@ -19,14 +20,14 @@ OPCODE_RANGE = OpcodeRange.GRAPH
 
 
 def _graph(session: Session, request: Request) -> tuple[int, GraphEntry]:
-    graph_id = request.args.handle("graph")
+    graph_id = request.args.handle(m.NodeOf.graph)
     assert graph_id is not None
     return graph_id, session.graphs.get(graph_id)
 
 
 def _dependencies(session: Session, request: Request, graph_id: int) -> list[Any]:
     handles = []
-    for node_id in request.args.int_list("dependencies", max_items=1024):
+    for node_id in request.args.int_list(m.NodeOf.dependencies, max_items=1024):
         node = session.graph_nodes.get(node_id)
         if node.graph_id != graph_id:
             raise invalid_value(f"graph node {node_id} belongs to another graph")
@@ -40,7 +41,7 @@ def _add_node(session: Session, graph_id: int, entry: GraphEntry, handle: Any) -
     return {"node": node_id}
 
 
-@handler(Opcode.GRAPH_CREATE)
+@handler(m.GraphCreate)
 async def graph_create(session: Session, request: Request) -> Any:
     """-> ``{graph}``: an empty graph."""
     session.gate.check_count("max_graphs")
@@ -71,7 +72,7 @@ def _destroying(
     return call
 
 
-@handler(Opcode.GRAPH_DESTROY, fire_and_forget=True)
+@handler(m.GraphDestroy)
 async def graph_destroy(session: Session, request: Request) -> Any:
     """``{graph}``: destroy a graph; its instantiations live on."""
     graph_id, _ = _graph(session, request)
@@ -88,28 +89,28 @@ async def graph_destroy(session: Session, request: Request) -> Any:
     return {}
 
 
-@handler(Opcode.GRAPH_ADD_MEMSET)
+@handler(m.GraphAddMemset)
 async def graph_add_memset(session: Session, request: Request) -> Any:
     """``{graph, dependencies, ptr, value, size}`` -> ``{node}``."""
     graph_id, entry = _graph(session, request)
     deps = _dependencies(session, request, graph_id)
-    ptr = request.args.address("ptr")
-    value = request.args.integer("value", high=255)
-    size = request.args.size("size")
+    ptr = request.args.address(m.GraphAddMemset.ptr)
+    value = request.args.integer(m.GraphAddMemset.value, high=255)
+    size = request.args.size(m.GraphAddMemset.size)
     target = session.check_range(ptr, size, "memset range")
     session.graph_memory.add(("graph", graph_id), [target.base])
     node = await session.gpu(session.backend.graph_add_memset, entry.handle, deps, ptr, value, size)
     return _add_node(session, graph_id, entry, node)
 
 
-@handler(Opcode.GRAPH_ADD_MEMCPY)
+@handler(m.GraphAddMemcpy)
 async def graph_add_memcpy(session: Session, request: Request) -> Any:
     """``{graph, dependencies, dst, src, size}`` -> ``{node}`` (device to device)."""
     graph_id, entry = _graph(session, request)
     deps = _dependencies(session, request, graph_id)
-    dst = request.args.address("dst")
-    src = request.args.address("src")
-    size = request.args.size("size")
+    dst = request.args.address(m.GraphAddMemcpy.dst)
+    src = request.args.address(m.GraphAddMemcpy.src)
+    size = request.args.size(m.GraphAddMemcpy.size)
     target = session.check_range(dst, size, "destination")
     source = session.check_range(src, size, "source")
     session.graph_memory.add(("graph", graph_id), [target.base, source.base])
@@ -117,7 +118,7 @@ async def graph_add_memcpy(session: Session, request: Request) -> Any:
     return _add_node(session, graph_id, entry, node)
 
 
-@handler(Opcode.GRAPH_ADD_KERNEL)
+@handler(m.GraphAddKernel)
 async def graph_add_kernel(session: Session, request: Request) -> Any:
     """``{graph, dependencies, function, grid, block, shared_mem?, args, ptrs}`` -> ``{node}``."""
     graph_id, entry = _graph(session, request)
@@ -138,7 +139,7 @@ async def graph_add_kernel(session: Session, request: Request) -> Any:
     return _add_node(session, graph_id, entry, node)
 
 
-@handler(Opcode.GRAPH_INSTANTIATE)
+@handler(m.GraphInstantiate)
 async def graph_instantiate(session: Session, request: Request) -> Any:
     """``{graph}`` -> ``{exec}``: an executable graph."""
     graph_id, entry = _graph(session, request)
@@ -148,21 +149,21 @@ async def graph_instantiate(session: Session, request: Request) -> Any:
     return {"exec": exec_id}
 
 
-@handler(Opcode.GRAPH_LAUNCH, fire_and_forget=True)
+@handler(m.GraphLaunch)
 async def graph_launch(session: Session, request: Request) -> Any:
     """``{exec, stream?}``: launch an executable graph."""
-    exec_id = request.args.handle("exec")
+    exec_id = request.args.handle(m.GraphLaunch.exec)
     assert exec_id is not None
     exe = session.graph_execs.get(exec_id)
-    stream = session.stream(request.args.handle("stream", optional=True))
+    stream = session.stream(request.args.handle(m.GraphLaunch.stream, optional=True))
     await run_ordered(session, request, session.backend.graph_launch, exe, stream)
     return {}
 
 
-@handler(Opcode.GRAPH_EXEC_DESTROY, fire_and_forget=True)
+@handler(m.GraphExecDestroy)
 async def graph_exec_destroy(session: Session, request: Request) -> Any:
     """``{exec}``: destroy an executable graph."""
-    exec_id = request.args.handle("exec")
+    exec_id = request.args.handle(m.GraphExecDestroy.exec)
     assert exec_id is not None
     exe = session.graph_execs.pop(exec_id)
     destroy = _destroying(

@@ -20,12 +20,22 @@ import numpy as np
 from hipr.errors import HipError, invalid_value
 from hipr.handlers.context import Reply, Request, admit_each, post_ordered, run_batch, run_ordered
 from hipr.handlers.registry import LATER, answers_now, handler
-from hipr.protocol.opcodes import Opcode, OpcodeRange
+from hipr.protocol import messages as m
+from hipr.protocol.opcodes import OpcodeRange
 from hipr.sessions.gpu_thread import PendingCall
 from hipr.sessions.resources import Allocation
 from hipr.sessions.state import Session
 
 OPCODE_RANGE = OpcodeRange.MEMORY
+
+# A copy's keys, read for every copy: module constants, not attribute look-ups. (MEMCPY_HTOD
+# and MALLOC_HTOD share the chunked upload, so its stream key serves both.)
+_DST = m.MemcpyHtod.dst
+_SIZE = m.MemcpyHtod.size
+_STREAM = m.MemcpyHtod.stream
+_MANY_DST = m.MemcpyHtodMany.dst
+_MANY_SIZE = m.MemcpyHtodMany.size
+_MANY_STREAM = m.MemcpyHtodMany.stream
 
 #: GPU copies kept in flight per request: enough to overlap link and bus, bounded memory.
 PIPELINE_DEPTH = 4
@@ -39,11 +49,11 @@ def _host_buffer(size: int) -> memoryview:
     return np.empty(size, np.uint8).data
 
 
-@handler(Opcode.MALLOC)
+@handler(m.Malloc)
 async def malloc(session: Session, request: Request) -> Any:
     """``{size}`` -> ``{ptr}``: allocate on the current device. Size 0 gives the null
     pointer (``ptr`` 0) and allocates nothing, as ``hipMalloc`` does."""
-    size = request.args.size("size")
+    size = request.args.size(m.Malloc.size)
     if size == 0:
         return {"ptr": 0}
     with session.gate.reserve_memory(size):
@@ -52,13 +62,13 @@ async def malloc(session: Session, request: Request) -> Any:
     return {"ptr": ptr}
 
 
-@handler(Opcode.FREE, fire_and_forget=True)
+@handler(m.Free)
 async def free(session: Session, request: Request) -> Any:
     """``{ptr}``: free an allocation of this session (its start address). The null
     pointer is freed as a no-op, as ``hipFree(nullptr)`` is. While a graph of the
     session may still write it (or a capture runs), the memory stays held and counted
     until that graph and its instantiations are destroyed or the session ends."""
-    ptr = request.args.address("ptr")
+    ptr = request.args.address(m.Free.ptr)
     if ptr == 0:
         return {}
     allocation = session.allocations.remove(ptr)
@@ -77,7 +87,7 @@ async def free(session: Session, request: Request) -> Any:
 
 def _whole_copy_in(session: Session, request: Request, dst: int, size: int) -> tuple[Any, bool]:
     """A copy that came whole in one frame: its stream, and whether it has bytes."""
-    stream = session.stream(request.args.handle("stream", optional=True))
+    stream = session.stream(request.args.handle(_STREAM, optional=True))
     if request.bulk.nbytes != size:
         raise invalid_value(f"MEMCPY_HTOD: announced {size} bytes, received {request.bulk.nbytes}")
     return stream, size > 0
@@ -113,7 +123,7 @@ async def _copy_chunks_in(session: Session, request: Request, dst: int, size: in
                 session, request, session.backend.memcpy_htod, dst, request.bulk, stream
             )
         return
-    stream = session.stream(request.args.handle("stream", optional=True))
+    stream = session.stream(request.args.handle(_STREAM, optional=True))
     window = await _upload_window(session, dst, size, stream)
     at = _address(window) if window is not None else 0
     in_flight: deque[PendingCall[None]] = deque()
@@ -150,12 +160,12 @@ async def _copy_chunks_in(session: Session, request: Request, dst: int, size: in
         raise invalid_value(f"MEMCPY_HTOD: announced {size} bytes, received {offset}")
 
 
-@handler(Opcode.MEMCPY_HTOD, fire_and_forget=True, streams_request=True)
+@handler(m.MemcpyHtod)
 async def memcpy_htod(session: Session, request: Request) -> Any:
     """``{dst, size, stream?}`` + ``size`` bulk bytes (in this frame and DATA frames)."""
     try:
-        dst = request.args.address("dst")
-        size = request.args.size("size")
+        dst = request.args.address(_DST)
+        size = request.args.size(_SIZE)
         session.check_range(dst, size, "destination")
     except HipError:
         await request.drain()
@@ -165,14 +175,14 @@ async def memcpy_htod(session: Session, request: Request) -> Any:
     return {}
 
 
-@answers_now(Opcode.MEMCPY_HTOD)
+@answers_now(m.MemcpyHtod)
 def memcpy_htod_now(session: Session, request: Request) -> Any:
     """A fire-and-forget copy that came whole in one frame, queued on the session's GPU
     thread from the worker's I/O callback."""
     if not request.no_reply or request.more:
         return LATER
-    dst = request.args.address("dst")
-    size = request.args.size("size")
+    dst = request.args.address(_DST)
+    size = request.args.size(_SIZE)
     session.check_range(dst, size, "destination")
     stream, any_bytes = _whole_copy_in(session, request, dst, size)
     if any_bytes:
@@ -181,13 +191,14 @@ def memcpy_htod_now(session: Session, request: Request) -> Any:
     return {}
 
 
-@handler(Opcode.MEMCPY_DTOH)
+@handler(m.MemcpyDtoh)
 async def memcpy_dtoh(session: Session, request: Request) -> Any:
     """``{src, size, stream?}`` -> the bytes, in REPLY|MORE chunks then the final reply."""
-    src = request.args.address("src")
-    size = request.args.size("size")
+    args = request.args
+    src = args.address(m.MemcpyDtoh.src)
+    size = args.size(m.MemcpyDtoh.size)
     session.check_range(src, size, "source")
-    stream = session.stream(request.args.handle("stream", optional=True))
+    stream = session.stream(args.handle(m.MemcpyDtoh.stream, optional=True))
     session.observer.bytes_copied(session.tenant, "dtoh", size)
     if size <= DTOH_CHUNK:
         out = _host_buffer(size)
@@ -213,37 +224,39 @@ async def memcpy_dtoh(session: Session, request: Request) -> Any:
     return Reply({"size": size}, pending_buffer)
 
 
-@handler(Opcode.MEMCPY_DTOD, fire_and_forget=True)
+@handler(m.MemcpyDtod)
 async def memcpy_dtod(session: Session, request: Request) -> Any:
     """``{dst, src, size, stream?}``: copy between this session's allocations."""
-    dst = request.args.address("dst")
-    src = request.args.address("src")
-    size = request.args.size("size")
+    args = request.args
+    dst = args.address(m.MemcpyDtod.dst)
+    src = args.address(m.MemcpyDtod.src)
+    size = args.size(m.MemcpyDtod.size)
     session.check_range(dst, size, "destination")
     session.check_range(src, size, "source")
-    stream = session.stream(request.args.handle("stream", optional=True))
+    stream = session.stream(args.handle(m.MemcpyDtod.stream, optional=True))
     await run_ordered(session, request, session.backend.memcpy_dtod, dst, src, size, stream)
     return {}
 
 
-@handler(Opcode.MEMSET, fire_and_forget=True)
+@handler(m.Memset)
 async def memset(session: Session, request: Request) -> Any:
     """``{ptr, value, size, stream?}``: set ``size`` bytes to the byte ``value``."""
-    ptr = request.args.address("ptr")
-    value = request.args.integer("value", low=0, high=255)
-    size = request.args.size("size")
+    args = request.args
+    ptr = args.address(m.Memset.ptr)
+    value = args.integer(m.Memset.value, low=0, high=255)
+    size = args.size(m.Memset.size)
     session.check_range(ptr, size, "memset range")
-    stream = session.stream(request.args.handle("stream", optional=True))
+    stream = session.stream(args.handle(m.Memset.stream, optional=True))
     await run_ordered(session, request, session.backend.memset, ptr, value, size, stream)
     return {}
 
 
-@handler(Opcode.MALLOC_HTOD, streams_request=True)
+@handler(m.MallocHtod)
 async def malloc_htod(session: Session, request: Request) -> Any:
     """``{size}`` + ``size`` bulk bytes -> ``{ptr}``: allocate and fill in one round trip.
     Nothing stays allocated when the copy fails."""
     try:
-        size = request.args.size("size")
+        size = request.args.size(m.MallocHtod.size)
         if size == 0:
             raise invalid_value("MALLOC_HTOD: size must be at least 1 byte")
         with session.gate.reserve_memory(size):
@@ -268,10 +281,8 @@ async def malloc_htod(session: Session, request: Request) -> Any:
     return {"ptr": ptr}
 
 
-#: Pieces one MEMCPY_HTOD_MANY may carry, and bytes in all (the clients send at most
-#: 64 pieces of at most 4 KiB, 64 KiB in all: BATCH_ITEMS, BATCH_BYTES).
-MAX_PIECES = 4096
-MAX_PIECES_BYTES = 1 << 20
+MAX_PIECES = m.MAX_PIECES
+MAX_PIECES_BYTES = m.MAX_PIECES_BYTES
 
 
 def _in_one_allocation(session: Session, ranges: Sequence[tuple[int, int]]) -> bool:
@@ -298,9 +309,9 @@ def _pieces(
     """A MEMCPY_HTOD_MANY read and checked: its stream, the pieces that may run
     (address, bytes), and the first refusal, naming its piece."""
     args = request.args
-    stream = session.stream(args.handle("stream", optional=True))
-    dsts = args.int_list("dst", max_items=MAX_PIECES)
-    sizes = args.int_list("size", max_items=MAX_PIECES, high=MAX_PIECES_BYTES)
+    stream = session.stream(args.handle(_MANY_STREAM, optional=True))
+    dsts = args.int_list(_MANY_DST, max_items=MAX_PIECES)
+    sizes = args.int_list(_MANY_SIZE, max_items=MAX_PIECES, high=MAX_PIECES_BYTES)
     if not dsts or len(dsts) != len(sizes):
         raise invalid_value(
             f"{request.name}: 'dst' and 'size' must be lists of 1 to {MAX_PIECES} integers "
@@ -360,7 +371,7 @@ def _each_piece(copy: Any, pieces: list[tuple[int, memoryview]], stream: Any) ->
         copy(dst, piece, stream)
 
 
-@handler(Opcode.MEMCPY_HTOD_MANY, fire_and_forget=True)
+@handler(m.MemcpyHtodMany)
 async def memcpy_htod_many(session: Session, request: Request) -> Any:
     """``{dst: [address, ...], size: [bytes, ...], stream?}`` + the pieces' bytes, one
     after another (protocol 1.1): host-to-device copies in order, as if each came as its
@@ -377,7 +388,7 @@ async def memcpy_htod_many(session: Session, request: Request) -> Any:
     return {}
 
 
-@answers_now(Opcode.MEMCPY_HTOD_MANY)
+@answers_now(m.MemcpyHtodMany)
 def memcpy_htod_many_now(session: Session, request: Request) -> Any:
     """A fire-and-forget MEMCPY_HTOD_MANY queued from the worker's I/O callback."""
     if not request.no_reply or request.more:

@@ -19,17 +19,28 @@ from hipr.handlers.context import (
     run_ordered,
 )
 from hipr.handlers.registry import LATER, answers_now, handler
-from hipr.protocol.opcodes import Opcode, OpcodeRange
+from hipr.protocol import messages as m
+from hipr.protocol.opcodes import OpcodeRange
 from hipr.sessions.resources import FunctionEntry, ModuleEntry
 from hipr.sessions.state import Session, as_hip_error
 
 OPCODE_RANGE = OpcodeRange.MODULE
 
-MAX_SOURCE = 4 << 20
-MAX_KERNEL_ARGS_BYTES = 4096
-MAX_SHARED_MEMORY = 1 << 20
-#: Reply chunk of a code object (PROGRAM_COMPILE), as for device-to-host copies.
-CODE_CHUNK = 4 << 20
+MAX_SOURCE = m.MAX_SOURCE
+MAX_KERNEL_ARGS_BYTES = m.MAX_KERNEL_ARGS_BYTES
+MAX_SHARED_MEMORY = m.MAX_SHARED_MEMORY
+MAX_POINTER_ARGS = m.MAX_POINTER_ARGS
+CODE_CHUNK = m.CODE_CHUNK
+# A launch's keys, read for every launch: module constants, not attribute look-ups.
+_FUNCTION = m.LaunchConfig.function
+_GRID = m.LaunchConfig.grid
+_BLOCK = m.LaunchConfig.block
+_SHARED_MEM = m.LaunchConfig.shared_mem
+_PTRS = m.LaunchConfig.ptrs
+_ARGS = m.LaunchKernel.args
+_STREAM = m.LaunchKernel.stream
+_BATCH_ARGS = m.LaunchKernels.args
+_BATCH_STREAM = m.LaunchKernels.stream
 
 
 def _add_module(session: Session, handle: Any, *, shared: bool) -> int:
@@ -47,13 +58,19 @@ async def _get_function(session: Session, module_id: int, name: str) -> int:
     return function_id
 
 
-@handler(Opcode.MODULE_COMPILE)
+def _compile_args(request: Request) -> tuple[str, str, list[str]]:
+    """A compile request's source, file name and options, checked."""
+    args = request.args
+    source = args.text(m.Compile.source, max_length=MAX_SOURCE)
+    name = args.text(m.Compile.name, default="kernel.hip", max_length=256)
+    return source, name, args.str_list(m.Compile.options)
+
+
+@handler(m.ModuleCompile)
 async def module_compile(session: Session, request: Request) -> Any:
     """``{source, name?, options?}`` -> ``{module}``: compile HIP C++ on the worker and load
     it. A compile error's message carries the compiler log."""
-    source = request.args.text("source", max_length=MAX_SOURCE)
-    name = request.args.text("name", default="kernel.hip", max_length=256)
-    options = request.args.str_list("options")
+    source, name, options = _compile_args(request)
     session.gate.check_count("max_modules")
     backend = session.backend
     image = await session.gpu(backend.compile, source, name, options)
@@ -61,14 +78,12 @@ async def module_compile(session: Session, request: Request) -> Any:
     return {"module": _add_module(session, handle, shared=False)}
 
 
-@handler(Opcode.PROGRAM_COMPILE)
+@handler(m.ProgramCompile)
 async def program_compile(session: Session, request: Request) -> Any:
     """``{source, name?, options?}`` -> ``{size}`` and the code object as bulk bytes (REPLY|MORE
     chunks for a large one): compile HIP C++ on the worker without loading it, as hiprtc does.
     The image loads with MODULE_LOAD. A compile error's message carries the compiler log."""
-    source = request.args.text("source", max_length=MAX_SOURCE)
-    name = request.args.text("name", default="kernel.hip", max_length=256)
-    options = request.args.str_list("options")
+    source, name, options = _compile_args(request)
     image = memoryview(await session.gpu(session.backend.compile, source, name, options))
     # Whole chunks first, so no frame is larger than a copy's.
     while image.nbytes > CODE_CHUNK:
@@ -77,16 +92,16 @@ async def program_compile(session: Session, request: Request) -> Any:
     return Reply({"size": image.nbytes}, image)
 
 
-@handler(Opcode.COMPILE_AND_GET_FUNCTION)
+@handler(m.CompileAndGetFunction)
 async def compile_and_get_function(session: Session, request: Request) -> Any:
     """``{source, name?, options?, function}`` -> ``{module, function}`` in one round trip."""
     reply: dict[str, Any] = await module_compile(session, request)
-    function_name = request.args.text("function", max_length=1024)
+    function_name = request.args.text(m.CompileAndGetFunction.function, max_length=1024)
     reply["function"] = await _get_function(session, reply["module"], function_name)
     return reply
 
 
-@handler(Opcode.MODULE_LOAD)
+@handler(m.ModuleLoad)
 async def module_load(session: Session, request: Request) -> Any:
     """Bulk: a code object (HSACO, CUBIN or PTX) -> ``{module}``."""
     if not request.bulk.nbytes:
@@ -96,10 +111,10 @@ async def module_load(session: Session, request: Request) -> Any:
     return {"module": _add_module(session, handle, shared=False)}
 
 
-@handler(Opcode.MODULE_UNLOAD)
+@handler(m.ModuleUnload)
 async def module_unload(session: Session, request: Request) -> Any:
     """``{module}``: unload; its function handles become invalid."""
-    module_id = request.args.handle("module")
+    module_id = request.args.handle(m.ModuleUnload.module)
     assert module_id is not None
     entry = session.modules.pop(module_id)
     functions = [(i, session.functions.pop(i)) for i in entry.function_ids]
@@ -116,19 +131,19 @@ async def module_unload(session: Session, request: Request) -> Any:
     return {}
 
 
-@handler(Opcode.MODULE_GET_FUNCTION)
+@handler(m.ModuleGetFunction)
 async def module_get_function(session: Session, request: Request) -> Any:
     """``{module, name}`` -> ``{function}``."""
-    module_id = request.args.handle("module")
+    module_id = request.args.handle(m.ModuleGetFunction.module)
     assert module_id is not None
-    name = request.args.text("name", max_length=1024)
+    name = request.args.text(m.ModuleGetFunction.name, max_length=1024)
     return {"function": await _get_function(session, module_id, name)}
 
 
-@handler(Opcode.MODULE_BUILTIN)
+@handler(m.ModuleBuiltin)
 async def module_builtin(session: Session, request: Request) -> Any:
     """``{name}`` -> ``{module, function}``: a built-in kernel (hipr.kernels.builtins)."""
-    name = request.args.text("name", max_length=256)
+    name = request.args.text(m.ModuleBuiltin.name, max_length=256)
     # One built-in module per device: a kernel loaded on device 0 cannot run on device 1.
     module_id = session.builtin_module_ids.get(session.device)
     if module_id is None:
@@ -138,14 +153,14 @@ async def module_builtin(session: Session, request: Request) -> Any:
     return {"module": module_id, "function": await _get_function(session, module_id, name)}
 
 
-@handler(Opcode.FUNCTION_PARAMS)
+@handler(m.FunctionParams)
 async def function_params(session: Session, request: Request) -> Any:
     """``{function}`` -> ``{offsets, sizes, pointers}``: where each parameter of the kernel
     sits in its argument buffer and how many bytes it takes, and the indices of those that
     are device pointers (as far as the runtime tells), so that a client given bare argument
     pointers (HIP's ``kernelParams``) packs them. hipErrorNotSupported where the runtime
     cannot tell (HIP backends for now; CUDA before 12.4)."""
-    function_id = request.args.handle("function")
+    function_id = request.args.handle(m.FunctionParams.function)
     assert function_id is not None
     entry = session.functions.get(function_id)
     params = await session.gpu(session.backend.function_params, entry.handle)
@@ -160,7 +175,7 @@ def launch_arguments(session: Session, args: Args) -> tuple[Any, Any, Any, int, 
     """Read and check a launch's function, geometry and packed arguments. Each pointer
     argument must be null or inside one of the session's allocations."""
     function, grid, block, shared_mem, ptrs = launch_config(session, args)
-    data = args.blob("args", max_length=MAX_KERNEL_ARGS_BYTES) if args.has("args") else b""
+    data = args.blob(_ARGS, max_length=MAX_KERNEL_ARGS_BYTES) if args.has(_ARGS) else b""
     check_pointers(session, data, ptrs, "launch")
     return function, grid, block, shared_mem, data
 
@@ -168,13 +183,13 @@ def launch_arguments(session: Session, args: Args) -> tuple[Any, Any, Any, int, 
 def launch_config(session: Session, args: Args) -> tuple[Any, Any, Any, int, list[int]]:
     """A launch's function (its backend handle), grid, block, shared memory and the
     offsets of its pointer arguments, checked."""
-    function_id = args.handle("function")
+    function_id = args.handle(_FUNCTION)
     assert function_id is not None
     function = session.functions.get(function_id)
-    grid = args.dim3("grid")
-    block = args.dim3("block")
-    shared_mem = args.integer("shared_mem", high=MAX_SHARED_MEMORY, default=0)
-    ptrs = args.int_list("ptrs", max_items=256, high=MAX_KERNEL_ARGS_BYTES)
+    grid = args.dim3(_GRID)
+    block = args.dim3(_BLOCK)
+    shared_mem = args.integer(_SHARED_MEM, high=MAX_SHARED_MEMORY, default=0)
+    ptrs = args.int_list(_PTRS, max_items=MAX_POINTER_ARGS, high=MAX_KERNEL_ARGS_BYTES)
     return function.handle, grid, block, shared_mem, ptrs
 
 
@@ -206,7 +221,7 @@ def _named(what: str | Callable[[], str]) -> str:
     return what if isinstance(what, str) else what()
 
 
-@handler(Opcode.LAUNCH_KERNEL, fire_and_forget=True)
+@handler(m.LaunchKernel)
 async def launch_kernel(session: Session, request: Request) -> Any:
     """``{function, grid, block, shared_mem?, stream?, args, ptrs}``: launch a kernel.
     ``args`` is the C-aligned argument buffer; ``ptrs`` the offsets of its pointers."""
@@ -217,11 +232,11 @@ async def launch_kernel(session: Session, request: Request) -> Any:
 def _launch_call(session: Session, request: Request) -> tuple[Any, ...]:
     """The backend ``launch`` arguments of a launch request, checked."""
     function, grid, block, shared_mem, data = launch_arguments(session, request.args)
-    stream = session.stream(request.args.handle("stream", optional=True))
+    stream = session.stream(request.args.handle(_STREAM, optional=True))
     return function, grid, block, shared_mem, stream, data
 
 
-@answers_now(Opcode.LAUNCH_KERNEL)
+@answers_now(m.LaunchKernel)
 def launch_kernel_now(session: Session, request: Request) -> Any:
     """A lone fire-and-forget launch, issued from the worker's I/O callback (inline when
     the backend allows, else queued on the session's GPU thread)."""
@@ -231,8 +246,7 @@ def launch_kernel_now(session: Session, request: Request) -> Any:
     return {}
 
 
-#: Launches one LAUNCH_KERNELS request may carry (the clients send at most 64: BATCH_ITEMS).
-MAX_BATCH_LAUNCHES = 4096
+MAX_BATCH_LAUNCHES = m.MAX_BATCH_LAUNCHES
 
 
 class _Batch:
@@ -244,9 +258,9 @@ class _Batch:
     def __init__(self, session: Session, request: Request) -> None:
         args = request.args
         function, grid, block, shared_mem, ptrs = launch_config(session, args)
-        stream = session.stream(args.handle("stream", optional=True))
+        stream = session.stream(args.handle(_BATCH_STREAM, optional=True))
         blobs = args.blob_list(
-            "args", max_items=MAX_BATCH_LAUNCHES, max_length=MAX_KERNEL_ARGS_BYTES
+            _BATCH_ARGS, max_items=MAX_BATCH_LAUNCHES, max_length=MAX_KERNEL_ARGS_BYTES
         )
         self.call = (function, grid, block, shared_mem, stream)
         self.count = count = len(blobs)
@@ -277,7 +291,7 @@ class _Batch:
         return f"{request.name} (launch {index + 1} of {self.count})"
 
 
-@handler(Opcode.LAUNCH_KERNELS, fire_and_forget=True)
+@handler(m.LaunchKernels)
 async def launch_kernels(session: Session, request: Request) -> Any:
     """``{function, grid, block, shared_mem?, stream?, ptrs, args: [buffer, ...]}``
     (protocol 1.1): one launch of the kernel per argument buffer, in order, as if each
@@ -293,7 +307,7 @@ async def launch_kernels(session: Session, request: Request) -> Any:
     return {}
 
 
-@answers_now(Opcode.LAUNCH_KERNELS)
+@answers_now(m.LaunchKernels)
 def launch_kernels_now(session: Session, request: Request) -> Any:
     """A fire-and-forget batch of launches issued from the worker's I/O callback."""
     if not request.no_reply:

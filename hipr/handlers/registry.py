@@ -1,9 +1,12 @@
 """Handlers register by opcode with a decorator; each handler module owns one range.
 
 A module of handlers declares ``OPCODE_RANGE`` (an :class:`OpcodeRange`) before its
-first ``@handler``. Registering two handlers for one opcode, or an opcode outside the
-module's range, raises :class:`RegistrationError` at import: a wiring mistake must stop
-the worker from starting, not surface as a wrong reply in production.
+first ``@handler``. A handler names the message it serves (``@handler(m.Malloc)``,
+``hipr.protocol.messages``): whether the request may come fire-and-forget or stream its
+bulk data is the declaration's, never restated here. Registering two handlers for one
+opcode, an opcode outside the module's range, or one that nothing declares, raises
+:class:`RegistrationError` at import: a wiring mistake must stop the worker from
+starting, not surface as a wrong reply in production.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from hipr.protocol.opcodes import Opcode, OpcodeRange
+from hipr.protocol.messages import Message, declared
+from hipr.protocol.opcodes import Opcode, OpcodeRange, opcode_name
 
 if TYPE_CHECKING:
     from hipr.handlers.context import Request
@@ -56,6 +60,8 @@ class HandlerSpec:
     #: answers :data:`LATER` when it cannot answer at once. Only requests whole in one
     #: frame reach it. Registered with :func:`answers_now`.
     now: NowFn | None = None
+    #: The declaration of the request and its reply.
+    message: type[Message] = Message
 
     @property
     def doc(self) -> str:
@@ -70,16 +76,13 @@ class HandlerRegistry:
         self._handlers: dict[int, HandlerSpec] = {}
 
     def register(
-        self,
-        opcode: Opcode,
-        fn: HandlerFn,
-        module_range: OpcodeRange,
-        *,
-        fire_and_forget: bool = False,
-        streams_request: bool = False,
+        self, message: type[Message] | Opcode, fn: HandlerFn, module_range: OpcodeRange
     ) -> None:
-        """Add ``fn`` for ``opcode``; refuses duplicates and out-of-range opcodes."""
+        """Add ``fn`` for ``message`` (or the declaration of an opcode); refuses
+        duplicates, out-of-range opcodes and opcodes without a declaration."""
         where = f"{fn.__module__}.{fn.__qualname__}"
+        message = _declaration(message, where)
+        opcode = message.opcode
         if opcode.range is not module_range:
             raise RegistrationError(
                 f"{where} registers {opcode.name} (0x{opcode.value:04x}) but its module owns "
@@ -91,7 +94,12 @@ class HandlerRegistry:
                 f"{existing.module}.{existing.fn.__qualname__}"
             )
         self._handlers[opcode] = HandlerSpec(
-            opcode, fn, fire_and_forget, streams_request, fn.__module__
+            opcode,
+            fn,
+            message.fire_and_forget,
+            message.streams_request,
+            fn.__module__,
+            message=message,
         )
 
     def register_now(self, opcode: Opcode, fn: NowFn) -> None:
@@ -117,14 +125,26 @@ class HandlerRegistry:
 REGISTRY = HandlerRegistry()
 
 
+def _declaration(message: type[Message] | Opcode, where: str) -> type[Message]:
+    """The declaration a handler serves: ``message`` itself, or the one of an opcode."""
+    if isinstance(message, type) and issubclass(message, Message):
+        if declared(message.opcode) is not message:
+            raise RegistrationError(f"{where} serves {message.__name__}, which declares no opcode")
+        return message
+    found = declared(message)
+    if found is None:
+        raise RegistrationError(
+            f"{where} registers {opcode_name(message)}, which hipr.protocol.messages does "
+            "not declare"
+        )
+    return found
+
+
 def handler(
-    opcode: Opcode,
-    *,
-    fire_and_forget: bool = False,
-    streams_request: bool = False,
-    registry: HandlerRegistry | None = None,
+    message: type[Message] | Opcode, *, registry: HandlerRegistry | None = None
 ) -> Callable[[HandlerFn], HandlerFn]:
-    """Register the decorated coroutine as the handler of ``opcode``.
+    """Register the decorated coroutine as the handler of ``message`` (a declaration of
+    ``hipr.protocol.messages``, or an opcode: its declaration).
 
     The decorated function's module must define ``OPCODE_RANGE`` first.
     """
@@ -137,23 +157,18 @@ def handler(
                 f"{fn.__module__} must define OPCODE_RANGE (an OpcodeRange) before registering "
                 f"{fn.__qualname__}"
             )
-        (registry or REGISTRY).register(
-            opcode,
-            fn,
-            module_range,
-            fire_and_forget=fire_and_forget,
-            streams_request=streams_request,
-        )
+        (registry or REGISTRY).register(message, fn, module_range)
         return fn
 
     return decorate
 
 
 def answers_now(
-    opcode: Opcode, *, registry: HandlerRegistry | None = None
+    message: type[Message] | Opcode, *, registry: HandlerRegistry | None = None
 ) -> Callable[[NowFn], NowFn]:
-    """Register the decorated plain function as the synchronous variant of ``opcode``'s
-    handler (registered before it): see :attr:`HandlerSpec.now`."""
+    """Register the decorated plain function as the synchronous variant of the handler
+    of ``message`` (or an opcode; registered before it): see :attr:`HandlerSpec.now`."""
+    opcode = message.opcode if isinstance(message, type) else message
 
     def decorate(fn: NowFn) -> NowFn:
         (registry or REGISTRY).register_now(opcode, fn)

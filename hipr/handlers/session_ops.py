@@ -8,13 +8,14 @@ from typing import Any
 from hipr.errors import ProtocolError
 from hipr.handlers.context import Request
 from hipr.handlers.registry import handler
-from hipr.protocol.opcodes import Opcode, OpcodeRange
+from hipr.protocol import messages as m
+from hipr.protocol.opcodes import OpcodeRange
 from hipr.sessions.state import Session
 
 OPCODE_RANGE = OpcodeRange.SESSION
 
 
-@handler(Opcode.HELLO)
+@handler(m.Hello)
 async def hello_again(session: Session, request: Request) -> Any:
     """The first frame of a connection: ``{client, token?, eol?}`` (request id 0) ->
     ``{protocol, worker_version, backend, session_id, tenant, max_frame_bytes,
@@ -27,7 +28,7 @@ async def hello_again(session: Session, request: Request) -> Any:
     raise ProtocolError(message="HELLO was already exchanged on this connection")
 
 
-@handler(Opcode.RESUME)
+@handler(m.Resume)
 async def resume_again(session: Session, request: Request) -> Any:
     """The first frame of a new connection after a dropped link: ``{session_id,
     resume_token}`` -> ``{protocol, session_id, last_executed_id, chunk_bytes, ...}``.
@@ -37,25 +38,25 @@ async def resume_again(session: Session, request: Request) -> Any:
     raise ProtocolError(message="RESUME is valid only as the first frame of a connection")
 
 
-@handler(Opcode.PING)
+@handler(m.Ping)
 async def ping(session: Session, request: Request) -> Any:
     """A null request: replies at once with an empty map (round-trip probes, heartbeats)."""
     return {}
 
 
-@handler(Opcode.GOODBYE)
+@handler(m.Goodbye)
 async def goodbye(session: Session, request: Request) -> Any:
     """The client is closing: the connection frees the session after this reply."""
     return {}
 
 
-@handler(Opcode.SYNC_ERRORS)
+@handler(m.SyncErrors)
 async def sync_errors(session: Session, request: Request) -> Any:
     """Reports a pending fire-and-forget error (the dispatcher does) or replies ``{}``."""
     return {}
 
 
-@handler(Opcode.BARRIER)
+@handler(m.Barrier)
 async def barrier(session: Session, request: Request) -> Any:
     """Replies ``{}`` once every earlier request has run; reports no pending error."""
     return {}

@@ -1,4 +1,5 @@
-"""The fixed 24-byte frame header of DESIGN.md, little-endian on every platform."""
+"""The fixed 24-byte frame header (docs/protocol.md, "Frames"), little-endian on every
+platform."""
 
 from __future__ import annotations
 

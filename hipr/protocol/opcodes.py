@@ -1,4 +1,5 @@
-"""Opcodes, grouped in ranges of 256: one range per handler module (DESIGN.md)."""
+"""Opcodes, grouped in ranges of 256: one range per handler module. Each opcode's request
+and reply are declared in :mod:`hipr.protocol.messages` (docs/protocol.md, "Opcodes")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 /* Opcodes of docs/protocol.md used by the proxy (hipr/protocol/opcodes.py is the source;
- * tests/proxy/test_native_build.py checks that the two agree). */
+ * tests/proxy/test_native_c.py checks that the two agree). */
 #ifndef HIPR_OPCODES_H
 #define HIPR_OPCODES_H
 

@@ -1,0 +1,202 @@
+"""Module and kernel messages (0x05xx): run-time compilation, loading, launches."""
+
+from __future__ import annotations
+
+from hipr.protocol.messages._schema import FieldGroup, Message, Out, field, fields_of, message
+from hipr.protocol.opcodes import Opcode
+
+#: Characters of HIP C++ source one compile takes.
+MAX_SOURCE = 4 << 20
+#: Bytes of one launch's packed argument buffer.
+MAX_KERNEL_ARGS_BYTES = 4096
+#: Dynamic shared memory one launch may ask.
+MAX_SHARED_MEMORY = 1 << 20
+#: Pointer arguments one launch may declare.
+MAX_POINTER_ARGS = 256
+#: Launches one LAUNCH_KERNELS request may carry (the Python client sends at most 64).
+MAX_BATCH_LAUNCHES = 4096
+#: Reply chunk of a code object (PROGRAM_COMPILE), as for device-to-host copies.
+CODE_CHUNK = 4 << 20
+
+
+@fields_of
+class Compile(FieldGroup):
+    """What a run-time compilation takes."""
+
+    source = field("text", "HIP C++ source", range=f"at most {MAX_SOURCE} characters")
+    name = field(
+        "text",
+        "the source's file name, in the compiler's messages",
+        required=False,
+        default="`kernel.hip`",
+        range="at most 256 characters",
+    )
+    options = field(
+        "[text]",
+        "compiler options (`-O3`, `-DN=4`)",
+        required=False,
+        default="none",
+        range="at most 256 items of at most 4096 characters",
+    )
+
+
+@fields_of
+class LaunchConfig(FieldGroup):
+    """What every launch of one kernel configuration shares (the key of a batch)."""
+
+    function = field("handle", "the kernel (MODULE_GET_FUNCTION's `function`)")
+    grid = field("dim3", "blocks in the grid")
+    block = field("dim3", "threads in a block")
+    shared_mem = field(
+        "uint",
+        "dynamic shared memory",
+        required=False,
+        default="0",
+        unit="bytes",
+        range=f"[0, {MAX_SHARED_MEMORY}]",
+    )
+    ptrs = field(
+        "[uint]",
+        "the byte offsets in `args` of the arguments that are device pointers (8 bytes, "
+        "little-endian, each null or inside an allocation of the session)",
+        required=False,
+        default="none",
+        range=f"at most {MAX_POINTER_ARGS} offsets in [0, {MAX_KERNEL_ARGS_BYTES}]",
+    )
+
+
+_ARGS_DOC = (
+    "the packed argument buffer: each argument at its C alignment, little-endian, as the "
+    "kernel's parameter list lays them out"
+)
+
+
+@message(Opcode.MODULE_COMPILE, reply=(Out("module", "handle", "the loaded module"),))
+class ModuleCompile(Compile, Message):
+    """Compile HIP C++ on the worker and load it (counted against `max_modules`). A
+    compile error's message carries the compiler log."""
+
+
+@message(
+    Opcode.MODULE_LOAD,
+    reply=(Out("module", "handle", "the loaded module"),),
+    request_bulk="the code object (HSACO, CUBIN or PTX), not empty",
+)
+class ModuleLoad(Message):
+    """Load a code object (counted against `max_modules`)."""
+
+
+@message(Opcode.MODULE_UNLOAD)
+class ModuleUnload(Message):
+    """Unload a module; its function handles become invalid (replies `{}`)."""
+
+    module = field("handle", "the module")
+
+
+@message(Opcode.MODULE_GET_FUNCTION, reply=(Out("function", "handle", "the kernel"),))
+class ModuleGetFunction(Message):
+    """A kernel of a loaded module, by name."""
+
+    module = field("handle", "the module")
+    name = field("text", 'the kernel\'s name (`extern "C"` names are the simplest)')
+
+
+@message(
+    Opcode.MODULE_BUILTIN,
+    reply=(
+        Out("module", "handle", "the built-in module of the current device"),
+        Out("function", "handle", "the kernel"),
+    ),
+)
+class ModuleBuiltin(Message):
+    """A built-in kernel (docs/kernels.md), loaded once per device."""
+
+    name = field("text", "the built-in kernel's name", range="at most 256 characters")
+
+
+@message(
+    Opcode.COMPILE_AND_GET_FUNCTION,
+    reply=(
+        Out("module", "handle", "the loaded module"),
+        Out("function", "handle", "the kernel"),
+    ),
+)
+class CompileAndGetFunction(Compile, Message):
+    """MODULE_COMPILE then MODULE_GET_FUNCTION in one round trip."""
+
+    function = field("text", "the kernel's name", range="at most 1024 characters")
+
+
+@message(
+    Opcode.PROGRAM_COMPILE,
+    reply=(Out("size", "size", "the code object's length in bytes", unit="bytes"),),
+    reply_bulk="the code object; one larger than 4 MiB comes as REPLY|MORE frames (no CBOR "
+    "part) before the final REPLY frame, which carries `{size}` and the last chunk",
+)
+class ProgramCompile(Compile, Message):
+    """Compile HIP C++ on the worker without loading it, as hiprtc does; the code object
+    loads with MODULE_LOAD. A compile error's message carries the compiler log."""
+
+
+@message(
+    Opcode.FUNCTION_PARAMS,
+    reply=(
+        Out("offsets", "[uint]", "each parameter's byte offset in the argument buffer"),
+        Out("sizes", "[uint]", "each parameter's size in bytes"),
+        Out("pointers", "[uint]", "the indices of the parameters that are device pointers"),
+    ),
+)
+class FunctionParams(Message):
+    """A kernel's parameter layout, so that a client given bare argument pointers (HIP's
+    `kernelParams`) packs them. hipErrorNotSupported where the runtime cannot tell (HIP
+    backends for now; CUDA before 12.4); a worker that predates it answers hipErrorNotSupported
+    ("unknown opcode")."""
+
+    function = field("handle", "the kernel")
+
+
+@message(Opcode.LAUNCH_KERNEL, fire_and_forget=True)
+class LaunchKernel(LaunchConfig, Message):
+    """Launch a kernel."""
+
+    stream = field(
+        "handle",
+        "the stream; absent, null or 0: the null stream",
+        required=False,
+        default="the null stream",
+    )
+    args = field(
+        "bytes",
+        _ARGS_DOC,
+        required=False,
+        default="empty",
+        range=f"at most {MAX_KERNEL_ARGS_BYTES} bytes",
+    )
+
+
+@message(
+    Opcode.LAUNCH_KERNELS,
+    fire_and_forget=True,
+    batch_of="LAUNCH_KERNEL",
+    since_minor=1,
+)
+class LaunchKernels(LaunchConfig, Message):
+    """One launch of the kernel per argument buffer, in order, as if each came as its own
+    LAUNCH_KERNEL. The function, geometry, stream and pointer offsets are shared and
+    checked once; each buffer's pointers are checked on their own. A launch that is
+    refused (a pointer outside the session's allocations, or past the tenant's
+    `max_request_rate`: each launch counts as one request) or fails does not stop the
+    others; the first refusal, else the first failure, is the request's error, naming
+    the launch."""
+
+    stream = field(
+        "handle",
+        "the stream; absent, null or 0: the null stream",
+        required=False,
+        default="the null stream",
+    )
+    args = field(
+        "[bytes]",
+        "one packed argument buffer per launch (as LAUNCH_KERNEL's `args`)",
+        range=f"1 to {MAX_BATCH_LAUNCHES} buffers of at most {MAX_KERNEL_ARGS_BYTES} bytes",
+    )
