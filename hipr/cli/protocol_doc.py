@@ -296,8 +296,8 @@ def _heartbeat() -> list[str]:
 
 
 def _resume() -> list[str]:
-    from hipr.worker.config import WorkerConfig
     from hipr.sessions.reply_cache import MAX_ONE_REPLY, MAX_REPLIES, MAX_REPLY_BYTES
+    from hipr.worker.config import WorkerConfig
 
     config = WorkerConfig()
     return [

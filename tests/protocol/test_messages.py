@@ -89,7 +89,7 @@ def test_packed_kernel_arguments_use_the_launch_keys() -> None:
     # to_wire() (tests and tools use it) is held to them here.
     import numpy as np
 
-    from hipr.kernels.args import pack_args
+    from hipr.kernels.kernel_args import pack_args
 
     wire = pack_args([np.uint32(1), np.float32(2.0)]).to_wire()
     assert set(wire) == {m.LaunchKernel.args, m.LaunchKernel.ptrs}
