@@ -99,6 +99,7 @@ ALLOWED: dict[str, set[str]] = {
         "observability",
         "worker",
         "client",
+        "sessions",
         "handlers",
         "facade",
         "proxy",
