@@ -21,7 +21,7 @@ from hipr.backends.base import DeviceProperties, Dim3
 from hipr.backends.callmap import CUDA_CALLS, NVRTC_CALLS, RuntimeConstants, resolve_constants
 from hipr.backends.errmap import cu_error, cu_result_name
 from hipr.backends.gpu import RuntimeBase, import_bindings
-from hipr.backends.hipprops import cuda_hip_props
+from hipr.backends.hipprops import cuda_attribute_lists, cuda_hip_props
 from hipr.errors import HipError, HipErrorCode
 
 __all__ = ["HIP_PRELUDE", "LIBCUDA", "PRELUDE_INCLUDE_NAMES", "CudaRuntime", "nvrtc_options"]
@@ -279,7 +279,10 @@ class CudaRuntime(RuntimeBase):
             major=major,
             minor=minor,
             max_shared_memory_per_block=get("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK"),
-            hip_props=cuda_hip_props(attr, lambda a: self.call("cuDeviceGetAttribute", a, dev)),
+            hip_props={
+                **cuda_hip_props(attr, lambda a: self.call("cuDeviceGetAttribute", a, dev)),
+                **cuda_attribute_lists(attr, lambda a: self.call("cuDeviceGetAttribute", a, dev)),
+            },
         )
 
     def compile_options(self, options: Sequence[str], arch: str) -> list[str]:

@@ -229,15 +229,35 @@ static void fill_device(struct device *d, const cbor_item_t *map) {
         set_value(d, 33, (int)bus);
         set_value(d, 34, (int)dev);
     }
-    /* What the proxy itself can do, whatever the device can: host memory is not mapped
-     * into the device (CAN_MAP_HOST_MEMORY, MANAGED_MEMORY, pageable access) and stream
-     * priorities are not carried (cuCtxGetStreamPriorityRange gives [0, 0]). */
-    set_value(d, 19, 0);
-    set_value(d, 83, 0);
-    set_value(d, 88, 0);
-    set_value(d, 89, 0);
-    set_value(d, 78, 0);
-    set_value(d, 115, 0); /* memory pools: cuMemAllocAsync is not served */
+    /* The worker's driver's own answers, where it reports them (a cuda worker reports
+     * every attribute its driver knows). */
+    cbor_item_t *ids = extra && cbor_isa_map(extra) ? hipr_cbor_get(extra, "cudaAttributeIds") : NULL;
+    cbor_item_t *vals =
+        extra && cbor_isa_map(extra) ? hipr_cbor_get(extra, "cudaAttributeValues") : NULL;
+    if (ids && vals && cbor_isa_array(ids) && cbor_isa_array(vals) &&
+        cbor_array_size(ids) == cbor_array_size(vals)) {
+        for (size_t i = 0; i < cbor_array_size(ids); i++) {
+            cbor_item_t *k = cbor_array_get(ids, i), *v = cbor_array_get(vals, i);
+            if (k && cbor_isa_uint(k) && cbor_get_int(k) < CU_DEVICE_ATTRIBUTE_MAX)
+                set_attr(d, (int)cbor_get_int(k), v);
+            if (k) cbor_decref(&k);
+            if (v) cbor_decref(&v);
+        }
+    }
+    /* What the proxy itself offers, whatever the device can: features it does not serve
+     * (textures, surfaces, mapped and managed host memory, stream memory operations,
+     * cooperative and cluster launches, virtual memory management, pools, IPC, RDMA,
+     * graphics interop, NUMA host memory) are answered as absent, and stream priorities as
+     * not carried (cuCtxGetStreamPriorityRange gives [0, 0]). */
+    static const uint8_t absent[] = {
+        19,  21,  22,  23,  24,  25,  26,  27,  28,  29,  30,  42,  43,  44,  45,  46,  47,
+        48,  49,  51,  52,  53,  54,  55,  56,  57,  58,  59,  60,  61,  62,  63,  64,  65,
+        66,  67,  68,  69,  70,  71,  72,  73,  74,  77,  78,  83,  86,  88,  89,  91,  92,
+        93,  94,  95,  96,  98,  100, 101, 102, 103, 104, 105, 109, 112, 113, 114, 115, 116,
+        117, 118, 119, 120, 121, 122, 123, 124, 125, 127, 128, 129, 132, 135, 136, 137, 138,
+        141, 142, 143, 144, 145, 146, 147,
+    };
+    for (size_t i = 0; i < sizeof absent; i++) set_value(d, absent[i], 0);
 }
 
 /* With hipr_cu_lock held. */
@@ -1537,6 +1557,7 @@ static void forget_session(void) {
     }
     events = NULL;
     hipr_cu_forget_modules();
+    hipr_cu_forget_libraries();
 }
 
 __attribute__((constructor(102))) static void cuda_front_init(void) {

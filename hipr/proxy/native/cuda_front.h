@@ -50,6 +50,15 @@ CUresult hipr_cu_ctx_device(int *device);
 CUresult hipr_cu_stream(CUstream s, uint64_t *id);
 /* 1 when `p` is inside an allocation made through this proxy. */
 int hipr_cu_is_device(uint64_t p);
+/* cuda_modules.c: the size of an image given without one (following a fat binary
+ * wrapper to its data, which *image then points at); 0 when not an image. */
+size_t hipr_cu_image_size(const void **image);
+/* Load `size` bytes of image on the current context's device. */
+CUresult hipr_cu_load(CUmodule *out, const void *image, size_t size);
+/* cuda_library.c: 1 when `p` is a CUkernel, its function in the current context in *f
+ * (loading its library there first) and any failure in *rc; 0 when it is not one. */
+int hipr_cu_kernel_function(void *p, CUfunction *f, CUresult *rc);
+void hipr_cu_forget_libraries(void);
 /* cuda_modules.c: drop every module and function (a forked child's session is new). */
 void hipr_cu_forget_modules(void);
 

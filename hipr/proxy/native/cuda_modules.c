@@ -67,7 +67,7 @@ static size_t elf_size(const uint8_t *p) {
 /* The bytes of an image given without its size: an ELF cubin, a fat binary (its header
  * gives the size), the fat binary wrapper nvcc emits (followed to its fat binary), PTX
  * text up to its NUL, or the built-in marker. 0 when it is none of these. */
-static size_t image_size(const void **image) {
+size_t hipr_cu_image_size(const void **image) {
     const uint8_t *p = *image;
     if (memcmp(p, BUILTIN_IMAGE, sizeof BUILTIN_IMAGE) == 0) return sizeof BUILTIN_IMAGE;
     if (rd(p, 4) == 0x466243b1u) { /* __fatBinC_Wrapper_t: magic, version, data */
@@ -88,7 +88,7 @@ static size_t image_size(const void **image) {
 
 /* --- modules ----------------------------------------------------------------------------- */
 
-static CUresult load(CUmodule *out, const void *image, size_t size) {
+CUresult hipr_cu_load(CUmodule *out, const void *image, size_t size) {
     int dev;
     CUresult rc = hipr_cu_ctx_device(&dev);
     if (rc) return rc;
@@ -119,9 +119,9 @@ static CUresult load(CUmodule *out, const void *image, size_t size) {
 API CUresult cuModuleLoadData(CUmodule *module, const void *image) {
     if (!module || !image) return CUDA_ERROR_INVALID_VALUE;
     if (!hipr_cu_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
-    size_t size = image_size(&image);
+    size_t size = hipr_cu_image_size(&image);
     if (!size) return CUDA_ERROR_INVALID_IMAGE;
-    return load(module, image, size);
+    return hipr_cu_load(module, image, size);
 }
 
 API CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fat) {
@@ -177,7 +177,7 @@ API CUresult cuModuleLoad(CUmodule *module, const char *fname) {
     if (rc == CUDA_SUCCESS) {
         buf[len] = '\0'; /* PTX text needs its NUL */
         int text = memcmp(buf, "\x7f" "ELF", 4) != 0 && rd(buf, 4) != 0xBA55ED50u;
-        rc = load(module, buf, text ? len + 1 : len);
+        rc = hipr_cu_load(module, buf, text ? len + 1 : len);
     }
     free(buf);
     return rc;
@@ -391,6 +391,12 @@ static CUresult launch(CUfunction f, const unsigned grid[3], const unsigned bloc
     uint64_t sid = 0;
     if (rc == CUDA_SUCCESS) rc = hipr_cu_stream(stream, &sid);
     if (rc) return rc;
+    /* A CUkernel (cuLibraryGetKernel) launches as its function in the current context. */
+    CUfunction from_kernel = NULL;
+    if (f && hipr_cu_kernel_function((void *)f, &from_kernel, &rc)) {
+        if (rc) return rc;
+        f = from_kernel;
+    }
     if (!f || !function_live(f)) return CUDA_ERROR_INVALID_HANDLE;
     for (int i = 0; i < 3; i++)
         if (!grid[i] || !block[i]) return CUDA_ERROR_INVALID_VALUE;
@@ -506,3 +512,11 @@ API CUresult cuLaunchKernel_ptsz(CUfunction, unsigned, unsigned, unsigned, unsig
     __attribute__((alias("cuLaunchKernel")));
 API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *, CUfunction, void **, void **)
     __attribute__((alias("cuLaunchKernelEx")));
+
+/* Libraries (cuLibraryLoadData) load on the worker at the first use of one of their
+ * kernels in a context: lazy loading, as the runtime is told. */
+API CUresult cuModuleGetLoadingMode(int *mode) {
+    if (!mode) return CUDA_ERROR_INVALID_VALUE;
+    *mode = 2; /* CU_MODULE_LAZY_LOADING */
+    return CUDA_SUCCESS;
+}

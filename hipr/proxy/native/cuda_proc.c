@@ -103,32 +103,3 @@ API CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuin
 API CUresult cuGetProcAddress_v2_ptsz(const char *, void **, int, cuuint64_t,
                                       CUdriverProcAddressQueryResult *)
     __attribute__((alias("cuGetProcAddress_v2")));
-
-/* The CUDA runtime asks the driver for private function tables by UUID before it
- * initialises; their layouts are NVIDIA's and undocumented, and the proxy serves none of
- * them yet. Each id asked for is named once on stderr, so that what a runtime needs is
- * visible, and refused as NVIDIA's driver refuses an id it does not know. */
-API CUresult cuGetExportTable(const void **table, const CUuuid *id) {
-    if (!table || !id) return CUDA_ERROR_INVALID_VALUE;
-    *table = NULL;
-    static struct {
-        char bytes[16];
-    } seen[32];
-    static int n_seen;
-    static pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
-    pthread_mutex_lock(&m);
-    int known = 0;
-    for (int i = 0; i < n_seen && !known; i++) known = memcmp(seen[i].bytes, id->bytes, 16) == 0;
-    if (!known && n_seen < 32) memcpy(seen[n_seen++].bytes, id->bytes, 16);
-    pthread_mutex_unlock(&m);
-    if (!known) {
-        const unsigned char *b = (const unsigned char *)id->bytes;
-        fprintf(stderr,
-                "hipr proxy: cuGetExportTable(%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-"
-                "%02x%02x%02x%02x%02x%02x): this private driver table is not served "
-                "(CUDA_ERROR_INVALID_VALUE)\n",
-                b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12],
-                b[13], b[14], b[15]);
-    }
-    return CUDA_ERROR_INVALID_VALUE;
-}

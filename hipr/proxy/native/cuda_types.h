@@ -145,6 +145,6 @@ typedef struct CUctxCreateParams_st {
 } CUctxCreateParams;
 
 /* Device attributes read from the worker's properties (CUdevice_attribute). */
-#define CU_DEVICE_ATTRIBUTE_MAX 160
+#define CU_DEVICE_ATTRIBUTE_MAX 256
 
 #endif
