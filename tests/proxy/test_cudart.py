@@ -59,3 +59,32 @@ def test_cuda_runtime_through_the_proxy(proxy_libs: None, worker_url: str) -> No
     assert "memset True elapsed True" in lines
     # Only the proxy's libcuda.so.1 is mapped: NVIDIA's driver is never loaded.
     assert f"libcuda ['{LIB_DIR / CUDA_SUBDIR / 'libcuda.so.1'}']" in lines, result.stdout
+
+
+def test_hipr_run_api_cuda(proxy_libs: None, worker_url: str) -> None:
+    """`hipr run --api cuda` puts libcuda.so.1 first on the library path."""
+    libcudart = _libcudart()
+    if libcudart is None:
+        pytest.skip(f"no libcudart.so.12/13 here (looked in {', '.join(_PLACES)})")
+    script = str(HERE / "cuda" / "cudart_check.py")
+    cmd = [sys.executable, "-m", "hipr", "run", "--url", worker_url, "--api", "cuda", "--"]
+    result = subprocess.run(
+        [*cmd, sys.executable, script, libcudart],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "copy True" in result.stdout.splitlines()
+
+
+def test_hipr_run_default_api_follows_the_worker(proxy_libs: None, worker_url: str) -> None:
+    """Without --api the worker's backend decides: the emulator gets the HIP proxy."""
+    code = "import os; print(os.environ['LD_LIBRARY_PATH'].split(':')[0])"
+    cmd = [sys.executable, "-m", "hipr", "run", "--url", worker_url, "--", sys.executable]
+    result = subprocess.run(
+        [*cmd, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(LIB_DIR)
