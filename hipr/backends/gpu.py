@@ -69,6 +69,7 @@ from hipr.backends._gpu_common import (
 from hipr.backends.base import BackendStats, BackendUnavailable, DeviceProperties, Dim3, Handle
 from hipr.backends.callmap import DriverCalls, RtcCalls, RuntimeConstants
 from hipr.backends.errmap import rtc_error
+from hipr.backends.imagekind import check_image
 from hipr.errors import HipError, HipErrorCode
 from hipr.kernels.args import MAX_ARGS_BYTES
 from hipr.kernels.builtins import BUILTIN_SOURCE
@@ -1037,6 +1038,7 @@ class GpuBackend:
         """Load a code object (on CUDA: a CUBIN, fatbin or PTX image) on the current
         device."""
         device = self._current()
+        check_image(self._rt.name, image)
         raw = self._call(self._calls.module_load_data, self._rt.loadable_image(bytes(image)))
         return self._track(self._ledger.modules, GpuModule(raw, device))
 
