@@ -1199,6 +1199,26 @@ class GpuBackend:
             params.append((int(result[1]), int(result[2]), False))
         return params
 
+    def function_attribute(self, function: Handle, attribute: int, value: int | None) -> int:
+        """A kernel's attribute (CUfunction_attribute numbering), set to ``value`` first
+        when one is given (``cuFuncSetAttribute``); hipErrorNotSupported on HIP for now."""
+        if self._rt.name != "cuda":
+            raise HipError(
+                HipErrorCode.hipErrorNotSupported,
+                "kernel attributes are served on cuda workers only",
+            )
+        self._current()
+        api: Any = getattr(self._rt, "api")  # noqa: B009 - cuda's runtime adapter has it
+        try:
+            which = api.CUfunction_attribute(attribute)
+        except ValueError:
+            raise HipError(
+                HipErrorCode.hipErrorInvalidValue, f"unknown function attribute {attribute}"
+            ) from None
+        if value is not None:
+            self._rt.call("cuFuncSetAttribute", function, which, value)
+        return int(self._rt.call("cuFuncGetAttribute", which, function))
+
     def _fit_args(self, function: Any, args: bytes) -> bytes:
         """``args`` without zero tail padding past the kernel's last parameter.
 

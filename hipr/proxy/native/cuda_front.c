@@ -1563,3 +1563,91 @@ static void forget_session(void) {
 __attribute__((constructor(102))) static void cuda_front_init(void) {
     hipr_fork_guard(&hipr_cu_lock, forget_session);
 }
+
+/* --- stream capture: the proxy never captures (cuStreamBeginCapture is not served), so
+ * every stream reports CU_STREAM_CAPTURE_STATUS_NONE, as a driver's do outside capture.
+ * The runtime and PyTorch's allocator ask this before most operations. */
+
+static CUresult capture_none(CUstream s, int *status) {
+    if (!status) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t id;
+    CUresult rc = hipr_cu_stream(s, &id);
+    if (rc == CUDA_SUCCESS) *status = 0; /* CU_STREAM_CAPTURE_STATUS_NONE */
+    return rc;
+}
+
+API CUresult cuStreamIsCapturing(CUstream s, int *status) { return capture_none(s, status); }
+
+API CUresult cuStreamGetCaptureInfo(CUstream s, int *status, cuuint64_t *id) {
+    CUresult rc = capture_none(s, status);
+    if (rc == CUDA_SUCCESS && id) *id = 0;
+    return rc;
+}
+
+API CUresult cuStreamGetCaptureInfo_v2(CUstream s, int *status, cuuint64_t *id, void **graph,
+                                       const void **deps, size_t *n_deps) {
+    CUresult rc = cuStreamGetCaptureInfo(s, status, id);
+    if (rc == CUDA_SUCCESS) {
+        if (graph) *graph = NULL;
+        if (deps) *deps = NULL;
+        if (n_deps) *n_deps = 0;
+    }
+    return rc;
+}
+
+API CUresult cuStreamGetCaptureInfo_v3(CUstream s, int *status, cuuint64_t *id, void **graph,
+                                       const void **deps, const void **edges, size_t *n_deps) {
+    CUresult rc = cuStreamGetCaptureInfo_v2(s, status, id, graph, deps, n_deps);
+    if (rc == CUDA_SUCCESS && edges) *edges = NULL;
+    return rc;
+}
+
+static __thread int tl_capture_mode; /* CU_STREAM_CAPTURE_MODE_GLOBAL */
+
+API CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
+    if (!mode || *mode < 0 || *mode > 2) return CUDA_ERROR_INVALID_VALUE;
+    int old = tl_capture_mode;
+    tl_capture_mode = *mode;
+    *mode = old;
+    return CUDA_SUCCESS;
+}
+
+ALIAS(CUresult, cuStreamIsCapturing_ptsz, cuStreamIsCapturing, (CUstream, int *))
+ALIAS(CUresult, cuStreamGetCaptureInfo_ptsz, cuStreamGetCaptureInfo, (CUstream, int *, cuuint64_t *))
+ALIAS(CUresult, cuStreamGetCaptureInfo_v2_ptsz, cuStreamGetCaptureInfo_v2,
+      (CUstream, int *, cuuint64_t *, void **, const void **, size_t *))
+ALIAS(CUresult, cuStreamGetCaptureInfo_v3_ptsz, cuStreamGetCaptureInfo_v3,
+      (CUstream, int *, cuuint64_t *, void **, const void **, const void **, size_t *))
+
+/* Several attributes at once; a pointer the proxy does not know (ordinary host memory)
+ * reads as unregistered (memory type 0), as the driver reports it. */
+API CUresult cuPointerGetAttributes(unsigned int n, int *attributes, void **data,
+                                    CUdeviceptr ptr) {
+    if (!n || !attributes || !data) return CUDA_ERROR_INVALID_VALUE;
+    NEED_INIT;
+    for (unsigned i = 0; i < n; i++) {
+        if (!data[i]) continue;
+        CUresult rc = cuPointerGetAttribute(data[i], attributes[i], ptr);
+        if (rc == CUDA_ERROR_INVALID_VALUE) {
+            /* unknown pointer, or an attribute that does not apply to it */
+            switch (attributes[i]) {
+            case CU_POINTER_ATTRIBUTE_CONTEXT:
+                *(CUcontext *)data[i] = NULL;
+                break;
+            case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+            case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+            case CU_POINTER_ATTRIBUTE_MAPPED:
+                *(unsigned *)data[i] = 0;
+                break;
+            case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+                *(int *)data[i] = -2; /* the driver's "no device" ordinal */
+                break;
+            default:
+                *(uint64_t *)data[i] = 0;
+            }
+        } else if (rc) {
+            return rc;
+        }
+    }
+    return CUDA_SUCCESS;
+}

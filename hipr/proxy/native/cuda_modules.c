@@ -10,6 +10,10 @@
 #include "cuda_front.h"
 #include "opcodes.h"
 
+/* FUNCTION_ATTRIBUTE (hipr/protocol/opcodes.py); here rather than in opcodes.h, which the
+ * HIP proxy owns. */
+#define OP_FUNCTION_ATTRIBUTE 0x0509
+
 #define MAX_PARAMS 256
 #define MAX_ARGS_BYTES 4096
 /* The worker's built-in kernels (hipr.kernels.builtins), as for the HIP front. */
@@ -373,13 +377,108 @@ API CUresult cuFuncGetModule(CUmodule *m, CUfunction f) {
     return CUDA_SUCCESS;
 }
 
+/* FUNCTION_ATTRIBUTE: the attribute as the worker's driver answers it, set first when
+ * `set` is given. */
+static CUresult function_attribute(CUfunction f, int attrib, const int *set, int *value) {
+    if (!hipr_cu_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!f || !function_live(f)) return CUDA_ERROR_INVALID_HANDLE;
+    if (attrib < 0 || attrib > 64) return CUDA_ERROR_INVALID_VALUE;
+    hipr_map m;
+    hipr_map_init(&m, set ? 3 : 2);
+    hipr_map_u64(&m, "function", f->id);
+    hipr_map_u64(&m, "attribute", (uint64_t)attrib);
+    if (set) {
+        if (*set < 0) {
+            hipr_map_free(&m);
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        hipr_map_u64(&m, "value", (uint64_t)*set);
+    }
+    hipr_reply r;
+    int hip = hipr_call(f->device, OP_FUNCTION_ATTRIBUTE, &m, NULL, 0, NULL, 0, &r);
+    int64_t v = 0;
+    if (hip == 0 && hipr_cbor_int(r.map, "value", &v)) hip = HIPR_UNKNOWN;
+    hipr_reply_free(&r);
+    if (hip) return hipr_cu_error(hip);
+    if (value) *value = (int)v;
+    return CUDA_SUCCESS;
+}
+
 API CUresult cuFuncGetAttribute(int *value, int attrib, CUfunction f) {
-    (void)value, (void)attrib, (void)f;
-    static int warned;
-    hipr_warn_once("cuFuncGetAttribute: the worker has no request for a function's "
-                   "attributes yet (CUDA_ERROR_NOT_SUPPORTED)",
-                   &warned);
-    return CUDA_ERROR_NOT_SUPPORTED;
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    CUfunction k = NULL;
+    CUresult rc = CUDA_SUCCESS;
+    if (f && hipr_cu_kernel_function((void *)f, &k, &rc)) {
+        if (rc) return rc;
+        f = k;
+    }
+    return function_attribute(f, attrib, NULL, value);
+}
+
+API CUresult cuFuncSetAttribute(CUfunction f, int attrib, int value) {
+    CUfunction k = NULL;
+    CUresult rc = CUDA_SUCCESS;
+    if (f && hipr_cu_kernel_function((void *)f, &k, &rc)) {
+        if (rc) return rc;
+        f = k;
+    }
+    return function_attribute(f, attrib, &value, NULL);
+}
+
+/* A kernel's attribute on `dev`: its function in the current context, which must be on
+ * that device (the proxy loads a library per context). */
+static CUresult kernel_here(void *kernel, CUdevice dev, CUfunction *f) {
+    int cur;
+    CUresult rc = hipr_cu_ctx_device(&cur);
+    if (rc) return rc;
+    if (cur != dev) return CUDA_ERROR_NOT_SUPPORTED;
+    if (!hipr_cu_kernel_function(kernel, f, &rc)) return CUDA_ERROR_INVALID_HANDLE;
+    return rc;
+}
+
+API CUresult cuKernelGetAttribute(int *value, int attrib, void *kernel, CUdevice dev) {
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    CUfunction f = NULL;
+    CUresult rc = kernel_here(kernel, dev, &f);
+    return rc ? rc : function_attribute(f, attrib, NULL, value);
+}
+
+API CUresult cuKernelSetAttribute(int attrib, int value, void *kernel, CUdevice dev) {
+    CUfunction f = NULL;
+    CUresult rc = kernel_here(kernel, dev, &f);
+    return rc ? rc : function_attribute(f, attrib, &value, NULL);
+}
+
+/* Cache and shared-memory configurations are preferences, which CUDA itself may ignore:
+ * accepted (after checking them) and not carried. */
+API CUresult cuFuncSetCacheConfig(CUfunction f, int config) {
+    if (!hipr_cu_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (config < 0 || config > 3) return CUDA_ERROR_INVALID_VALUE;
+    CUfunction k = NULL;
+    CUresult rc = CUDA_SUCCESS;
+    if (f && hipr_cu_kernel_function((void *)f, &k, &rc)) return rc;
+    return f && function_live(f) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+API CUresult cuKernelSetCacheConfig(void *kernel, int config, CUdevice dev) {
+    if (config < 0 || config > 3) return CUDA_ERROR_INVALID_VALUE;
+    CUfunction f = NULL;
+    return kernel_here(kernel, dev, &f);
+}
+
+API CUresult cuCtxSetCacheConfig(int config) {
+    int dev;
+    CUresult rc = hipr_cu_ctx_device(&dev);
+    if (rc) return rc;
+    return config < 0 || config > 3 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+API CUresult cuCtxGetCacheConfig(int *config) {
+    if (!config) return CUDA_ERROR_INVALID_VALUE;
+    int dev;
+    CUresult rc = hipr_cu_ctx_device(&dev);
+    if (rc == CUDA_SUCCESS) *config = 0; /* CU_FUNC_CACHE_PREFER_NONE: none is carried */
+    return rc;
 }
 
 /* --- launches ----------------------------------------------------------------------------- */

@@ -100,6 +100,9 @@ CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsi
                         unsigned, CUstream, void **, void **);
 CUresult cuLaunchKernelEx(const CUlaunchConfig *, CUfunction, void **, void **);
 CUresult cuMemAllocManaged(CUdeviceptr *, size_t, unsigned);
+CUresult cuFuncGetAttribute(int *, int, CUfunction);
+CUresult cuFuncSetAttribute(CUfunction, int, int);
+CUresult cuStreamIsCapturing(CUstream, int *);
 
 static int failures;
 
@@ -394,6 +397,15 @@ static void launches(const char *module_file) {
     EXPECT(off == 16 && size == 8);
     EXPECT_RC(1, cuFuncGetParamInfo(scale, 3, &off, &size));
 
+    /* kernel attributes come from the worker's driver; the emulator cannot tell */
+    int max_threads = 0;
+    CUresult fa = cuFuncGetAttribute(&max_threads, 0 /* MAX_THREADS_PER_BLOCK */, scale);
+    if (module_file) EXPECT(fa == 0 && max_threads > 0);
+    else EXPECT(fa == 801);
+    int capturing = -1;
+    CHECK(cuStreamIsCapturing(NULL, &capturing));
+    EXPECT(capturing == 0);
+
     float factor = 3.0f;
     unsigned long long n = N;
     void *params[] = {&a, &factor, &n};
@@ -441,7 +453,12 @@ static void launches(const char *module_file) {
         CHECK(cuMemcpyHtoD_v2(a, host, sizeof host));
         float two = 2.0f;
         void *p2[] = {&a, &two, &n};
-        CHECK(cuLaunchKernel(k, 4, 1, 1, 256, 1, 1, 0, NULL, p2, NULL));
+        /* more than 48 KiB of dynamic shared memory needs the attribute set first */
+        CHECK(cuFuncSetAttribute(k, 8 /* MAX_DYNAMIC_SHARED_SIZE_BYTES */, 64 * 1024));
+        int dyn = 0;
+        CHECK(cuFuncGetAttribute(&dyn, 8, k));
+        EXPECT(dyn == 64 * 1024);
+        CHECK(cuLaunchKernel(k, 4, 1, 1, 256, 1, 1, 64 * 1024, NULL, p2, NULL));
         CHECK(cuMemcpyDtoH_v2(back, a, sizeof back));
         ok = 1;
         for (int i = 0; i < N; i++) ok &= back[i] == host[i] * 2.0f;
@@ -468,6 +485,15 @@ int main(int argc, char **argv) {
     CHECK(cuCtxSetCurrent(NULL));
     CHECK(cuDevicePrimaryCtxRelease_v2(dev));
     EXPECT_RC(201, cuDevicePrimaryCtxRelease_v2(dev));
+    /* Which libcuda this process runs on (the proxy's, not NVIDIA's driver). */
+    FILE *maps = fopen("/proc/self/maps", "r");
+    char line[1024];
+    while (maps && fgets(line, sizeof line, maps))
+        if (strstr(line, "libcuda.so")) {
+            fprintf(stderr, "mapped: %s", strchr(line, '/') ? strchr(line, '/') : line);
+            break;
+        }
+    if (maps) fclose(maps);
     if (failures) {
         fprintf(stderr, "%d failures\n", failures);
         return 1;
