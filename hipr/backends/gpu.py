@@ -1219,6 +1219,35 @@ class GpuBackend:
             self._rt.call("cuFuncSetAttribute", function, which, value)
         return int(self._rt.call("cuFuncGetAttribute", which, function))
 
+    def function_occupancy(
+        self, function: Handle, query: str, numbers: dict[str, int]
+    ) -> dict[str, int]:
+        """The driver's occupancy figure ``query`` for a kernel (see the FUNCTION_OCCUPANCY
+        handler); hipErrorNotSupported on HIP for now."""
+        if self._rt.name != "cuda":
+            raise HipError(
+                HipErrorCode.hipErrorNotSupported, "occupancy is served on cuda workers only"
+            )
+        self._current()
+        call = self._rt.call
+        if query == "max_active_blocks":
+            value = call(
+                "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
+                function, numbers["block_size"], numbers["dynamic_smem"], numbers["flags"],
+            )  # fmt: skip
+            return {"value": int(value)}
+        if query == "available_dynamic_smem":
+            value = call(
+                "cuOccupancyAvailableDynamicSMemPerBlock",
+                function, numbers["num_blocks"], numbers["block_size"],
+            )  # fmt: skip
+            return {"value": int(value)}
+        min_grid, block = call(
+            "cuOccupancyMaxPotentialBlockSizeWithFlags",
+            function, None, numbers["dynamic_smem"], numbers["block_limit"], numbers["flags"],
+        )  # fmt: skip
+        return {"min_grid": int(min_grid), "block_size": int(block)}
+
     def _fit_args(self, function: Any, args: bytes) -> bytes:
         """``args`` without zero tail padding past the kernel's last parameter.
 

@@ -1,4 +1,4 @@
-"""A kernel's attributes (0x0509, in the module range): what the CUDA proxy's
+"""A kernel's attributes (0x0509) and occupancy (0x050A), in the module range: what the CUDA proxy's
 cuFuncGetAttribute / cuFuncSetAttribute (and the CUDA runtime's cudaFuncGetAttributes /
 cudaFuncSetAttribute, which cuBLAS uses for kernels that need more than 48 KiB of
 dynamic shared memory) ask of the worker."""
@@ -41,3 +41,37 @@ async def function_attribute(session: Session, request: Request) -> Any:
             "this worker's backend cannot read or set a kernel's attributes",
         )
     return {"value": await session.gpu(call, entry.handle, attribute, value)}
+
+
+#: FUNCTION_OCCUPANCY's queries, as cuOccupancy* names them.
+OCCUPANCY_QUERIES = ("max_active_blocks", "available_dynamic_smem", "max_potential_block_size")
+
+
+@handler(Opcode.FUNCTION_OCCUPANCY)
+async def function_occupancy(session: Session, request: Request) -> Any:
+    """``{function, query, block_size?, dynamic_smem?, num_blocks?, block_limit?, flags?}``
+    -> ``{value}`` (``{min_grid, block_size}`` for max_potential_block_size): the
+    driver's occupancy figures (cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags,
+    cuOccupancyAvailableDynamicSMemPerBlock, cuOccupancyMaxPotentialBlockSizeWithFlags
+    with a fixed dynamic shared memory size). hipErrorNotSupported on a backend that
+    cannot tell."""
+    function_id = request.args.handle("function")
+    assert function_id is not None
+    query = request.args.text("query", max_length=64)
+    if query not in OCCUPANCY_QUERIES:
+        raise HipError(
+            HipErrorCode.hipErrorInvalidValue,
+            f"FUNCTION_OCCUPANCY: query must be one of {', '.join(OCCUPANCY_QUERIES)}",
+        )
+    numbers = {
+        key: request.args.integer(key, high=2**31 - 1, default=0)
+        for key in ("block_size", "dynamic_smem", "num_blocks", "block_limit", "flags")
+    }
+    entry = session.functions.get(function_id)
+    call = getattr(session.backend, "function_occupancy", None)
+    if call is None:
+        raise HipError(
+            HipErrorCode.hipErrorNotSupported,
+            "this worker's backend cannot report a kernel's occupancy",
+        )
+    return await session.gpu(call, entry.handle, query, numbers)

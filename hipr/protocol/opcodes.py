@@ -83,6 +83,8 @@ class Opcode(IntEnum):
     #: A kernel's attribute (CUDA's CUfunction_attribute numbering), read or set: the
     #: CUDA proxy's cuFuncGetAttribute / cuFuncSetAttribute.
     FUNCTION_ATTRIBUTE = 0x0509
+    #: A kernel's occupancy on the device (cuOccupancy*), for the CUDA proxy.
+    FUNCTION_OCCUPANCY = 0x050A
     LAUNCH_KERNEL = 0x0510
     #: Protocol 1.1: launches of one kernel configuration, one argument buffer each.
     LAUNCH_KERNELS = 0x0511

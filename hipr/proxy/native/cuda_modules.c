@@ -13,6 +13,7 @@
 /* FUNCTION_ATTRIBUTE (hipr/protocol/opcodes.py); here rather than in opcodes.h, which the
  * HIP proxy owns. */
 #define OP_FUNCTION_ATTRIBUTE 0x0509
+#define OP_FUNCTION_OCCUPANCY 0x050A
 
 #define MAX_PARAMS 256
 #define MAX_ARGS_BYTES 4096
@@ -447,6 +448,94 @@ API CUresult cuKernelSetAttribute(int attrib, int value, void *kernel, CUdevice 
     CUfunction f = NULL;
     CUresult rc = kernel_here(kernel, dev, &f);
     return rc ? rc : function_attribute(f, attrib, &value, NULL);
+}
+
+/* --- occupancy: the worker's driver computes it for the kernel ---------------------------- */
+
+static CUresult occupancy(CUfunction f, const char *query, int64_t block_size, int64_t smem,
+                          int64_t num_blocks, int64_t limit, unsigned flags, int64_t *value,
+                          int64_t *second) {
+    if (!hipr_cu_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+    CUfunction k = NULL;
+    CUresult rc = CUDA_SUCCESS;
+    if (f && hipr_cu_kernel_function((void *)f, &k, &rc)) {
+        if (rc) return rc;
+        f = k;
+    }
+    if (!f || !function_live(f)) return CUDA_ERROR_INVALID_HANDLE;
+    if (block_size < 0 || smem < 0 || num_blocks < 0 || limit < 0 || smem > INT32_MAX)
+        return CUDA_ERROR_INVALID_VALUE;
+    hipr_map m;
+    hipr_map_init(&m, 7);
+    hipr_map_u64(&m, "function", f->id);
+    hipr_map_str(&m, "query", query, strlen(query));
+    hipr_map_u64(&m, "block_size", (uint64_t)block_size);
+    hipr_map_u64(&m, "dynamic_smem", (uint64_t)smem);
+    hipr_map_u64(&m, "num_blocks", (uint64_t)num_blocks);
+    hipr_map_u64(&m, "block_limit", (uint64_t)limit);
+    hipr_map_u64(&m, "flags", flags);
+    hipr_reply r;
+    int hip = hipr_call(f->device, OP_FUNCTION_OCCUPANCY, &m, NULL, 0, NULL, 0, &r);
+    if (hip == 0) {
+        int bad = second ? hipr_cbor_int(r.map, "min_grid", value) ||
+                               hipr_cbor_int(r.map, "block_size", second)
+                         : hipr_cbor_int(r.map, "value", value);
+        if (bad) hip = HIPR_UNKNOWN;
+    }
+    hipr_reply_free(&r);
+    return hipr_cu_error(hip);
+}
+
+API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *n, CUfunction f,
+                                                                  int block, size_t smem,
+                                                                  unsigned flags) {
+    if (!n) return CUDA_ERROR_INVALID_VALUE;
+    int64_t v = 0;
+    CUresult rc = occupancy(f, "max_active_blocks", block, (int64_t)smem, 0, 0, flags, &v, NULL);
+    if (rc == CUDA_SUCCESS) *n = (int)v;
+    return rc;
+}
+
+API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, CUfunction f, int block,
+                                                         size_t smem) {
+    return cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(n, f, block, smem, 0);
+}
+
+API CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t *smem, CUfunction f, int blocks,
+                                                     int block) {
+    if (!smem) return CUDA_ERROR_INVALID_VALUE;
+    int64_t v = 0;
+    CUresult rc = occupancy(f, "available_dynamic_smem", block, 0, blocks, 0, 0, &v, NULL);
+    if (rc == CUDA_SUCCESS) *smem = (size_t)v;
+    return rc;
+}
+
+/* With a callback giving the shared memory per block size the driver would call back
+ * into this process: not served (refused, never approximated). */
+API CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int *min_grid, int *block, CUfunction f,
+                                                       void *to_smem, size_t smem, int limit,
+                                                       unsigned flags) {
+    if (!min_grid || !block) return CUDA_ERROR_INVALID_VALUE;
+    if (to_smem) {
+        static int warned;
+        hipr_warn_once("cuOccupancyMaxPotentialBlockSize with a shared-memory callback is not "
+                       "served (CUDA_ERROR_NOT_SUPPORTED)",
+                       &warned);
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    int64_t g = 0, b = 0;
+    CUresult rc =
+        occupancy(f, "max_potential_block_size", 0, (int64_t)smem, 0, limit, flags, &g, &b);
+    if (rc == CUDA_SUCCESS) {
+        *min_grid = (int)g;
+        *block = (int)b;
+    }
+    return rc;
+}
+
+API CUresult cuOccupancyMaxPotentialBlockSize(int *min_grid, int *block, CUfunction f,
+                                              void *to_smem, size_t smem, int limit) {
+    return cuOccupancyMaxPotentialBlockSizeWithFlags(min_grid, block, f, to_smem, smem, limit, 0);
 }
 
 /* Cache and shared-memory configurations are preferences, which CUDA itself may ignore:

@@ -103,6 +103,7 @@ CUresult cuMemAllocManaged(CUdeviceptr *, size_t, unsigned);
 CUresult cuFuncGetAttribute(int *, int, CUfunction);
 CUresult cuFuncSetAttribute(CUfunction, int, int);
 CUresult cuStreamIsCapturing(CUstream, int *);
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *, CUfunction, int, size_t);
 
 static int failures;
 
@@ -402,6 +403,24 @@ static void launches(const char *module_file) {
     CUresult fa = cuFuncGetAttribute(&max_threads, 0 /* MAX_THREADS_PER_BLOCK */, scale);
     if (module_file) EXPECT(fa == 0 && max_threads > 0);
     else EXPECT(fa == 801);
+    int blocks = -1;
+    CUresult occ = cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, scale, 256, 0);
+    if (module_file) EXPECT(occ == 0 && blocks > 0);
+    else EXPECT(occ == 801);
+    /* a code object larger than one frame travels in DATA frames: the worker takes it
+     * whole (the emulator then refuses it as an image, a driver as bad PTX) */
+    size_t big = (size_t)3 << 20;
+    char *text = malloc(big + 1);
+    if (text) {
+        memset(text, ' ', big);
+        memcpy(text, "//", 2);
+        text[big] = '\0';
+        CUmodule junk = NULL;
+        CUresult lr = cuModuleLoadData(&junk, text);
+        EXPECT(lr != 0 && lr != 1);
+        if (!module_file) EXPECT(lr == 200); /* CUDA_ERROR_INVALID_IMAGE */
+        free(text);
+    }
     int capturing = -1;
     CHECK(cuStreamIsCapturing(NULL, &capturing));
     EXPECT(capturing == 0);

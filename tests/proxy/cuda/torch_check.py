@@ -57,41 +57,64 @@ guarded("losses", mlp)
 
 
 def bench():
+    """Each figure on its own: one that fails says which."""
     figures = {}
+
+    def timed(name, fn):
+        try:
+            figures[name] = fn()
+        except Exception as exc:
+            figures[name] = f"FAILED {type(exc).__name__}: {exc}"[:300]
+
     t = torch.zeros(1, device="cuda")
-    for _ in range(50):
-        t.add_(1)
-    torch.cuda.synchronize()
-    n = 200
-    start = time.perf_counter()
-    for _ in range(n):
-        t.add_(1)
+
+    def tiny():
+        for _ in range(50):
+            t.add_(1)
         torch.cuda.synchronize()
-    figures["tiny_op_sync_us"] = (time.perf_counter() - start) / n * 1e6
-    start = time.perf_counter()
-    for _ in range(1000):
-        t.add_(1)
-    torch.cuda.synchronize()
-    figures["op_of_1000_us"] = (time.perf_counter() - start) / 1000 * 1e6
+        start = time.perf_counter()
+        for _ in range(200):
+            t.add_(1)
+            torch.cuda.synchronize()
+        return (time.perf_counter() - start) / 200 * 1e6
+
+    def many():
+        start = time.perf_counter()
+        for _ in range(1000):
+            t.add_(1)
+        torch.cuda.synchronize()
+        return (time.perf_counter() - start) / 1000 * 1e6
+
     host = torch.empty(256 << 20, dtype=torch.uint8)
     dev = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    dev.copy_(host)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    dev.copy_(host)
-    torch.cuda.synchronize()
-    figures["h2d_256MiB_GBps"] = 0.268435456 / (time.perf_counter() - start)
-    start = time.perf_counter()
-    host.copy_(dev)
-    figures["d2h_256MiB_GBps"] = 0.268435456 / (time.perf_counter() - start)
-    a = torch.randn(4096, 4096, device="cuda")
-    (a @ a).sum().item()
-    start = time.perf_counter()
-    for _ in range(5):
-        c = a @ a
-    torch.cuda.synchronize()
-    figures["matmul_4096_ms"] = (time.perf_counter() - start) / 5 * 1e3
-    del c
+
+    def h2d():
+        dev.copy_(host)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        dev.copy_(host)
+        torch.cuda.synchronize()
+        return 0.268435456 / (time.perf_counter() - start)
+
+    def d2h():
+        start = time.perf_counter()
+        host.copy_(dev)
+        return 0.268435456 / (time.perf_counter() - start)
+
+    def matmul():
+        a = torch.randn(4096, 4096, device="cuda")
+        (a @ a).sum().item()
+        start = time.perf_counter()
+        for _ in range(5):
+            c = a @ a
+        torch.cuda.synchronize()
+        del c
+        return (time.perf_counter() - start) / 5 * 1e3
+
+    for name, fn in [("tiny_op_sync_us", tiny), ("op_of_1000_us", many),
+                     ("h2d_256MiB_GBps", h2d), ("d2h_256MiB_GBps", d2h),
+                     ("matmul_4096_ms", matmul)]:
+        timed(name, fn)
     return figures
 
 
