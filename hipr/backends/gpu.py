@@ -1220,7 +1220,7 @@ class GpuBackend:
         return int(self._rt.call("cuFuncGetAttribute", which, function))
 
     def function_occupancy(
-        self, function: Handle, query: str, numbers: dict[str, int]
+        self, function: Handle, query: str, numbers: dict[str, Any]
     ) -> dict[str, int]:
         """The driver's occupancy figure ``query`` for a kernel (see the FUNCTION_OCCUPANCY
         handler); hipErrorNotSupported on HIP for now."""
@@ -1242,11 +1242,31 @@ class GpuBackend:
                 function, numbers["num_blocks"], numbers["block_size"],
             )  # fmt: skip
             return {"value": int(value)}
+        if query == "max_active_clusters":
+            return {"value": int(call("cuOccupancyMaxActiveClusters", function, self._cluster_config(numbers)))}
         min_grid, block = call(
             "cuOccupancyMaxPotentialBlockSizeWithFlags",
             function, None, numbers["dynamic_smem"], numbers["block_limit"], numbers["flags"],
         )  # fmt: skip
         return {"min_grid": int(min_grid), "block_size": int(block)}
+
+    def _cluster_config(self, numbers: dict[str, Any]) -> Any:
+        """A CUlaunchConfig of ``grid``, ``block``, ``dynamic_smem`` and, when given,
+        ``cluster`` dimensions (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)."""
+        api: Any = getattr(self._rt, "api")  # noqa: B009 - cuda's runtime adapter has it
+        config = api.CUlaunchConfig()
+        grid, block = numbers.get("grid", (1, 1, 1)), numbers.get("block", (1, 1, 1))
+        config.gridDimX, config.gridDimY, config.gridDimZ = (int(v) for v in grid)
+        config.blockDimX, config.blockDimY, config.blockDimZ = (int(v) for v in block)
+        config.sharedMemBytes = int(numbers.get("dynamic_smem", 0))
+        if "cluster" in numbers:
+            attr = api.CUlaunchAttribute()
+            attr.id = api.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            dim = attr.value.clusterDim
+            dim.x, dim.y, dim.z = (int(v) for v in numbers["cluster"])
+            config.attrs = [attr]
+            config.numAttrs = 1
+        return config
 
     def _fit_args(self, function: Any, args: bytes) -> bytes:
         """``args`` without zero tail padding past the kernel's last parameter.

@@ -44,17 +44,24 @@ async def function_attribute(session: Session, request: Request) -> Any:
 
 
 #: FUNCTION_OCCUPANCY's queries, as cuOccupancy* names them.
-OCCUPANCY_QUERIES = ("max_active_blocks", "available_dynamic_smem", "max_potential_block_size")
+OCCUPANCY_QUERIES = (
+    "max_active_blocks",
+    "available_dynamic_smem",
+    "max_potential_block_size",
+    "max_active_clusters",
+)
 
 
 @handler(Opcode.FUNCTION_OCCUPANCY)
 async def function_occupancy(session: Session, request: Request) -> Any:
-    """``{function, query, block_size?, dynamic_smem?, num_blocks?, block_limit?, flags?}``
-    -> ``{value}`` (``{min_grid, block_size}`` for max_potential_block_size): the
-    driver's occupancy figures (cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags,
-    cuOccupancyAvailableDynamicSMemPerBlock, cuOccupancyMaxPotentialBlockSizeWithFlags
-    with a fixed dynamic shared memory size). hipErrorNotSupported on a backend that
-    cannot tell."""
+    """``{function, query, block_size?, dynamic_smem?, num_blocks?, block_limit?, flags?,
+    grid?, block?, cluster?}`` -> ``{value}`` (``{min_grid, block_size}`` for
+    max_potential_block_size): the driver's occupancy figures
+    (cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags,
+    cuOccupancyAvailableDynamicSMemPerBlock, cuOccupancyMaxPotentialBlockSizeWithFlags with
+    a fixed dynamic shared memory size, cuOccupancyMaxActiveClusters for a launch of
+    ``grid``/``block``/``dynamic_smem`` with cluster dimensions ``cluster``).
+    hipErrorNotSupported on a backend that cannot tell."""
     function_id = request.args.handle("function")
     assert function_id is not None
     query = request.args.text("query", max_length=64)
@@ -67,6 +74,9 @@ async def function_occupancy(session: Session, request: Request) -> Any:
         key: request.args.integer(key, high=2**31 - 1, default=0)
         for key in ("block_size", "dynamic_smem", "num_blocks", "block_limit", "flags")
     }
+    dims: dict[str, Any] = {
+        key: request.args.dim3(key) for key in ("grid", "block", "cluster") if request.args.has(key)
+    }
     entry = session.functions.get(function_id)
     call = getattr(session.backend, "function_occupancy", None)
     if call is None:
@@ -74,4 +84,4 @@ async def function_occupancy(session: Session, request: Request) -> Any:
             HipErrorCode.hipErrorNotSupported,
             "this worker's backend cannot report a kernel's occupancy",
         )
-    return await session.gpu(call, entry.handle, query, numbers)
+    return await session.gpu(call, entry.handle, query, {**numbers, **dims})

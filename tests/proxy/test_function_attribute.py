@@ -1,4 +1,5 @@
-"""FUNCTION_ATTRIBUTE (0x0509): a kernel's attribute read or set on the worker, which the
+"""FUNCTION_ATTRIBUTE (0x0509) and FUNCTION_OCCUPANCY (0x050A): a kernel's attribute read or
+set, and its occupancy, on the worker, which the
 CUDA proxy's cuFuncGetAttribute / cuFuncSetAttribute ask for. The emulator cannot tell
 (hipErrorNotSupported); bad handles and values are refused; a cuda worker answers from its
 driver (checked on the GPU host by scripts/cuda-gpu-check)."""
@@ -34,6 +35,18 @@ async def test_function_attribute_on_the_emulator(anyio_backend: str) -> None:
             with pytest.raises(HipError) as info:
                 await client.call(
                     Opcode.FUNCTION_ATTRIBUTE, {"function": function, "attribute": 1000}
+                )
+            assert info.value.code == HipErrorCode.hipErrorInvalidValue
+            for query in ("max_active_blocks", "max_active_clusters"):
+                with pytest.raises(HipError) as info:
+                    await client.call(
+                        Opcode.FUNCTION_OCCUPANCY,
+                        {"function": function, "query": query, "block_size": 128},
+                    )
+                assert info.value.code == HipErrorCode.hipErrorNotSupported
+            with pytest.raises(HipError) as info:
+                await client.call(
+                    Opcode.FUNCTION_OCCUPANCY, {"function": function, "query": "best_guess"}
                 )
             assert info.value.code == HipErrorCode.hipErrorInvalidValue
             # The worker keeps serving the session after each refusal.

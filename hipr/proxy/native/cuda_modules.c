@@ -538,6 +538,53 @@ API CUresult cuOccupancyMaxPotentialBlockSize(int *min_grid, int *block, CUfunct
     return cuOccupancyMaxPotentialBlockSizeWithFlags(min_grid, block, f, to_smem, smem, limit, 0);
 }
 
+static CUresult check_attribute(const CUlaunchAttribute *a);
+
+API CUresult cuOccupancyMaxActiveClusters(int *clusters, CUfunction f, const CUlaunchConfig *config) {
+    if (!clusters || !config || (config->numAttrs && !config->attrs))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!hipr_cu_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+    uint64_t cluster[3] = {1, 1, 1};
+    int have_cluster = 0;
+    for (unsigned i = 0; i < config->numAttrs; i++) {
+        const CUlaunchAttribute *a = &config->attrs[i];
+        if (a->id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) {
+            cluster[0] = a->value.clusterDim.x;
+            cluster[1] = a->value.clusterDim.y;
+            cluster[2] = a->value.clusterDim.z;
+            have_cluster = 1;
+        } else {
+            CUresult rc = check_attribute(a);
+            if (rc) return rc;
+        }
+    }
+    CUfunction k = NULL;
+    CUresult rc = CUDA_SUCCESS;
+    if (f && hipr_cu_kernel_function((void *)f, &k, &rc)) {
+        if (rc) return rc;
+        f = k;
+    }
+    if (!f || !function_live(f)) return CUDA_ERROR_INVALID_HANDLE;
+    const uint64_t grid[3] = {config->gridDimX, config->gridDimY, config->gridDimZ};
+    const uint64_t block[3] = {config->blockDimX, config->blockDimY, config->blockDimZ};
+    hipr_map m;
+    hipr_map_init(&m, 6);
+    hipr_map_u64(&m, "function", f->id);
+    hipr_map_str(&m, "query", "max_active_clusters", strlen("max_active_clusters"));
+    hipr_map_u64_list(&m, "grid", grid, 3);
+    hipr_map_u64_list(&m, "block", block, 3);
+    hipr_map_u64(&m, "dynamic_smem", config->sharedMemBytes);
+    if (have_cluster) hipr_map_u64_list(&m, "cluster", cluster, 3);
+    hipr_reply r;
+    int hip = hipr_call(f->device, OP_FUNCTION_OCCUPANCY, &m, NULL, 0, NULL, 0, &r);
+    int64_t v = 0;
+    if (hip == 0 && hipr_cbor_int(r.map, "value", &v)) hip = HIPR_UNKNOWN;
+    hipr_reply_free(&r);
+    if (hip) return hipr_cu_error(hip);
+    *clusters = (int)v;
+    return CUDA_SUCCESS;
+}
+
 /* Cache and shared-memory configurations are preferences, which CUDA itself may ignore:
  * accepted (after checking them) and not carried. */
 API CUresult cuFuncSetCacheConfig(CUfunction f, int config) {

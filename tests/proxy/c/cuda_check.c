@@ -104,6 +104,7 @@ CUresult cuFuncGetAttribute(int *, int, CUfunction);
 CUresult cuFuncSetAttribute(CUfunction, int, int);
 CUresult cuStreamIsCapturing(CUstream, int *);
 CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *, CUfunction, int, size_t);
+CUresult cuOccupancyMaxActiveClusters(int *, CUfunction, const CUlaunchConfig *);
 
 static int failures;
 
@@ -407,6 +408,10 @@ static void launches(const char *module_file) {
     CUresult occ = cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, scale, 256, 0);
     if (module_file) EXPECT(occ == 0 && blocks > 0);
     else EXPECT(occ == 801);
+    CUlaunchConfig one = {1, 1, 1, 128, 1, 1, 0, NULL, NULL, 0};
+    int clusters = -1;
+    occ = cuOccupancyMaxActiveClusters(&clusters, scale, &one);
+    if (!module_file) EXPECT(occ == 801);
     /* a code object larger than one frame travels in DATA frames: the worker takes it
      * whole (the emulator then refuses it as an image, a driver as bad PTX) */
     size_t big = (size_t)3 << 20;
