@@ -1243,7 +1243,8 @@ class GpuBackend:
             )  # fmt: skip
             return {"value": int(value)}
         if query == "max_active_clusters":
-            return {"value": int(call("cuOccupancyMaxActiveClusters", function, self._cluster_config(numbers)))}
+            config = self._cluster_config(numbers)
+            return {"value": int(call("cuOccupancyMaxActiveClusters", function, config))}
         min_grid, block = call(
             "cuOccupancyMaxPotentialBlockSizeWithFlags",
             function, None, numbers["dynamic_smem"], numbers["block_limit"], numbers["flags"],

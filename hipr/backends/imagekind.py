@@ -16,7 +16,7 @@ _CUDA_FATBIN_WRAPPER = 0x466243B1
 
 
 def image_vendor(image: bytes | bytearray | memoryview) -> str | None:
-    """"nvidia" for a CUBIN, CUDA fat binary or PTX text; "amd" for an AMDGPU ELF code
+    """ "nvidia" for a CUBIN, CUDA fat binary or PTX text; "amd" for an AMDGPU ELF code
     object or a clang offload bundle (plain or compressed); None when it cannot tell."""
     head = bytes(image[:64])
     if head.startswith(b"\x7fELF") and len(head) >= 20:

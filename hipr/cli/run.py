@@ -64,7 +64,7 @@ def proxy_environment(
 
 
 def worker_api(url: str, token: str | None) -> str:
-    """"cuda" when the worker at ``url`` runs the cuda backend, else "hip" (also when it
+    """ "cuda" when the worker at ``url`` runs the cuda backend, else "hip" (also when it
     does not answer: the proxy then says so itself, on the program's first call)."""
     from hipr.client.sync import connect
 

@@ -216,7 +216,14 @@ def is_current(directory: Path | None = None) -> bool:
 
 CUDA_SUBDIR = "cuda"
 CUDA_LIBRARY = "libcuda.so.1"
-CUDA_SOURCES = (*CORE_SOURCES, "cuda_front.c", "cuda_modules.c", "cuda_proc.c", "cuda_export.c", "cuda_library.c")
+CUDA_SOURCES = (
+    *CORE_SOURCES,
+    "cuda_front.c",
+    "cuda_modules.c",
+    "cuda_proc.c",
+    "cuda_export.c",
+    "cuda_library.c",
+)
 #: Every driver entry point NVIDIA's libcuda exports (names from the public cuda.h).
 CUDA_SYMBOLS = NATIVE / "cuda_symbols.txt"
 

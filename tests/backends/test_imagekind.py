@@ -56,9 +56,7 @@ def test_cuda_refuses_amd_and_hip_refuses_cuda() -> None:
     with pytest.raises(HipError) as info:
         check_image("hip", PTX)
     assert info.value.code == HipErrorCode.hipErrorNoBinaryForGpu
-    assert "AMD GPUs (hip backend)" in str(info.value) and "NVIDIA (CUDA) binary" in str(
-        info.value
-    )
+    assert "AMD GPUs (hip backend)" in str(info.value) and "NVIDIA (CUDA) binary" in str(info.value)
     # Each runtime's own images, and images nobody can classify, go to the runtime.
     for runtime, image in [("cuda", CUBIN), ("cuda", FATBIN), ("hip", HSACO), ("hip", BUNDLE),
                            ("cuda", HOST_ELF), ("emulator", HSACO)]:  # fmt: skip

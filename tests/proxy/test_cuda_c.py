@@ -13,6 +13,7 @@ from pathlib import Path
 
 from hipr.proxy.build import (
     CUDA_LIBRARY,
+    CUDA_SOURCES,
     CUDA_SUBDIR,
     CUDA_SYMBOLS,
     LIB_DIR,
@@ -107,7 +108,6 @@ def test_served_table_names_defined_functions() -> None:
     served = re.findall(
         r"^X\((\w+), (\d+), (\w+)\)", (NATIVE / "cuda_served.def").read_text(), re.M
     )
-    sources = "".join((NATIVE / n).read_text() for n in ("cuda_front.c", "cuda_modules.c",
-                                                          "cuda_proc.c", "cuda_export.c", "cuda_library.c"))  # fmt: skip
+    sources = "".join((NATIVE / n).read_text() for n in CUDA_SOURCES if n.startswith("cuda_"))
     for _, _, symbol in served:
         assert re.search(rf"\b{symbol}\s*\(", sources), symbol

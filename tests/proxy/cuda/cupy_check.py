@@ -52,10 +52,16 @@ def matmul():
     return np.allclose((cp.asarray(x) @ cp.asarray(x)).get(), x @ x, rtol=1e-4)
 
 
-for name, fn in [("create", create), ("elementwise", elementwise), ("reduction", reduction),
-                 ("RawKernel", raw_kernel), ("matmul (cuBLAS)", matmul)]:
+for name, fn in [
+    ("create", create),
+    ("elementwise", elementwise),
+    ("reduction", reduction),
+    ("RawKernel", raw_kernel),
+    ("matmul (cuBLAS)", matmul),
+]:
     results.append(step(name, fn) if a is not None or name == "create" else False)
-maps = open("/proc/self/maps").read()
-print("libcuda mapped:", sorted({l.split()[-1] for l in maps.splitlines() if "libcuda.so" in l}))
-print("libnvidia-ml mapped:", any("libnvidia-ml" in l for l in maps.splitlines()))
+with open("/proc/self/maps") as f:
+    maps = f.read().splitlines()
+print("libcuda mapped:", sorted({line.split()[-1] for line in maps if "libcuda.so" in line}))
+print("libnvidia-ml mapped:", any("libnvidia-ml" in line for line in maps))
 sys.exit(0 if all(results) else 1)

@@ -111,16 +111,21 @@ def bench():
         del c
         return (time.perf_counter() - start) / 5 * 1e3
 
-    for name, fn in [("tiny_op_sync_us", tiny), ("op_of_1000_us", many),
-                     ("h2d_256MiB_GBps", h2d), ("d2h_256MiB_GBps", d2h),
-                     ("matmul_4096_ms", matmul)]:
+    for name, fn in [
+        ("tiny_op_sync_us", tiny),
+        ("op_of_1000_us", many),
+        ("h2d_256MiB_GBps", h2d),
+        ("d2h_256MiB_GBps", d2h),
+        ("matmul_4096_ms", matmul),
+    ]:
         timed(name, fn)
     return figures
 
 
 if "--bench" in sys.argv:
     guarded("bench", bench)
-maps = open("/proc/self/maps").read()
-out["libcuda"] = sorted({l.split()[-1] for l in maps.splitlines() if "libcuda.so" in l})
-out["libnvidia_ml"] = any("libnvidia-ml" in l for l in maps.splitlines())
+with open("/proc/self/maps") as f:
+    maps = f.read().splitlines()
+out["libcuda"] = sorted({line.split()[-1] for line in maps if "libcuda.so" in line})
+out["libnvidia_ml"] = any("libnvidia-ml" in line for line in maps)
 print(json.dumps(out), flush=True)
