@@ -1201,73 +1201,30 @@ class GpuBackend:
 
     def function_attribute(self, function: Handle, attribute: int, value: int | None) -> int:
         """A kernel's attribute (CUfunction_attribute numbering), set to ``value`` first
-        when one is given (``cuFuncSetAttribute``); hipErrorNotSupported on HIP for now."""
-        if self._rt.name != "cuda":
+        when one is given; hipErrorNotSupported where the runtime adapter cannot (HIP for
+        now)."""
+        call = getattr(self._rt, "function_attribute", None)
+        if call is None:
             raise HipError(
                 HipErrorCode.hipErrorNotSupported,
                 "kernel attributes are served on cuda workers only",
             )
         self._current()
-        api: Any = getattr(self._rt, "api")  # noqa: B009 - cuda's runtime adapter has it
-        try:
-            which = api.CUfunction_attribute(attribute)
-        except ValueError:
-            raise HipError(
-                HipErrorCode.hipErrorInvalidValue, f"unknown function attribute {attribute}"
-            ) from None
-        if value is not None:
-            self._rt.call("cuFuncSetAttribute", function, which, value)
-        return int(self._rt.call("cuFuncGetAttribute", which, function))
+        return int(call(function, attribute, value))
 
     def function_occupancy(
         self, function: Handle, query: str, numbers: dict[str, Any]
     ) -> dict[str, int]:
         """The driver's occupancy figure ``query`` for a kernel (see the FUNCTION_OCCUPANCY
-        handler); hipErrorNotSupported on HIP for now."""
-        if self._rt.name != "cuda":
+        handler); hipErrorNotSupported where the runtime adapter cannot (HIP for now)."""
+        call = getattr(self._rt, "function_occupancy", None)
+        if call is None:
             raise HipError(
                 HipErrorCode.hipErrorNotSupported, "occupancy is served on cuda workers only"
             )
         self._current()
-        call = self._rt.call
-        if query == "max_active_blocks":
-            value = call(
-                "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
-                function, numbers["block_size"], numbers["dynamic_smem"], numbers["flags"],
-            )  # fmt: skip
-            return {"value": int(value)}
-        if query == "available_dynamic_smem":
-            value = call(
-                "cuOccupancyAvailableDynamicSMemPerBlock",
-                function, numbers["num_blocks"], numbers["block_size"],
-            )  # fmt: skip
-            return {"value": int(value)}
-        if query == "max_active_clusters":
-            config = self._cluster_config(numbers)
-            return {"value": int(call("cuOccupancyMaxActiveClusters", function, config))}
-        min_grid, block = call(
-            "cuOccupancyMaxPotentialBlockSizeWithFlags",
-            function, None, numbers["dynamic_smem"], numbers["block_limit"], numbers["flags"],
-        )  # fmt: skip
-        return {"min_grid": int(min_grid), "block_size": int(block)}
-
-    def _cluster_config(self, numbers: dict[str, Any]) -> Any:
-        """A CUlaunchConfig of ``grid``, ``block``, ``dynamic_smem`` and, when given,
-        ``cluster`` dimensions (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)."""
-        api: Any = getattr(self._rt, "api")  # noqa: B009 - cuda's runtime adapter has it
-        config = api.CUlaunchConfig()
-        grid, block = numbers.get("grid", (1, 1, 1)), numbers.get("block", (1, 1, 1))
-        config.gridDimX, config.gridDimY, config.gridDimZ = (int(v) for v in grid)
-        config.blockDimX, config.blockDimY, config.blockDimZ = (int(v) for v in block)
-        config.sharedMemBytes = int(numbers.get("dynamic_smem", 0))
-        if "cluster" in numbers:
-            attr = api.CUlaunchAttribute()
-            attr.id = api.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-            dim = attr.value.clusterDim
-            dim.x, dim.y, dim.z = (int(v) for v in numbers["cluster"])
-            config.attrs = [attr]
-            config.numAttrs = 1
-        return config
+        result: dict[str, int] = call(function, query, numbers)
+        return result
 
     def _fit_args(self, function: Any, args: bytes) -> bytes:
         """``args`` without zero tail padding past the kernel's last parameter.
