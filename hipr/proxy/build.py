@@ -192,6 +192,7 @@ def is_built(directory: Path | None = None) -> bool:
         (d / HIP_LIBRARY).is_file()
         and (d / RTC_LIBRARY).is_file()
         and (d / CUDA_SUBDIR / CUDA_LIBRARY).is_file()
+        and (d / CUDA_SUBDIR / NVML_LIBRARY).is_file()
     )
 
 
@@ -283,4 +284,29 @@ def build_cuda(out: Path, flags: list[str], cc: str) -> Path:
     if link.is_symlink() or link.exists():
         link.unlink()
     link.symlink_to(CUDA_LIBRARY)
+    _build_nvml(out, flags, cc)
+    return target
+
+
+NVML_LIBRARY = "libnvidia-ml.so.1"
+
+
+def _build_nvml(out: Path, flags: list[str], cc: str) -> Path:
+    """libnvidia-ml.so.1 beside libcuda.so.1, answering through it (no session of its own)."""
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name) / NVML_LIBRARY
+        script = Path(tmp_name) / "nvml.map"
+        script.write_text("{\n  global: nvml*;\n  local: *;\n};\n")
+        _run(
+            [
+                cc, *flags, "-shared", f"-Wl,-soname,{NVML_LIBRARY}",
+                f"-Wl,--version-script={script}", "-Wl,-z,defs", "-Wl,-rpath,$ORIGIN",
+                "-o", str(tmp), str(NATIVE / "nvml_front.c"),
+                f"-L{out}", f"-l:{CUDA_LIBRARY}", "-pthread",
+            ]
+        )  # fmt: skip
+        target = out / NVML_LIBRARY
+        staged = out / (NVML_LIBRARY + ".new")
+        shutil.copyfile(tmp, staged)
+        os.replace(staged, target)
     return target
