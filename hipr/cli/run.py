@@ -63,6 +63,20 @@ def proxy_environment(
     return env
 
 
+def _environment_token() -> str | None:
+    """The token the proxy would send: $HIPR_TOKEN, else $HIPR_TOKEN_FILE's content."""
+    token = os.environ.get("HIPR_TOKEN")
+    if token:
+        return token
+    path = os.environ.get("HIPR_TOKEN_FILE")
+    if path:
+        try:
+            return Path(path).read_text().strip() or None
+        except OSError:
+            return None  # the proxy says so itself, on the program's first call
+    return None
+
+
 def worker_api(url: str, token: str | None) -> str:
     """ "cuda" when the worker at ``url`` runs the cuda backend, else "hip" (also when it
     does not answer: the proxy then says so itself, on the program's first call)."""
@@ -100,7 +114,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"hipr run: cannot read the token file: {exc}", file=sys.stderr)
             return EXIT_USAGE
     url = args.url or os.environ.get("HIPR_URL") or DEFAULT_URL
-    api = args.api or worker_api(url, token or os.environ.get("HIPR_TOKEN") or None)
+    api = args.api or worker_api(url, token or _environment_token())
     env = proxy_environment(dict(os.environ), args.url, token, api)
     try:
         completed = subprocess.run(command, env=env, check=False)
