@@ -62,6 +62,15 @@ MAX_BLOCK_DIM: Final = (1024, 1024, 1024)
 MAX_GRID_DIM: Final = (2**31 - 1, 2**31 - 1, 2**31 - 1)
 MAX_SHARED_MEMORY_PER_BLOCK: Final = 64 * 1024
 DEFAULT_TOTAL_MEMORY: Final = 8 * 1024**3
+#: CUDA device attributes (CUdevice_attribute -> value) the emulated device answers beyond
+#: its named properties, as a cuda worker reports its driver's (``cudaAttributeIds`` /
+#: ``cudaAttributeValues``): what the proxy's libcuda.so.1 needs to serve the CUDA runtime.
+_CUDA_ATTRIBUTES: Final = {
+    11: 2**31 - 1, 14: 512, 17: 0, 18: 0, 20: 0, 31: 1, 32: 0, 35: 0, 40: 2, 41: 1,
+    78: 0, 79: 1, 80: 1, 81: MAX_SHARED_MEMORY_PER_BLOCK, 82: 65536, 84: 0, 85: 0, 90: 1,
+    95: 0, 97: MAX_SHARED_MEMORY_PER_BLOCK, 99: 1, 106: 32, 108: 0, 111: 0, 126: 1,
+    130: 0, 131: -1, 133: 0, 134: -1, 139: 0, 140: 0,
+}  # fmt: skip
 
 _E = HipErrorCode
 
@@ -296,6 +305,8 @@ class EmulatorCore:
                 "concurrentKernels": 1,
                 "integrated": 0,
                 "ECCEnabled": 0,
+                "cudaAttributeIds": list(_CUDA_ATTRIBUTES),
+                "cudaAttributeValues": list(_CUDA_ATTRIBUTES.values()),
             },
         )
 

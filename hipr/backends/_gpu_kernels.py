@@ -11,6 +11,7 @@ from hipr.backends._code_cache import CodeCache
 from hipr.backends._errmap import rtc_error
 from hipr.backends._gpu_core import GpuCore
 from hipr.backends._gpu_handles import GpuModule, GpuStream, live
+from hipr.backends._image_kind import check_image
 from hipr.backends._launch_extra import LaunchExtra, ReusedLaunchExtra, check_dims
 from hipr.backends._runtime import INVALID_VALUE, SUCCESS
 from hipr.backends.interface import Dim3, Handle
@@ -93,6 +94,7 @@ class GpuKernels(GpuCore):
         """Load a code object (on CUDA: a CUBIN, fatbin or PTX image) on the current
         device."""
         device = self._current()
+        check_image(self._rt.name, image)
         raw = self._call(self._calls.module_load_data, self._rt.loadable_image(bytes(image)))
         handle = self._track(self._ledger.modules, GpuModule(raw, device))
         if self._rt.param_info_call is None:
@@ -266,6 +268,33 @@ class GpuKernels(GpuCore):
                 )
             params.append((int(result[1]), int(result[2]), False))
         return params
+
+    def function_attribute(self, function: Handle, attribute: int, value: int | None) -> int:
+        """A kernel's attribute (CUfunction_attribute numbering), set to ``value`` first
+        when one is given; hipErrorNotSupported where the runtime adapter cannot (HIP for
+        now)."""
+        call = getattr(self._rt, "function_attribute", None)
+        if call is None:
+            raise HipError(
+                HipErrorCode.hipErrorNotSupported,
+                "kernel attributes are served on cuda workers only",
+            )
+        self._current()
+        return int(call(function, attribute, value))
+
+    def function_occupancy(
+        self, function: Handle, query: str, numbers: dict[str, Any]
+    ) -> dict[str, int]:
+        """The driver's occupancy figure ``query`` for a kernel (see the FUNCTION_OCCUPANCY
+        handler); hipErrorNotSupported where the runtime adapter cannot (HIP for now)."""
+        call = getattr(self._rt, "function_occupancy", None)
+        if call is None:
+            raise HipError(
+                HipErrorCode.hipErrorNotSupported, "occupancy is served on cuda workers only"
+            )
+        self._current()
+        result: dict[str, int] = call(function, query, numbers)
+        return result
 
     def _fit_args(self, function: Any, args: bytes) -> bytes:
         """``args`` without zero tail padding past the kernel's last parameter.

@@ -65,6 +65,25 @@ def cuda_hip_props(attribute: Any, get: Callable[[Any], int]) -> dict[str, int |
     return out
 
 
+def cuda_attribute_lists(attribute: Any, get: Callable[[Any], int]) -> dict[str, list[int]]:
+    """Every CUDA device attribute this cuda-bindings knows, as the driver answers it:
+    ``{"cudaAttributeIds": [...], "cudaAttributeValues": [...]}`` (an attribute the
+    driver refuses is left out). The proxy's libcuda.so.1 answers cuDeviceGetAttribute,
+    and so the CUDA runtime's device properties, from these."""
+    ids: list[int] = []
+    values: list[int] = []
+    for member in attribute:
+        if member.name.endswith("_MAX"):
+            continue
+        try:
+            value = int(get(member))
+        except Exception:  # an attribute this driver does not know: leave it out
+            continue
+        ids.append(int(member))
+        values.append(value)
+    return {"cudaAttributeIds": ids, "cudaAttributeValues": values}
+
+
 def struct_hip_props(props: Any, skip: frozenset[str] = frozenset()) -> dict[str, int | list[int]]:
     """Every integer (or list of integers) field of hip-python's ``hipDeviceProp_t``."""
     out: dict[str, int | list[int]] = {}

@@ -18,7 +18,7 @@ from typing import Any
 
 from hipr.backends._callmap import CUDA_CALLS, NVRTC_CALLS, RuntimeConstants, resolve_constants
 from hipr.backends._errmap import cu_error, cu_result_name
-from hipr.backends._hipprops import cuda_hip_props
+from hipr.backends._hipprops import cuda_attribute_lists, cuda_hip_props
 from hipr.backends._runtime import RuntimeBase, cstr, import_bindings, with_default_target
 from hipr.backends.interface import DeviceProperties, Dim3
 from hipr.errors import HipError, HipErrorCode
@@ -278,7 +278,10 @@ class CudaRuntime(RuntimeBase):
             major=major,
             minor=minor,
             max_shared_memory_per_block=get("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK"),
-            hip_props=cuda_hip_props(attr, lambda a: self.call("cuDeviceGetAttribute", a, dev)),
+            hip_props={
+                **cuda_hip_props(attr, lambda a: self.call("cuDeviceGetAttribute", a, dev)),
+                **cuda_attribute_lists(attr, lambda a: self.call("cuDeviceGetAttribute", a, dev)),
+            },
         )
 
     def compile_options(self, options: Sequence[str], arch: str) -> list[str]:
@@ -337,3 +340,58 @@ class CudaRuntime(RuntimeBase):
         p.sharedMemBytes = shared_mem
         p.extra = extra
         return p
+
+    def function_attribute(self, function: Any, attribute: int, value: int | None) -> int:
+        """``cuFuncGetAttribute`` (after ``cuFuncSetAttribute`` when ``value`` is given)."""
+        try:
+            which = self.api.CUfunction_attribute(attribute)
+        except ValueError:
+            raise HipError(
+                E.hipErrorInvalidValue, f"unknown function attribute {attribute}"
+            ) from None
+        if value is not None:
+            self.call("cuFuncSetAttribute", function, which, value)
+        return int(self.call("cuFuncGetAttribute", which, function))
+
+    def function_occupancy(
+        self, function: Any, query: str, numbers: dict[str, Any]
+    ) -> dict[str, int]:
+        """The cuOccupancy* figure ``query`` (see hipr.handlers.function_attrs)."""
+        if query == "max_active_blocks":
+            value = self.call(
+                "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
+                function, numbers["block_size"], numbers["dynamic_smem"], numbers["flags"],
+            )  # fmt: skip
+            return {"value": int(value)}
+        if query == "available_dynamic_smem":
+            value = self.call(
+                "cuOccupancyAvailableDynamicSMemPerBlock",
+                function, numbers["num_blocks"], numbers["block_size"],
+            )  # fmt: skip
+            return {"value": int(value)}
+        if query == "max_active_clusters":
+            config = self._cluster_config(numbers)
+            return {"value": int(self.call("cuOccupancyMaxActiveClusters", function, config))}
+        min_grid, block = self.call(
+            "cuOccupancyMaxPotentialBlockSizeWithFlags",
+            function, None, numbers["dynamic_smem"], numbers["block_limit"], numbers["flags"],
+        )  # fmt: skip
+        return {"min_grid": int(min_grid), "block_size": int(block)}
+
+    def _cluster_config(self, numbers: dict[str, Any]) -> Any:
+        """A CUlaunchConfig of ``grid``, ``block``, ``dynamic_smem`` and, when given,
+        ``cluster`` dimensions (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)."""
+        api = self.api
+        config = api.CUlaunchConfig()
+        grid, block = numbers.get("grid", (1, 1, 1)), numbers.get("block", (1, 1, 1))
+        config.gridDimX, config.gridDimY, config.gridDimZ = (int(v) for v in grid)
+        config.blockDimX, config.blockDimY, config.blockDimZ = (int(v) for v in block)
+        config.sharedMemBytes = int(numbers.get("dynamic_smem", 0))
+        if "cluster" in numbers:
+            attr = api.CUlaunchAttribute()
+            attr.id = api.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            dim = attr.value.clusterDim
+            dim.x, dim.y, dim.z = (int(v) for v in numbers["cluster"])
+            config.attrs = [attr]
+            config.numAttrs = 1
+        return config

@@ -4,6 +4,7 @@ from hipr.handlers import (  # noqa: F401  (imported for their registrations)
     admin,
     device,
     event,
+    function_attrs,
     graph,
     memory,
     module,

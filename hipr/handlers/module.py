@@ -101,13 +101,32 @@ async def compile_and_get_function(session: Session, request: Request) -> Any:
     return reply
 
 
+async def _whole_bulk(request: Request, limit: int) -> bytes:
+    """The request's bulk bytes, with its continuation DATA frames (a code object larger
+    than one frame); hipErrorInvalidValue past ``limit``."""
+    if not request.more:
+        return bytes(request.bulk)
+    parts = [bytes(request.bulk)]
+    total = len(parts[0])
+    while (chunk := await request.receive_data()) is not None:
+        total += chunk.nbytes
+        if total > limit:
+            await request.drain()
+            raise invalid_value(f"{request.name}: the code object is larger than {limit} bytes")
+        parts.append(bytes(chunk))
+    return b"".join(parts)
+
+
 @handler(m.ModuleLoad)
 async def module_load(session: Session, request: Request) -> Any:
-    """Bulk: a code object (HSACO, CUBIN or PTX) -> ``{module}``."""
-    if not request.bulk.nbytes:
+    """Bulk: a code object (HSACO, CUBIN, PTX or fat binary; a large one continues in
+    DATA frames) -> ``{module}``. A code object for the other vendor's GPUs is refused
+    (hipErrorNoBinaryForGpu)."""
+    image = await _whole_bulk(request, m.MAX_MODULE_BYTES)
+    if not image:
         raise invalid_value("MODULE_LOAD: the code object is empty")
     session.gate.check_count("max_modules")
-    handle = await session.gpu_create(session.backend.module_load, bytes(request.bulk))
+    handle = await session.gpu_create(session.backend.module_load, image)
     return {"module": _add_module(session, handle, shared=False)}
 
 

@@ -81,6 +81,11 @@ class Opcode(IntEnum):
     #: A kernel's parameter layout, for clients given bare argument pointers (the proxy's
     #: kernelParams). Asked only of a worker that lists it; older ones answer unknown-opcode.
     FUNCTION_PARAMS = 0x0508
+    #: A kernel's attribute (CUDA's CUfunction_attribute numbering), read or set: the
+    #: CUDA proxy's cuFuncGetAttribute / cuFuncSetAttribute.
+    FUNCTION_ATTRIBUTE = 0x0509
+    #: A kernel's occupancy on the device (cuOccupancy*), for the CUDA proxy.
+    FUNCTION_OCCUPANCY = 0x050A
     LAUNCH_KERNEL = 0x0510
     #: Protocol 1.1: launches of one kernel configuration, one argument buffer each.
     LAUNCH_KERNELS = 0x0511

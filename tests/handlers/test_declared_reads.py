@@ -32,7 +32,7 @@ from hipr.worker.server import running_worker
 HANDLERS = Path(hipr.handlers.__file__).parent
 #: The Args reader methods and the wire types each may read.
 READERS: dict[str, set[str]] = {
-    "integer": {"uint"},
+    "integer": {"uint", "int"},
     "size": {"size"},
     "address": {"address"},
     "handle": {"handle"},

@@ -15,6 +15,18 @@ MAX_SHARED_MEMORY = 1 << 20
 MAX_POINTER_ARGS = 256
 #: Launches one LAUNCH_KERNELS request may carry (the Python client sends at most 64).
 MAX_BATCH_LAUNCHES = 4096
+#: Bytes of the largest code object MODULE_LOAD takes (CUDA libraries' fat binaries run to
+#: hundreds of MiB).
+MAX_MODULE_BYTES = 1 << 30
+#: CUfunction_attribute values are small; anything past this is a client's mistake.
+MAX_FUNCTION_ATTRIBUTE = 64
+#: FUNCTION_OCCUPANCY's queries, as cuOccupancy* names them.
+OCCUPANCY_QUERIES = (
+    "max_active_blocks",
+    "available_dynamic_smem",
+    "max_potential_block_size",
+    "max_active_clusters",
+)
 #: Reply chunk of a code object (PROGRAM_COMPILE), as for device-to-host copies.
 CODE_CHUNK = 4 << 20
 
@@ -80,10 +92,15 @@ class ModuleCompile(Compile, Message):
 @message(
     Opcode.MODULE_LOAD,
     reply=(Out("module", "handle", "the loaded module"),),
-    request_bulk="the code object (HSACO, CUBIN or PTX), not empty",
+    streams_request=True,
+    request_bulk="the code object (HSACO, CUBIN, fatbin or PTX), not empty: in this frame "
+    "after the CBOR map and, for one larger than a frame, in DATA frames that follow (at most "
+    f"{MAX_MODULE_BYTES} bytes in all)",
 )
 class ModuleLoad(Message):
-    """Load a code object (counted against `max_modules`)."""
+    """Load a code object (counted against `max_modules`). A worker refuses a code object
+    for the other vendor's GPUs (AMD code objects on cuda, CUDA binaries on hip) with
+    hipErrorNoBinaryForGpu."""
 
 
 @message(Opcode.MODULE_UNLOAD)
@@ -153,6 +170,78 @@ class FunctionParams(Message):
     ("unknown opcode")."""
 
     function = field("handle", "the kernel")
+
+
+@message(
+    Opcode.FUNCTION_ATTRIBUTE,
+    reply=(Out("value", "int", "the attribute's value (after setting it, if asked)"),),
+)
+class FunctionAttribute(Message):
+    """A kernel's attribute in CUfunction_attribute numbering, as cuFuncGetAttribute reads
+    it; with `value`, set first as cuFuncSetAttribute does (only the attributes the runtime
+    lets a program set, e.g. MAX_DYNAMIC_SHARED_SIZE_BYTES). hipErrorNotSupported on a
+    backend that cannot tell (hip and the emulator for now)."""
+
+    function = field("handle", "the kernel")
+    attribute = field(
+        "uint", "the CUfunction_attribute number", range=f"[0, {MAX_FUNCTION_ATTRIBUTE}]"
+    )
+    value = field(
+        "int",
+        "the value to set first",
+        required=False,
+        default="read only",
+        range="[-2^31, 2^31-1]",
+    )
+
+
+@message(
+    Opcode.FUNCTION_OCCUPANCY,
+    reply=(
+        Out("value", "uint", "the figure asked (all queries but max_potential_block_size)",
+            required=False),
+        Out("min_grid", "uint", "max_potential_block_size: the smallest grid for full occupancy",
+            required=False),
+        Out("block_size", "uint", "max_potential_block_size: the block size", required=False),
+    ),
+)  # fmt: skip
+class FunctionOccupancy(Message):
+    """The driver's occupancy figures for a kernel: `max_active_blocks`
+    (cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags), `available_dynamic_smem`
+    (cuOccupancyAvailableDynamicSMemPerBlock), `max_potential_block_size`
+    (cuOccupancyMaxPotentialBlockSizeWithFlags with a fixed dynamic shared memory size) and
+    `max_active_clusters` (cuOccupancyMaxActiveClusters for a launch of `grid`/`block`/
+    `dynamic_smem` with cluster dimensions `cluster`). hipErrorNotSupported on a backend
+    that cannot tell."""
+
+    function = field("handle", "the kernel")
+    query = field("text", "which figure", range=" | ".join(OCCUPANCY_QUERIES))
+    block_size = field(
+        "uint", "threads per block", required=False, default="0", range="[0, 2^31-1]"
+    )
+    dynamic_smem = field(
+        "uint",
+        "dynamic shared memory per block",
+        required=False,
+        default="0",
+        unit="bytes",
+        range="[0, 2^31-1]",
+    )
+    num_blocks = field(
+        "uint", "blocks per multiprocessor", required=False, default="0", range="[0, 2^31-1]"
+    )
+    block_limit = field(
+        "uint",
+        "the largest block size to consider",
+        required=False,
+        default="0 (no limit)",
+        range="[0, 2^31-1]",
+    )
+    flags = field("uint", "CU_OCCUPANCY_* flags", required=False, default="0", range="[0, 2^31-1]")
+    grid = field("dim3", "max_active_clusters: the launch's grid", required=False, default="1")
+    block = field("dim3", "max_active_clusters: the launch's block", required=False, default="1")
+    cluster = field("dim3", "max_active_clusters: the cluster dimensions", required=False,
+                    default="none")  # fmt: skip
 
 
 @message(Opcode.LAUNCH_KERNEL, fire_and_forget=True)

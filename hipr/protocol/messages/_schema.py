@@ -26,6 +26,7 @@ from hipr.protocol.opcodes import Opcode
 #: docs/protocol.md tables them; the handlers' readers enforce them.
 TYPES: dict[str, str] = {
     "uint": "unsigned integer (major type 0), in the range the field gives",
+    "int": "integer (major type 0 or 1), in the range the field gives",
     "size": "unsigned integer, a byte count in [0, 2^63-1]",
     "address": "unsigned integer, a device address in [0, 2^64-1]; 0 is the null pointer",
     "handle": "unsigned integer in [1, 2^64-1]: a per-session id the worker gave out "
@@ -186,6 +187,8 @@ def conforms(type_name: str, value: object, *, optional: bool = False) -> bool:
         return isinstance(value, list) and all(conforms(inner, v) for v in value)
     if type_name == "uint":
         return _uint(value)
+    if type_name == "int":
+        return type(value) is int
     if type_name == "size":
         return _uint(value, 2**63 - 1)
     if type_name == "address":

@@ -1,0 +1,65 @@
+/* Shared by the CUDA front's files (libcuda.so.1). */
+#ifndef HIPR_CUDA_FRONT_H
+#define HIPR_CUDA_FRONT_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "client.h"
+#include "cuda_types.h"
+
+#define API HIPR_EXPORT
+
+struct hipr_cu_ctx {
+    int device;
+    unsigned flags;
+    int primary;
+    int refs; /* a primary context's retains */
+    int alive;
+    struct hipr_cu_ctx *next;
+};
+
+struct hipr_cu_stream {
+    uint64_t id; /* the worker's handle */
+    unsigned flags;
+    int priority;
+    int device;
+    CUcontext ctx;
+    struct hipr_cu_stream *next;
+};
+
+struct hipr_cu_event {
+    uint64_t id;
+    unsigned flags;
+    int device;
+    struct hipr_cu_event *next;
+};
+
+/* The lock of the front's tables (contexts, allocations, streams, events). */
+extern pthread_mutex_t hipr_cu_lock;
+
+/* The CUresult of a hipError_t from the core or the worker. */
+CUresult hipr_cu_error(int hip);
+int hipr_cu_initialized(void);
+int hipr_cu_driver_version(void);
+/* The calling thread's current context, or NULL. */
+CUcontext hipr_cu_current(void);
+/* The current context's device; CUDA_ERROR_NOT_INITIALIZED / INVALID_CONTEXT without. */
+CUresult hipr_cu_ctx_device(int *device);
+/* The worker's handle of stream `s` (0: the null stream); INVALID_HANDLE when unknown. */
+CUresult hipr_cu_stream(CUstream s, uint64_t *id);
+/* 1 when `p` is inside an allocation made through this proxy. */
+int hipr_cu_is_device(uint64_t p);
+/* cuda_modules.c: the size of an image given without one (following a fat binary
+ * wrapper to its data, which *image then points at); 0 when not an image. */
+size_t hipr_cu_image_size(const void **image);
+/* Load `size` bytes of image on the current context's device. */
+CUresult hipr_cu_load(CUmodule *out, const void *image, size_t size);
+/* cuda_library.c: 1 when `p` is a CUkernel, its function in the current context in *f
+ * (loading its library there first) and any failure in *rc; 0 when it is not one. */
+int hipr_cu_kernel_function(void *p, CUfunction *f, CUresult *rc);
+void hipr_cu_forget_libraries(void);
+/* cuda_modules.c: drop every module and function (a forked child's session is new). */
+void hipr_cu_forget_modules(void);
+
+#endif

@@ -1,0 +1,757 @@
+/* CUDA modules, functions and launches: cubin / fatbin / PTX bytes loaded on the worker
+ * (MODULE_LOAD), kernel parameter layouts asked once per function (FUNCTION_PARAMS) for
+ * kernelParams and cuFuncGetParamInfo, launches fire-and-forget through the core, launch
+ * attributes honoured or refused. */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_front.h"
+#include "opcodes.h"
+
+/* FUNCTION_ATTRIBUTE (hipr/protocol/opcodes.py); here rather than in opcodes.h, which the
+ * HIP proxy owns. */
+#define OP_FUNCTION_ATTRIBUTE 0x0509
+#define OP_FUNCTION_OCCUPANCY 0x050A
+
+#define MAX_PARAMS 256
+#define MAX_ARGS_BYTES 4096
+/* The worker's built-in kernels (hipr.kernels.builtins), as for the HIP front. */
+#define BUILTIN_IMAGE "hipr:builtin"
+
+struct hipr_cu_function {
+    uint64_t id;
+    int device;
+    int layout; /* 0 not asked, 1 known, -1 the worker cannot tell */
+    size_t n_params;
+    uint32_t offsets[MAX_PARAMS], sizes[MAX_PARAMS];
+    uint8_t is_pointer[MAX_PARAMS];
+    size_t args_size;
+    char name[256];
+    struct hipr_cu_module *module;
+    struct hipr_cu_function *next;
+};
+
+struct hipr_cu_module {
+    uint64_t id;
+    int builtin;
+    int device;
+    struct hipr_cu_function *functions;
+    struct hipr_cu_module *next;
+};
+
+static struct hipr_cu_module *modules;
+
+/* --- image sizes ------------------------------------------------------------------------ */
+
+static uint64_t rd(const uint8_t *p, int n) {
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+static size_t elf_size(const uint8_t *p) {
+    if (p[4] != 2 || p[5] != 1) return 0; /* 64-bit little-endian only */
+    uint64_t phoff = rd(p + 32, 8), shoff = rd(p + 40, 8);
+    uint64_t phentsize = rd(p + 54, 2), phnum = rd(p + 56, 2);
+    uint64_t shentsize = rd(p + 58, 2), shnum = rd(p + 60, 2);
+    uint64_t end = 64;
+    if (shoff && shoff + shnum * shentsize > end) end = shoff + shnum * shentsize;
+    if (phoff && phoff + phnum * phentsize > end) end = phoff + phnum * phentsize;
+    if (shoff && shentsize >= 64) {
+        for (uint64_t i = 0; i < shnum; i++) {
+            const uint8_t *sh = p + shoff + i * shentsize;
+            uint64_t type = rd(sh + 4, 4), off = rd(sh + 24, 8), size = rd(sh + 32, 8);
+            if (type != 8 /* SHT_NOBITS */ && off + size > end) end = off + size;
+        }
+    }
+    return end < ((uint64_t)1 << 31) ? (size_t)end : 0;
+}
+
+/* The bytes of an image given without its size: an ELF cubin, a fat binary (its header
+ * gives the size), the fat binary wrapper nvcc emits (followed to its fat binary), PTX
+ * text up to its NUL, or the built-in marker. 0 when it is none of these. */
+size_t hipr_cu_image_size(const void **image) {
+    const uint8_t *p = *image;
+    if (memcmp(p, BUILTIN_IMAGE, sizeof BUILTIN_IMAGE) == 0) return sizeof BUILTIN_IMAGE;
+    if (rd(p, 4) == 0x466243b1u) { /* __fatBinC_Wrapper_t: magic, version, data */
+        const void *data;
+        memcpy(&data, p + 8, sizeof data);
+        if (!data) return 0;
+        *image = data;
+        p = data;
+    }
+    if (rd(p, 4) == 0xBA55ED50u) return (size_t)(rd(p + 6, 2) + rd(p + 8, 8));
+    if (memcmp(p, "\x7f" "ELF", 4) == 0) return elf_size(p);
+    size_t lead = strspn((const char *)p, " \t\r\n");
+    if (p[lead] != '/' && p[lead] != '.') return 0;
+    size_t n = strnlen((const char *)p, 64u << 20);
+    if (n < (64u << 20)) return n + 1; /* PTX, NUL included */
+    return 0;
+}
+
+/* --- modules ----------------------------------------------------------------------------- */
+
+CUresult hipr_cu_load(CUmodule *out, const void *image, size_t size) {
+    int dev;
+    CUresult rc = hipr_cu_ctx_device(&dev);
+    if (rc) return rc;
+    struct hipr_cu_module *m = calloc(1, sizeof *m);
+    if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
+    m->device = dev;
+    if (size == sizeof BUILTIN_IMAGE && memcmp(image, BUILTIN_IMAGE, size) == 0) {
+        m->builtin = 1;
+    } else {
+        hipr_reply r;
+        int hip = hipr_call(dev, OP_MODULE_LOAD, NULL, image, size, NULL, 0, &r);
+        if (hip == 0 && (hipr_cbor_uint(r.map, "module", &m->id) || !m->id)) hip = HIPR_UNKNOWN;
+        if (hip && r.message[0]) fprintf(stderr, "hipr proxy: cuModuleLoad: %s\n", r.message);
+        hipr_reply_free(&r);
+        if (hip) {
+            free(m);
+            return hipr_cu_error(hip);
+        }
+    }
+    pthread_mutex_lock(&hipr_cu_lock);
+    m->next = modules;
+    modules = m;
+    pthread_mutex_unlock(&hipr_cu_lock);
+    *out = m;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuModuleLoadData(CUmodule *module, const void *image) {
+    if (!module || !image) return CUDA_ERROR_INVALID_VALUE;
+    if (!hipr_cu_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+    size_t size = hipr_cu_image_size(&image);
+    if (!size) return CUDA_ERROR_INVALID_IMAGE;
+    return hipr_cu_load(module, image, size);
+}
+
+API CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fat) {
+    return cuModuleLoadData(module, fat);
+}
+
+API CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int n,
+                                CUjit_option *options, void **values) {
+    if (n && (!options || !values)) return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = cuModuleLoadData(module, image);
+    /* The JIT runs on the worker: the proxy has no log to give back, so the log sizes
+     * say "empty" and the buffers hold an empty string. Other options are the
+     * compiler's tuning, which the worker's driver decides. */
+    for (unsigned i = 0; rc == CUDA_SUCCESS && i < n; i++) {
+        if (options[i] == CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES ||
+            options[i] == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES) {
+            values[i] = NULL;
+        } else if (options[i] == CU_JIT_INFO_LOG_BUFFER || options[i] == CU_JIT_ERROR_LOG_BUFFER) {
+            /* The buffer's size is the matching *_SIZE_BYTES option; a non-empty buffer
+             * holds at least its NUL. */
+            for (unsigned j = 0; j < n; j++)
+                if ((unsigned)options[j] == (unsigned)options[i] + 1 && values[i])
+                    ((char *)values[i])[0] = '\0';
+        }
+    }
+    return rc;
+}
+
+API CUresult cuModuleLoad(CUmodule *module, const char *fname) {
+    if (!module || !fname) return CUDA_ERROR_INVALID_VALUE;
+    if (!hipr_cu_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+    FILE *fp = fopen(fname, "rb");
+    if (!fp) return CUDA_ERROR_FILE_NOT_FOUND;
+    uint8_t *buf = NULL;
+    size_t len = 0, cap = 0;
+    CUresult rc = CUDA_SUCCESS;
+    for (;;) {
+        if (len + 1 >= cap) {
+            cap = cap ? cap * 2 : 1 << 16;
+            uint8_t *p = realloc(buf, cap);
+            if (!p) {
+                rc = CUDA_ERROR_OUT_OF_MEMORY;
+                break;
+            }
+            buf = p;
+        }
+        size_t k = fread(buf + len, 1, cap - len - 1, fp);
+        len += k;
+        if (k == 0) break;
+    }
+    fclose(fp);
+    if (rc == CUDA_SUCCESS && !len) rc = CUDA_ERROR_INVALID_IMAGE;
+    if (rc == CUDA_SUCCESS) {
+        buf[len] = '\0'; /* PTX text needs its NUL */
+        int text = memcmp(buf, "\x7f" "ELF", 4) != 0 && rd(buf, 4) != 0xBA55ED50u;
+        rc = hipr_cu_load(module, buf, text ? len + 1 : len);
+    }
+    free(buf);
+    return rc;
+}
+
+static int unlink_module_locked(CUmodule m) {
+    for (struct hipr_cu_module **p = &modules; *p; p = &(*p)->next)
+        if (*p == m) {
+            *p = m->next;
+            return 1;
+        }
+    return 0;
+}
+
+static void free_module(CUmodule m) {
+    for (struct hipr_cu_function *f = m->functions, *next; f; f = next) {
+        next = f->next;
+        free(f);
+    }
+    free(m);
+}
+
+API CUresult cuModuleUnload(CUmodule m) {
+    if (!hipr_cu_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+    pthread_mutex_lock(&hipr_cu_lock);
+    int found = m && unlink_module_locked(m);
+    pthread_mutex_unlock(&hipr_cu_lock);
+    if (!found) return CUDA_ERROR_INVALID_HANDLE;
+    int hip = 0;
+    if (!m->builtin) { /* the built-in module is shared by the worker's sessions */
+        hipr_map a;
+        hipr_map_init(&a, 1);
+        hipr_map_u64(&a, "module", m->id);
+        hipr_reply r;
+        hip = hipr_call(m->device, OP_MODULE_UNLOAD, &a, NULL, 0, NULL, 0, &r);
+        hipr_reply_free(&r);
+    }
+    free_module(m);
+    return hipr_cu_error(hip);
+}
+
+static int module_live(CUmodule m) {
+    pthread_mutex_lock(&hipr_cu_lock);
+    struct hipr_cu_module *p = modules;
+    while (p && p != m) p = p->next;
+    pthread_mutex_unlock(&hipr_cu_lock);
+    return p != NULL;
+}
+
+API CUresult cuModuleGetFunction(CUfunction *out, CUmodule m, const char *name) {
+    if (!out || !name) return CUDA_ERROR_INVALID_VALUE;
+    if (!hipr_cu_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!m || !module_live(m)) return CUDA_ERROR_INVALID_HANDLE;
+    size_t len = strlen(name);
+    if (len >= sizeof ((struct hipr_cu_function *)0)->name) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&hipr_cu_lock);
+    struct hipr_cu_function *f = m->functions;
+    while (f && strcmp(f->name, name) != 0) f = f->next;
+    pthread_mutex_unlock(&hipr_cu_lock);
+    if (f) {
+        *out = f;
+        return CUDA_SUCCESS;
+    }
+    f = calloc(1, sizeof *f);
+    if (!f) return CUDA_ERROR_OUT_OF_MEMORY;
+    hipr_map a;
+    hipr_map_init(&a, 2);
+    if (!m->builtin) hipr_map_u64(&a, "module", m->id);
+    hipr_map_str(&a, "name", name, len);
+    hipr_reply r;
+    int hip = hipr_call(m->device, m->builtin ? OP_MODULE_BUILTIN : OP_MODULE_GET_FUNCTION, &a,
+                        NULL, 0, NULL, 0, &r);
+    if (hip == 0 && (hipr_cbor_uint(r.map, "function", &f->id) || !f->id)) hip = HIPR_UNKNOWN;
+    hipr_reply_free(&r);
+    if (hip) {
+        free(f);
+        /* CUDA: a module without the name is CUDA_ERROR_NOT_FOUND */
+        return hip == 500 ? CUDA_ERROR_NOT_FOUND : hipr_cu_error(hip);
+    }
+    memcpy(f->name, name, len + 1);
+    f->module = m;
+    f->device = m->device;
+    pthread_mutex_lock(&hipr_cu_lock);
+    f->next = m->functions;
+    m->functions = f;
+    pthread_mutex_unlock(&hipr_cu_lock);
+    *out = f;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule m, const char *name) {
+    (void)dptr, (void)bytes, (void)m, (void)name;
+    static int warned;
+    hipr_warn_once("cuModuleGetGlobal: the worker has no request for a module's globals yet "
+                   "(CUDA_ERROR_NOT_SUPPORTED)",
+                   &warned);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+void hipr_cu_forget_modules(void) {
+    for (struct hipr_cu_module *m = modules, *next; m; m = next) {
+        next = m->next;
+        free_module(m);
+    }
+    modules = NULL;
+}
+
+/* --- functions ----------------------------------------------------------------------- */
+
+static int read_list(const cbor_item_t *map, const char *key, uint32_t *out, size_t *n) {
+    cbor_item_t *list = hipr_cbor_get(map, key);
+    if (!list || !cbor_isa_array(list) || cbor_array_size(list) > MAX_PARAMS) return -1;
+    *n = cbor_array_size(list);
+    for (size_t i = 0; i < *n; i++) {
+        cbor_item_t *v = cbor_array_get(list, i);
+        int bad = !v || !cbor_isa_uint(v) || cbor_get_int(v) > MAX_ARGS_BYTES;
+        if (!bad) out[i] = (uint32_t)cbor_get_int(v);
+        if (v) cbor_decref(&v);
+        if (bad) return -1;
+    }
+    return 0;
+}
+
+/* The function's parameter layout, asked once (with hipr_cu_lock not held). */
+static int layout_of(struct hipr_cu_function *f) {
+    pthread_mutex_lock(&hipr_cu_lock);
+    int known = f->layout;
+    pthread_mutex_unlock(&hipr_cu_lock);
+    if (known) return known;
+    hipr_map m;
+    hipr_map_init(&m, 1);
+    hipr_map_u64(&m, "function", f->id);
+    hipr_reply r;
+    int hip = hipr_call(f->device, OP_FUNCTION_PARAMS, &m, NULL, 0, NULL, 0, &r);
+    uint32_t offsets[MAX_PARAMS], sizes[MAX_PARAMS], ptrs[MAX_PARAMS];
+    size_t n = 0, n2 = 0, np = 0, args_size = 0;
+    int ok = hip == 0 && read_list(r.map, "offsets", offsets, &n) == 0 &&
+             read_list(r.map, "sizes", sizes, &n2) == 0 && n == n2 &&
+             read_list(r.map, "pointers", ptrs, &np) == 0;
+    hipr_reply_free(&r);
+    for (size_t i = 0; ok && i < n; i++) {
+        if (offsets[i] + sizes[i] > MAX_ARGS_BYTES || sizes[i] == 0) ok = 0;
+        else if (offsets[i] + sizes[i] > args_size) args_size = offsets[i] + sizes[i];
+    }
+    for (size_t i = 0; ok && i < np; i++)
+        if (ptrs[i] >= n) ok = 0;
+    pthread_mutex_lock(&hipr_cu_lock);
+    if (!f->layout) {
+        memset(f->is_pointer, 0, sizeof f->is_pointer);
+        for (size_t i = 0; ok && i < np; i++) f->is_pointer[ptrs[i]] = 1;
+        memcpy(f->offsets, offsets, n * sizeof *offsets);
+        memcpy(f->sizes, sizes, n * sizeof *sizes);
+        f->n_params = ok ? n : 0;
+        f->args_size = ok ? args_size : 0;
+        f->layout = ok ? 1 : -1;
+    }
+    known = f->layout;
+    pthread_mutex_unlock(&hipr_cu_lock);
+    return known;
+}
+
+static int function_live(CUfunction f) {
+    pthread_mutex_lock(&hipr_cu_lock);
+    int found = 0;
+    for (struct hipr_cu_module *m = modules; m && !found; m = m->next)
+        for (struct hipr_cu_function *p = m->functions; p && !found; p = p->next) found = p == f;
+    pthread_mutex_unlock(&hipr_cu_lock);
+    return found;
+}
+
+API CUresult cuFuncGetParamInfo(CUfunction f, size_t index, size_t *offset, size_t *size) {
+    if (!offset || !size) return CUDA_ERROR_INVALID_VALUE;
+    if (!hipr_cu_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!f || !function_live(f)) return CUDA_ERROR_INVALID_HANDLE;
+    if (layout_of(f) != 1) return CUDA_ERROR_NOT_SUPPORTED;
+    if (index >= f->n_params) return CUDA_ERROR_INVALID_VALUE;
+    *offset = f->offsets[index];
+    *size = f->sizes[index];
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuFuncGetName(const char **name, CUfunction f) {
+    if (!name) return CUDA_ERROR_INVALID_VALUE;
+    if (!f || !function_live(f)) return CUDA_ERROR_INVALID_HANDLE;
+    *name = f->name;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuFuncGetModule(CUmodule *m, CUfunction f) {
+    if (!m) return CUDA_ERROR_INVALID_VALUE;
+    if (!f || !function_live(f)) return CUDA_ERROR_INVALID_HANDLE;
+    *m = f->module;
+    return CUDA_SUCCESS;
+}
+
+/* FUNCTION_ATTRIBUTE: the attribute as the worker's driver answers it, set first when
+ * `set` is given. */
+static CUresult function_attribute(CUfunction f, int attrib, const int *set, int *value) {
+    if (!hipr_cu_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!f || !function_live(f)) return CUDA_ERROR_INVALID_HANDLE;
+    if (attrib < 0 || attrib > 64) return CUDA_ERROR_INVALID_VALUE;
+    hipr_map m;
+    hipr_map_init(&m, set ? 3 : 2);
+    hipr_map_u64(&m, "function", f->id);
+    hipr_map_u64(&m, "attribute", (uint64_t)attrib);
+    if (set) {
+        if (*set < 0) {
+            hipr_map_free(&m);
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        hipr_map_u64(&m, "value", (uint64_t)*set);
+    }
+    hipr_reply r;
+    int hip = hipr_call(f->device, OP_FUNCTION_ATTRIBUTE, &m, NULL, 0, NULL, 0, &r);
+    int64_t v = 0;
+    if (hip == 0 && hipr_cbor_int(r.map, "value", &v)) hip = HIPR_UNKNOWN;
+    hipr_reply_free(&r);
+    if (hip) return hipr_cu_error(hip);
+    if (value) *value = (int)v;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuFuncGetAttribute(int *value, int attrib, CUfunction f) {
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    CUfunction k = NULL;
+    CUresult rc = CUDA_SUCCESS;
+    if (f && hipr_cu_kernel_function((void *)f, &k, &rc)) {
+        if (rc) return rc;
+        f = k;
+    }
+    return function_attribute(f, attrib, NULL, value);
+}
+
+API CUresult cuFuncSetAttribute(CUfunction f, int attrib, int value) {
+    CUfunction k = NULL;
+    CUresult rc = CUDA_SUCCESS;
+    if (f && hipr_cu_kernel_function((void *)f, &k, &rc)) {
+        if (rc) return rc;
+        f = k;
+    }
+    return function_attribute(f, attrib, &value, NULL);
+}
+
+/* A kernel's attribute on `dev`: its function in the current context, which must be on
+ * that device (the proxy loads a library per context). */
+static CUresult kernel_here(void *kernel, CUdevice dev, CUfunction *f) {
+    int cur;
+    CUresult rc = hipr_cu_ctx_device(&cur);
+    if (rc) return rc;
+    if (cur != dev) return CUDA_ERROR_NOT_SUPPORTED;
+    if (!hipr_cu_kernel_function(kernel, f, &rc)) return CUDA_ERROR_INVALID_HANDLE;
+    return rc;
+}
+
+API CUresult cuKernelGetAttribute(int *value, int attrib, void *kernel, CUdevice dev) {
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    CUfunction f = NULL;
+    CUresult rc = kernel_here(kernel, dev, &f);
+    return rc ? rc : function_attribute(f, attrib, NULL, value);
+}
+
+API CUresult cuKernelSetAttribute(int attrib, int value, void *kernel, CUdevice dev) {
+    CUfunction f = NULL;
+    CUresult rc = kernel_here(kernel, dev, &f);
+    return rc ? rc : function_attribute(f, attrib, &value, NULL);
+}
+
+/* --- occupancy: the worker's driver computes it for the kernel ---------------------------- */
+
+static CUresult occupancy(CUfunction f, const char *query, int64_t block_size, int64_t smem,
+                          int64_t num_blocks, int64_t limit, unsigned flags, int64_t *value,
+                          int64_t *second) {
+    if (!hipr_cu_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+    CUfunction k = NULL;
+    CUresult rc = CUDA_SUCCESS;
+    if (f && hipr_cu_kernel_function((void *)f, &k, &rc)) {
+        if (rc) return rc;
+        f = k;
+    }
+    if (!f || !function_live(f)) return CUDA_ERROR_INVALID_HANDLE;
+    if (block_size < 0 || smem < 0 || num_blocks < 0 || limit < 0 || smem > INT32_MAX)
+        return CUDA_ERROR_INVALID_VALUE;
+    hipr_map m;
+    hipr_map_init(&m, 7);
+    hipr_map_u64(&m, "function", f->id);
+    hipr_map_str(&m, "query", query, strlen(query));
+    hipr_map_u64(&m, "block_size", (uint64_t)block_size);
+    hipr_map_u64(&m, "dynamic_smem", (uint64_t)smem);
+    hipr_map_u64(&m, "num_blocks", (uint64_t)num_blocks);
+    hipr_map_u64(&m, "block_limit", (uint64_t)limit);
+    hipr_map_u64(&m, "flags", flags);
+    hipr_reply r;
+    int hip = hipr_call(f->device, OP_FUNCTION_OCCUPANCY, &m, NULL, 0, NULL, 0, &r);
+    if (hip == 0) {
+        int bad = second ? hipr_cbor_int(r.map, "min_grid", value) ||
+                               hipr_cbor_int(r.map, "block_size", second)
+                         : hipr_cbor_int(r.map, "value", value);
+        if (bad) hip = HIPR_UNKNOWN;
+    }
+    hipr_reply_free(&r);
+    return hipr_cu_error(hip);
+}
+
+API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *n, CUfunction f,
+                                                                  int block, size_t smem,
+                                                                  unsigned flags) {
+    if (!n) return CUDA_ERROR_INVALID_VALUE;
+    int64_t v = 0;
+    CUresult rc = occupancy(f, "max_active_blocks", block, (int64_t)smem, 0, 0, flags, &v, NULL);
+    if (rc == CUDA_SUCCESS) *n = (int)v;
+    return rc;
+}
+
+API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, CUfunction f, int block,
+                                                         size_t smem) {
+    return cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(n, f, block, smem, 0);
+}
+
+API CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t *smem, CUfunction f, int blocks,
+                                                     int block) {
+    if (!smem) return CUDA_ERROR_INVALID_VALUE;
+    int64_t v = 0;
+    CUresult rc = occupancy(f, "available_dynamic_smem", block, 0, blocks, 0, 0, &v, NULL);
+    if (rc == CUDA_SUCCESS) *smem = (size_t)v;
+    return rc;
+}
+
+/* With a callback giving the shared memory per block size the driver would call back
+ * into this process: not served (refused, never approximated). */
+API CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int *min_grid, int *block, CUfunction f,
+                                                       void *to_smem, size_t smem, int limit,
+                                                       unsigned flags) {
+    if (!min_grid || !block) return CUDA_ERROR_INVALID_VALUE;
+    if (to_smem) {
+        static int warned;
+        hipr_warn_once("cuOccupancyMaxPotentialBlockSize with a shared-memory callback is not "
+                       "served (CUDA_ERROR_NOT_SUPPORTED)",
+                       &warned);
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    int64_t g = 0, b = 0;
+    CUresult rc =
+        occupancy(f, "max_potential_block_size", 0, (int64_t)smem, 0, limit, flags, &g, &b);
+    if (rc == CUDA_SUCCESS) {
+        *min_grid = (int)g;
+        *block = (int)b;
+    }
+    return rc;
+}
+
+API CUresult cuOccupancyMaxPotentialBlockSize(int *min_grid, int *block, CUfunction f,
+                                              void *to_smem, size_t smem, int limit) {
+    return cuOccupancyMaxPotentialBlockSizeWithFlags(min_grid, block, f, to_smem, smem, limit, 0);
+}
+
+static CUresult check_attribute(const CUlaunchAttribute *a);
+
+API CUresult cuOccupancyMaxActiveClusters(int *clusters, CUfunction f, const CUlaunchConfig *config) {
+    if (!clusters || !config || (config->numAttrs && !config->attrs))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!hipr_cu_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+    uint64_t cluster[3] = {1, 1, 1};
+    int have_cluster = 0;
+    for (unsigned i = 0; i < config->numAttrs; i++) {
+        const CUlaunchAttribute *a = &config->attrs[i];
+        if (a->id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) {
+            cluster[0] = a->value.clusterDim.x;
+            cluster[1] = a->value.clusterDim.y;
+            cluster[2] = a->value.clusterDim.z;
+            have_cluster = 1;
+        } else {
+            CUresult rc = check_attribute(a);
+            if (rc) return rc;
+        }
+    }
+    CUfunction k = NULL;
+    CUresult rc = CUDA_SUCCESS;
+    if (f && hipr_cu_kernel_function((void *)f, &k, &rc)) {
+        if (rc) return rc;
+        f = k;
+    }
+    if (!f || !function_live(f)) return CUDA_ERROR_INVALID_HANDLE;
+    const uint64_t grid[3] = {config->gridDimX, config->gridDimY, config->gridDimZ};
+    const uint64_t block[3] = {config->blockDimX, config->blockDimY, config->blockDimZ};
+    hipr_map m;
+    hipr_map_init(&m, 6);
+    hipr_map_u64(&m, "function", f->id);
+    hipr_map_str(&m, "query", "max_active_clusters", strlen("max_active_clusters"));
+    hipr_map_u64_list(&m, "grid", grid, 3);
+    hipr_map_u64_list(&m, "block", block, 3);
+    hipr_map_u64(&m, "dynamic_smem", config->sharedMemBytes);
+    if (have_cluster) hipr_map_u64_list(&m, "cluster", cluster, 3);
+    hipr_reply r;
+    int hip = hipr_call(f->device, OP_FUNCTION_OCCUPANCY, &m, NULL, 0, NULL, 0, &r);
+    int64_t v = 0;
+    if (hip == 0 && hipr_cbor_int(r.map, "value", &v)) hip = HIPR_UNKNOWN;
+    hipr_reply_free(&r);
+    if (hip) return hipr_cu_error(hip);
+    *clusters = (int)v;
+    return CUDA_SUCCESS;
+}
+
+/* Cache and shared-memory configurations are preferences, which CUDA itself may ignore:
+ * accepted (after checking them) and not carried. */
+API CUresult cuFuncSetCacheConfig(CUfunction f, int config) {
+    if (!hipr_cu_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (config < 0 || config > 3) return CUDA_ERROR_INVALID_VALUE;
+    CUfunction k = NULL;
+    CUresult rc = CUDA_SUCCESS;
+    if (f && hipr_cu_kernel_function((void *)f, &k, &rc)) return rc;
+    return f && function_live(f) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+API CUresult cuKernelSetCacheConfig(void *kernel, int config, CUdevice dev) {
+    if (config < 0 || config > 3) return CUDA_ERROR_INVALID_VALUE;
+    CUfunction f = NULL;
+    return kernel_here(kernel, dev, &f);
+}
+
+API CUresult cuCtxSetCacheConfig(int config) {
+    int dev;
+    CUresult rc = hipr_cu_ctx_device(&dev);
+    if (rc) return rc;
+    return config < 0 || config > 3 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+API CUresult cuCtxGetCacheConfig(int *config) {
+    if (!config) return CUDA_ERROR_INVALID_VALUE;
+    int dev;
+    CUresult rc = hipr_cu_ctx_device(&dev);
+    if (rc == CUDA_SUCCESS) *config = 0; /* CU_FUNC_CACHE_PREFER_NONE: none is carried */
+    return rc;
+}
+
+/* --- launches ----------------------------------------------------------------------------- */
+
+static CUresult launch(CUfunction f, const unsigned grid[3], const unsigned block[3],
+                       unsigned shared, CUstream stream, void **params, void **extra) {
+    int dev;
+    CUresult rc = hipr_cu_ctx_device(&dev);
+    uint64_t sid = 0;
+    if (rc == CUDA_SUCCESS) rc = hipr_cu_stream(stream, &sid);
+    if (rc) return rc;
+    /* A CUkernel (cuLibraryGetKernel) launches as its function in the current context. */
+    CUfunction from_kernel = NULL;
+    if (f && hipr_cu_kernel_function((void *)f, &from_kernel, &rc)) {
+        if (rc) return rc;
+        f = from_kernel;
+    }
+    if (!f || !function_live(f)) return CUDA_ERROR_INVALID_HANDLE;
+    for (int i = 0; i < 3; i++)
+        if (!grid[i] || !block[i]) return CUDA_ERROR_INVALID_VALUE;
+    if (params && extra) return CUDA_ERROR_INVALID_VALUE;
+    int layout = layout_of(f);
+    uint8_t buf[MAX_ARGS_BYTES];
+    const uint8_t *args = buf;
+    size_t args_len = 0;
+    if (extra) {
+        const void *p = NULL;
+        size_t size = 0;
+        int have_size = 0;
+        for (size_t i = 0; extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+            if (i >= 64) return CUDA_ERROR_INVALID_VALUE;
+            if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) p = extra[i + 1];
+            else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1]) {
+                memcpy(&size, extra[i + 1], sizeof size);
+                have_size = 1;
+            } else return CUDA_ERROR_INVALID_VALUE;
+        }
+        if (!have_size || (size && !p) || size > MAX_ARGS_BYTES) return CUDA_ERROR_INVALID_VALUE;
+        args = p;
+        args_len = size;
+    } else if (params || layout == 1) {
+        if (layout != 1) {
+            static int warned;
+            hipr_warn_once("cuLaunchKernel with kernelParams needs the kernel's parameter "
+                           "layout, which this worker cannot report; pass `extra`",
+                           &warned);
+            return CUDA_ERROR_NOT_SUPPORTED;
+        }
+        if (f->n_params && !params) return CUDA_ERROR_INVALID_VALUE;
+        memset(buf, 0, f->args_size);
+        for (size_t i = 0; i < f->n_params; i++) {
+            if (!params[i]) return CUDA_ERROR_INVALID_VALUE;
+            memcpy(buf + f->offsets[i], params[i], f->sizes[i]);
+        }
+        args_len = f->args_size;
+    }
+    hipr_launch_config c;
+    memset(&c, 0, sizeof c);
+    c.function = f->id;
+    c.shared_mem = shared;
+    c.stream = sid;
+    for (int i = 0; i < 3; i++) {
+        c.grid[i] = grid[i];
+        c.block[i] = block[i];
+    }
+    /* Pointer arguments, where the layout tells them, are checked by the worker. */
+    for (size_t i = 0; layout == 1 && i < f->n_params; i++)
+        if (f->is_pointer[i] && f->offsets[i] + 8 <= args_len) c.ptrs[c.n_ptrs++] = f->offsets[i];
+    return hipr_cu_error(hipr_launch(dev, &c, args, args_len));
+}
+
+API CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                            unsigned by, unsigned bz, unsigned shared, CUstream stream,
+                            void **params, void **extra) {
+    const unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+    return launch(f, grid, block, shared, stream, params, extra);
+}
+
+/* Each launch attribute is honoured or refused, never dropped: what the worker's plain
+ * launch already does (no cooperation, a 1x1x1 cluster, the one priority there is, no
+ * programmatic serialisation) is accepted; anything else returns NOT_SUPPORTED and says
+ * which attribute on stderr once. */
+static CUresult check_attribute(const CUlaunchAttribute *a) {
+    const CUlaunchAttributeValue *v = &a->value;
+    int honoured;
+    switch (a->id) {
+    case CU_LAUNCH_ATTRIBUTE_IGNORE:
+        honoured = 1;
+        break;
+    case CU_LAUNCH_ATTRIBUTE_COOPERATIVE:
+        honoured = v->cooperative == 0;
+        break;
+    case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
+        honoured = v->clusterDim.x <= 1 && v->clusterDim.y <= 1 && v->clusterDim.z <= 1;
+        break;
+    case CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION:
+        honoured = v->programmaticStreamSerializationAllowed == 0;
+        break;
+    case CU_LAUNCH_ATTRIBUTE_PRIORITY:
+        honoured = 1; /* clamped into [0, 0], as every stream's */
+        break;
+    default:
+        honoured = 0;
+    }
+    if (honoured) return CUDA_SUCCESS;
+    static uint8_t warned[64];
+    unsigned slot = (unsigned)a->id < 63 ? (unsigned)a->id : 63;
+    if (!__atomic_exchange_n(&warned[slot], 1, __ATOMIC_RELAXED))
+        fprintf(stderr,
+                "hipr proxy: cuLaunchKernelEx: launch attribute %d with this value is not "
+                "served (CUDA_ERROR_NOT_SUPPORTED)\n",
+                a->id);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+API CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params,
+                              void **extra) {
+    if (!config || (config->numAttrs && !config->attrs)) return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < config->numAttrs; i++) {
+        CUresult rc = check_attribute(&config->attrs[i]);
+        if (rc) return rc;
+    }
+    const unsigned grid[3] = {config->gridDimX, config->gridDimY, config->gridDimZ};
+    const unsigned block[3] = {config->blockDimX, config->blockDimY, config->blockDimZ};
+    return launch(f, grid, block, config->sharedMemBytes, config->hStream, params, extra);
+}
+
+API CUresult cuLaunchKernel_ptsz(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                 unsigned, unsigned, CUstream, void **, void **)
+    __attribute__((alias("cuLaunchKernel")));
+API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *, CUfunction, void **, void **)
+    __attribute__((alias("cuLaunchKernelEx")));
+
+/* Libraries (cuLibraryLoadData) load on the worker at the first use of one of their
+ * kernels in a context: lazy loading, as the runtime is told. */
+API CUresult cuModuleGetLoadingMode(int *mode) {
+    if (!mode) return CUDA_ERROR_INVALID_VALUE;
+    *mode = 2; /* CU_MODULE_LAZY_LOADING */
+    return CUDA_SUCCESS;
+}

@@ -1,0 +1,5 @@
+// The module cuda_check.c loads on the GPU host (as cubin, PTX and fat binary).
+extern "C" __global__ void scale_f32(float *x, float a, unsigned long long n) {
+    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= a;
+}
