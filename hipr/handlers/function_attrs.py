@@ -17,24 +17,28 @@ from hipr.sessions.state import Session
 OPCODE_RANGE = OpcodeRange.MODULE
 
 _I32_MAX = 2**31 - 1
-_Attr = m.FunctionAttribute
-_Occ = m.FunctionOccupancy
 #: The occupancy query's plain numbers, absent ones 0.
-_NUMBERS = (_Occ.block_size, _Occ.dynamic_smem, _Occ.num_blocks, _Occ.block_limit, _Occ.flags)
+_NUMBERS = (
+    m.FunctionOccupancy.block_size,
+    m.FunctionOccupancy.dynamic_smem,
+    m.FunctionOccupancy.num_blocks,
+    m.FunctionOccupancy.block_limit,
+    m.FunctionOccupancy.flags,
+)
 #: Its launch dimensions, passed only when given.
-_DIMS = (_Occ.grid, _Occ.block, _Occ.cluster)
+_DIMS = (m.FunctionOccupancy.grid, m.FunctionOccupancy.block, m.FunctionOccupancy.cluster)
 
 
 @handler(m.FunctionAttribute)
 async def function_attribute(session: Session, request: Request) -> Any:
     """``{function, attribute, value?}`` -> ``{value}``: the kernel's attribute; with
     ``value``, set it first. hipErrorNotSupported on a backend that cannot tell."""
-    function_id = request.args.handle(_Attr.function)
+    function_id = request.args.handle(m.FunctionAttribute.function)
     assert function_id is not None
-    attribute = request.args.integer(_Attr.attribute, high=m.MAX_FUNCTION_ATTRIBUTE)
+    attribute = request.args.integer(m.FunctionAttribute.attribute, high=m.MAX_FUNCTION_ATTRIBUTE)
     value = (
-        request.args.integer(_Attr.value, low=-(2**31), high=_I32_MAX)
-        if request.args.has(_Attr.value)
+        request.args.integer(m.FunctionAttribute.value, low=-(2**31), high=_I32_MAX)
+        if request.args.has(m.FunctionAttribute.value)
         else None
     )
     entry = session.functions.get(function_id)
@@ -52,9 +56,9 @@ async def function_occupancy(session: Session, request: Request) -> Any:
     """``{function, query, ...}`` -> ``{value}`` (``{min_grid, block_size}`` for
     max_potential_block_size): the driver's occupancy figures (see the declaration).
     hipErrorNotSupported on a backend that cannot tell."""
-    function_id = request.args.handle(_Occ.function)
+    function_id = request.args.handle(m.FunctionOccupancy.function)
     assert function_id is not None
-    query = request.args.text(_Occ.query, max_length=64)
+    query = request.args.text(m.FunctionOccupancy.query, max_length=64)
     if query not in m.OCCUPANCY_QUERIES:
         raise HipError(
             HipErrorCode.hipErrorInvalidValue,

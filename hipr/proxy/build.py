@@ -278,7 +278,8 @@ def build_cuda(out: Path, flags: list[str], cc: str) -> Path:
                 f"-Wl,--version-script={script}", "-Wl,-z,nodelete", "-Wl,-z,defs",
                 # libcbor beside this library or beside the HIP ones (one folder up).
                 "-Wl,-rpath,$ORIGIN:$ORIGIN/..",
-                "-o", str(lib_tmp), *map(str, objects), str(stub_obj), "-lcbor", "-pthread",
+                "-o", str(lib_tmp), *map(str, objects), str(stub_obj), *LIBS, "-lm",
+                "-pthread",
             ]
         )  # fmt: skip
         target = out / CUDA_LIBRARY
