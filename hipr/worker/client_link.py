@@ -28,6 +28,7 @@ from hipr.errors import HipError, ProtocolError, VersionMismatchError
 from hipr.handlers.args import Args
 from hipr.handlers.registry import REGISTRY, HandlerRegistry
 from hipr.observability.observer import WorkerObserver
+from hipr.protocol import messages as m
 from hipr.protocol.bounded_cbor import CborLimits
 from hipr.protocol.codec import Frame, FrameDecoder, encode_frame
 from hipr.protocol.header import (
@@ -392,14 +393,14 @@ class WorkerConnection:
             return None
         try:
             args = Args(frame.args, "HELLO")
-            client = args.text("client", default="unknown", max_length=256)
+            client = args.text(m.Hello.client, default="unknown", max_length=256)
             tenant = self.worker.authenticate(args, self.stream)
             isolation = self.worker.isolation
             if isolation is not None:
                 self.worker.check_max_clients()
                 child = await isolation.child_for(tenant)
                 hello = dict(frame.args)
-                hello["token"] = child.token
+                hello[m.Hello.token] = child.token
                 first = encode_frame(
                     Opcode.HELLO, frame.request_id, Flags.NONE, hello, version=frame.header.version
                 )

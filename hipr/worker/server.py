@@ -26,6 +26,7 @@ from hipr.handlers.admin import session_status, worker_status
 from hipr.handlers.args import Args
 from hipr.observability.log import set_levels
 from hipr.observability.observer import NullObserver, WorkerObserver
+from hipr.protocol import messages as m
 from hipr.sessions.busy_poll import BusyPoll
 from hipr.sessions.quotas import QuotaGate, TenantState
 from hipr.sessions.state import Session
@@ -255,7 +256,7 @@ class Worker:
     def authenticate(self, hello: Args, stream: anyio.abc.ByteStream) -> Tenant:
         """The tenant a HELLO's credentials name, or AuthError."""
         return self.tenants.authenticate(
-            hello.text("token", default="", max_length=4096) or None,
+            hello.text(m.Hello.token, default="", max_length=4096) or None,
             unix_uid=peer_uid(stream),
             cert_subject=_common_name(peer_certificate_subject(stream)),
         )
@@ -391,8 +392,8 @@ class Worker:
 
     async def resume(self, args: Args, connection: WorkerConnection) -> Session:
         """The detached (or still attached, to a dead link) session a RESUME names."""
-        session_id = args.text("session_id", max_length=64)
-        token = args.text("resume_token", max_length=256)
+        session_id = args.text(m.Resume.session_id, max_length=64)
+        token = args.text(m.Resume.resume_token, max_length=256)
         session = self.sessions.get(session_id)
         if session is None or session.closed or self.draining:
             raise SessionLostError(

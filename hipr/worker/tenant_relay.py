@@ -10,6 +10,7 @@ import anyio.abc
 
 from hipr.errors import SessionLostError
 from hipr.handlers.args import Args
+from hipr.protocol import messages as m
 from hipr.protocol.codec import Frame, FrameDecoder, encode_frame
 from hipr.protocol.header import Flags
 from hipr.protocol.opcodes import Opcode
@@ -29,7 +30,7 @@ async def resume_target(
 ) -> tuple[str, bytes, str]:
     """Where a RESUME goes: the address of the tenant process that holds the session,
     the RESUME frame to send it, and the tenant's name; SessionLostError if none does."""
-    session_id = args.text("session_id", max_length=64)
+    session_id = args.text(m.Resume.session_id, max_length=64)
     tenant_name = isolation.session_tenants.get(session_id)
     tenant = tenants.get(tenant_name) if tenant_name else None
     if tenant is None:
