@@ -353,6 +353,11 @@ class CudaRuntime(RuntimeBase):
             self.call("cuFuncSetAttribute", function, which, value)
         return int(self.call("cuFuncGetAttribute", which, function))
 
+    def module_global(self, module: Any, name: str) -> tuple[int, int]:
+        """``cuModuleGetGlobal``: the variable's address and size."""
+        ptr, size = self.call("cuModuleGetGlobal", module, name.encode())
+        return int(ptr), int(size)
+
     def function_occupancy(
         self, function: Any, query: str, numbers: dict[str, Any]
     ) -> dict[str, int]:

@@ -8,6 +8,7 @@ from hipr.handlers import (  # noqa: F401  (imported for their registrations)
     graph,
     memory,
     module,
+    module_globals,
     session_ops,
     stream,
 )

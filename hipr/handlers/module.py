@@ -147,6 +147,8 @@ async def module_unload(session: Session, request: Request) -> Any:
             *(partial(session.functions.restore, i, f) for i, f in functions),
         )
         await session.gpu(unload, entry.handle)
+    for base in entry.global_bases:  # the session can no longer name them
+        session.module_globals.remove(base)
     return {}
 
 
@@ -225,7 +227,7 @@ def check_pointers(
                 f"{_named(what)}: pointer argument at offset {offset} is past the arguments"
             )
         address = _ADDRESS.unpack_from(data, offset)[0]
-        if address and session.allocations.containing(address) is None:
+        if address and not session.reaches(address):
             raise invalid_value(
                 f"{_named(what)}: pointer argument at offset {offset} (0x{address:x}) is not "
                 "inside an allocation of this session"

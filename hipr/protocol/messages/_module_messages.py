@@ -244,6 +244,24 @@ class FunctionOccupancy(Message):
                     default="none")  # fmt: skip
 
 
+@message(
+    Opcode.MODULE_GET_GLOBAL,
+    reply=(
+        Out("ptr", "uint", "the variable's device address"),
+        Out("size", "uint", "its size", unit="bytes"),
+    ),
+)
+class ModuleGetGlobal(Message):
+    """A global variable (`__device__` / `__constant__`) of a loaded module, as
+    cuModuleGetGlobal gives it. Copies and kernel pointer arguments of the session may
+    then name its bytes, as an allocation's, until the module is unloaded; it is never
+    freed (FREE refuses it). hipErrorNotFound when the module has no such variable;
+    hipErrorNotSupported on a backend that cannot tell (hip and the emulator for now)."""
+
+    module = field("handle", "the module")
+    name = field("text", "the variable's (mangled) name", range="at most 1024 characters")
+
+
 @message(Opcode.LAUNCH_KERNEL, fire_and_forget=True)
 class LaunchKernel(LaunchConfig, Message):
     """Launch a kernel."""

@@ -824,7 +824,7 @@ int hipr_cu_is_device(uint64_t p) {
     pthread_mutex_lock(&hipr_cu_lock);
     int found = find_alloc_locked(p) != NULL;
     pthread_mutex_unlock(&hipr_cu_lock);
-    return found;
+    return found || hipr_cu_is_global(p);
 }
 
 static void send_free(int dev, uint64_t ptr) {

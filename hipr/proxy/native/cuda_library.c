@@ -286,6 +286,15 @@ API CUresult cuLibraryGetModule(CUmodule *m, CUlibrary l) {
     return module_here(l, &dev, m);
 }
 
+CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule m, const char *name);
+
+/* The library's global in the current context (its module loaded there first). */
+API CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary l, const char *name) {
+    CUmodule m;
+    CUresult rc = cuLibraryGetModule(&m, l);
+    return rc ? rc : cuModuleGetGlobal_v2(dptr, bytes, m, name);
+}
+
 void hipr_cu_forget_libraries(void) {
     for (struct hipr_cu_library *l = libraries, *next; l; l = next) {
         next = l->next;
