@@ -157,7 +157,7 @@ async def module_get_function(session: Session, request: Request) -> Any:
     """``{module, name}`` -> ``{function}``."""
     module_id = request.args.handle(m.ModuleGetFunction.module)
     assert module_id is not None
-    name = request.args.text(m.ModuleGetFunction.name, max_length=1024)
+    name = request.args.text(m.ModuleGetFunction.name, max_length=m.MAX_KERNEL_NAME)
     return {"function": await _get_function(session, module_id, name)}
 
 

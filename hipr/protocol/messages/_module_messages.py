@@ -18,6 +18,8 @@ MAX_BATCH_LAUNCHES = 4096
 #: Bytes of the largest code object MODULE_LOAD takes (CUDA libraries' fat binaries run to
 #: hundreds of MiB).
 MAX_MODULE_BYTES = 1 << 30
+#: Characters of a kernel's name (C++ templates' mangled names run to thousands).
+MAX_KERNEL_NAME = 16384
 #: CUfunction_attribute values are small; anything past this is a client's mistake.
 MAX_FUNCTION_ATTRIBUTE = 64
 #: FUNCTION_OCCUPANCY's queries, as cuOccupancy* names them.
@@ -115,7 +117,11 @@ class ModuleGetFunction(Message):
     """A kernel of a loaded module, by name."""
 
     module = field("handle", "the module")
-    name = field("text", 'the kernel\'s name (`extern "C"` names are the simplest)')
+    name = field(
+        "text",
+        'the kernel\'s name (`extern "C"` names are the simplest)',
+        range=f"at most {MAX_KERNEL_NAME} characters",
+    )
 
 
 @message(

@@ -9,6 +9,8 @@
 #include "cuda_types.h"
 
 #define API HIPR_EXPORT
+/* The longest kernel name taken (as the worker's MODULE_GET_FUNCTION). */
+#define HIPR_CU_MAX_NAME 16384
 
 struct hipr_cu_ctx {
     int device;

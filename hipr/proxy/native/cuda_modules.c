@@ -29,9 +29,9 @@ struct hipr_cu_function {
     uint32_t offsets[MAX_PARAMS], sizes[MAX_PARAMS];
     uint8_t is_pointer[MAX_PARAMS];
     size_t args_size;
-    char name[256];
     struct hipr_cu_module *module;
     struct hipr_cu_function *next;
+    char name[]; /* C++ kernels' mangled names run to thousands of characters */
 };
 
 struct hipr_cu_global {
@@ -246,7 +246,7 @@ API CUresult cuModuleGetFunction(CUfunction *out, CUmodule m, const char *name) 
     if (!hipr_cu_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
     if (!m || !module_live(m)) return CUDA_ERROR_INVALID_HANDLE;
     size_t len = strlen(name);
-    if (len >= sizeof ((struct hipr_cu_function *)0)->name) return CUDA_ERROR_INVALID_VALUE;
+    if (len > HIPR_CU_MAX_NAME) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&hipr_cu_lock);
     struct hipr_cu_function *f = m->functions;
     while (f && strcmp(f->name, name) != 0) f = f->next;
@@ -255,7 +255,7 @@ API CUresult cuModuleGetFunction(CUfunction *out, CUmodule m, const char *name) 
         *out = f;
         return CUDA_SUCCESS;
     }
-    f = calloc(1, sizeof *f);
+    f = calloc(1, sizeof *f + len + 1);
     if (!f) return CUDA_ERROR_OUT_OF_MEMORY;
     hipr_map a;
     hipr_map_init(&a, 2);

@@ -393,6 +393,11 @@ static void launches(const char *module_file) {
     CHECK(cuModuleGetFunction(&again, mod, "scale_f32"));
     EXPECT(again == scale);
     EXPECT_RC(500, cuModuleGetFunction(&again, mod, "no_such_kernel"));
+    /* names longer than 255 characters (C++ kernels' mangled names) are asked for too */
+    char long_name[600];
+    memset(long_name, 'k', sizeof long_name - 1);
+    long_name[sizeof long_name - 1] = '\0';
+    EXPECT_RC(500, cuModuleGetFunction(&again, mod, long_name));
     size_t off = 99, size = 99;
     CHECK(cuFuncGetParamInfo(scale, 1, &off, &size));
     EXPECT(off == 8 && size == 4);
