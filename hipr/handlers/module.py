@@ -164,7 +164,7 @@ async def module_get_function(session: Session, request: Request) -> Any:
 @handler(m.ModuleBuiltin)
 async def module_builtin(session: Session, request: Request) -> Any:
     """``{name}`` -> ``{module, function}``: a built-in kernel (hipr.kernels.builtins)."""
-    name = request.args.text(m.ModuleBuiltin.name, max_length=256)
+    name = request.args.text(m.ModuleBuiltin.name, max_length=m.MAX_KERNEL_NAME)
     # One built-in module per device: a kernel loaded on device 0 cannot run on device 1.
     module_id = session.builtin_module_ids.get(session.device)
     if module_id is None:

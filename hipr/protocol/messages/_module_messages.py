@@ -134,7 +134,9 @@ class ModuleGetFunction(Message):
 class ModuleBuiltin(Message):
     """A built-in kernel (docs/kernels.md), loaded once per device."""
 
-    name = field("text", "the built-in kernel's name", range="at most 256 characters")
+    name = field(
+        "text", "the built-in kernel's name", range=f"at most {MAX_KERNEL_NAME} characters"
+    )
 
 
 @message(
