@@ -3,6 +3,7 @@
 from hipr.handlers import (  # noqa: F401  (imported for their registrations)
     admin,
     device,
+    device_limits,
     event,
     function_attrs,
     graph,

@@ -40,6 +40,8 @@ class Opcode(IntEnum):
     DEVICE_PROPERTIES = 0x0104
     DEVICE_SYNCHRONIZE = 0x0105
     MEM_GET_INFO = 0x0106
+    #: A device limit (CUDA's CUlimit numbering), read only: the CUDA proxy's cuCtxGetLimit.
+    DEVICE_LIMIT = 0x0107
 
     # memory 0x02xx
     MALLOC = 0x0201

@@ -2,8 +2,8 @@
 cuModuleGetGlobal / cuLibraryGetGlobal ask for (cuBLAS does at handle creation). The
 emulator has none (hipErrorNotSupported); a backend that has them gives the address and
 size, the session's copies may then name those bytes until the module is unloaded, and
-FREE refuses them. A cuda worker answers from cuModuleGetGlobal (scripts/cuda-gpu-check
-on the GPU host)."""
+FREE refuses them. DEVICE_LIMIT (0x0107): cuCtxGetLimit's limit, read from the backend.
+A cuda worker answers both from its driver (scripts/cuda-gpu-check on the GPU host)."""
 
 from __future__ import annotations
 
@@ -99,3 +99,34 @@ async def test_a_global_is_reachable_until_its_module_goes(anyio_backend: str) -
             assert code == HipErrorCode.hipErrorInvalidValue
         finally:
             await client.aclose()
+
+
+class LimitsBackend(EmulatorBackend):
+    """The emulator with one device limit: CU_LIMIT_STACK_SIZE (0), 1024 bytes."""
+
+    def device_limit(self, limit: int) -> int:
+        if limit != 0:
+            raise HipError(HipErrorCode.hipErrorUnsupportedLimit, f"no limit {limit}")
+        return 1024
+
+
+async def test_device_limits_are_read_from_the_backend(anyio_backend: str) -> None:
+    for backend, expected in ((EmulatorBackend(), None), (LimitsBackend(), 1024)):
+        async with running_worker(
+            WorkerConfig(resume_grace=0.0), backend, ["tcp://127.0.0.1:0"]
+        ) as worker:
+            client = await RawClient.open(worker.bound_urls[0])
+            try:
+                if expected is None:
+                    code = await _refused(client, Opcode.DEVICE_LIMIT, {"limit": 0})
+                    assert code == HipErrorCode.hipErrorNotSupported
+                else:
+                    got = await client.call(Opcode.DEVICE_LIMIT, {"limit": 0})
+                    assert got == {"value": expected}
+                    code = await _refused(client, Opcode.DEVICE_LIMIT, {"limit": 5})
+                    assert code == HipErrorCode.hipErrorUnsupportedLimit
+                code = await _refused(client, Opcode.DEVICE_LIMIT, {"limit": 1000})
+                assert code == HipErrorCode.hipErrorInvalidValue
+                assert await client.call(Opcode.DEVICE_COUNT, {}) == {"count": 1}
+            finally:
+                await client.aclose()

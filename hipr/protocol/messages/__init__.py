@@ -10,7 +10,9 @@ the worker's handlers read them with these keys and register by message, and
 """
 
 from hipr.protocol.messages._device_messages import (
+    MAX_DEVICE_LIMIT,
     DeviceCount,
+    DeviceLimit,
     DeviceProperties,
     DeviceSynchronize,
     GetDevice,
@@ -107,6 +109,7 @@ __all__ = [
     "CODE_CHUNK",
     "ERROR_REPLY",
     "MAX_BATCH_LAUNCHES",
+    "MAX_DEVICE_LIMIT",
     "MAX_FUNCTION_ATTRIBUTE",
     "MAX_KERNEL_ARGS_BYTES",
     "MAX_KERNEL_NAME",
@@ -125,6 +128,7 @@ __all__ = [
     "CompileAndGetFunction",
     "Data",
     "DeviceCount",
+    "DeviceLimit",
     "DeviceProperties",
     "DeviceSynchronize",
     "EventCreate",

@@ -96,6 +96,7 @@ CUresult cuModuleLoad(CUmodule *, const char *);
 CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
 CUresult cuModuleUnload(CUmodule);
 CUresult cuModuleGetGlobal_v2(CUdeviceptr *, size_t *, CUmodule, const char *);
+CUresult cuCtxGetLimit(size_t *, int);
 CUresult cuFuncGetParamInfo(CUfunction, size_t, size_t *, size_t *);
 CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                         unsigned, CUstream, void **, void **);
@@ -472,6 +473,12 @@ static void launches(const char *module_file) {
     EXPECT_RC(801, cuLaunchKernelEx(&cfg, scale, halve, NULL));
     CHECK(cuMemcpyDtoH_v2(back, a, sizeof(float)));
     EXPECT(back[0] == 3.5f); /* the refused launch did not run */
+    /* a device limit (CU_LIMIT_STACK_SIZE) from the worker's driver; the emulator has none */
+    size_t limit = 0;
+    CUresult lr0 = cuCtxGetLimit(&limit, 0);
+    if (module_file) EXPECT(lr0 == 0 && limit > 0);
+    else EXPECT(lr0 == 801);
+    EXPECT_RC(1, cuCtxGetLimit(NULL, 0));
     /* module globals: hipr's built-in kernels have none */
     CUdeviceptr var = 0;
     size_t var_size = 0;
