@@ -12,7 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from hipr.proxy.build import CUDA_LIBRARY, CUDA_SUBDIR, SANITIZE, WARNINGS, build, compiler
+from hipr.proxy.build import (
+    CUDA_LIBRARY,
+    CUDA_SUBDIR,
+    LIB_DIR,
+    SANITIZE,
+    WARNINGS,
+    build,
+    compiler,
+)
 
 C_FILE = Path(__file__).resolve().parent / "c" / "cuda_trace_check.c"
 SANITIZER_ENV = {
@@ -21,15 +29,18 @@ SANITIZER_ENV = {
 }
 
 
-def _program(tmp_path: Path) -> Path:
-    libs = tmp_path / "lib"
-    build(libs, sanitize=True)
+def _program(tmp_path: Path, *, sanitize: bool = True) -> Path:
+    if sanitize:
+        libs = tmp_path / "lib"
+        build(libs, sanitize=True)
+    else:
+        libs = LIB_DIR
     cuda = libs / CUDA_SUBDIR
     program = tmp_path / "cuda_trace_check"
     cc = compiler()
     assert cc is not None
     cmd = [
-        cc, *SANITIZE, *WARNINGS, "-std=c11", str(C_FILE), "-o", str(program),
+        cc, *(SANITIZE if sanitize else ()), *WARNINGS, "-std=c11", str(C_FILE), "-o", str(program),
         f"-L{cuda}", f"-l:{CUDA_LIBRARY}", f"-Wl,-rpath,{cuda}",
     ]  # fmt: skip
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -37,13 +48,15 @@ def _program(tmp_path: Path) -> Path:
     return program
 
 
-def _run(program: Path, url: str, trace: str | None) -> subprocess.CompletedProcess[str]:
+def _run(
+    program: Path, url: str, trace: str | None, *args: str
+) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, HIPR_URL=url, **SANITIZER_ENV)
     env.pop("HIPR_PROXY_TRACE", None)
     if trace is not None:
         env["HIPR_PROXY_TRACE"] = trace
     return subprocess.run(
-        [str(program)], env=env, capture_output=True, text=True, timeout=60, check=False
+        [str(program), *args], env=env, capture_output=True, text=True, timeout=60, check=False
     )
 
 
@@ -75,3 +88,16 @@ def test_trace_prints_each_call_and_passes_it_through(
     assert "hipr trace:" not in plain.stderr
     off = _run(program, worker_url, "0")
     assert off.returncode == 0 and "hipr trace:" not in off.stderr
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the trampolines are x86-64 code")
+def test_a_crash_under_the_trace_names_the_last_call(
+    proxy_libs: None, worker_url: str, tmp_path: Path
+) -> None:
+    # Without sanitizers: AddressSanitizer handles SIGSEGV itself, and the report then
+    # stands aside (it installs itself only over the default action).
+    program = _program(tmp_path, sanitize=False)
+    crashed = _run(program, worker_url, "1", "crash")
+    assert crashed.returncode == -11, crashed.stdout + crashed.stderr
+    assert "hipr trace: signal 11 (fault address 0) after cuInit" in crashed.stderr
+    assert "called from 0x" in crashed.stderr and str(program) in crashed.stderr

@@ -8,10 +8,14 @@
  * Off (the variable unset) nothing is wrapped and the lookup costs one load. x86-64 only;
  * elsewhere the trace prints the lookups alone. */
 #define _GNU_SOURCE
+#include <dlfcn.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <ucontext.h>
+#include <unistd.h>
 
 #include "cuda_front.h"
 #include "cuda_trace.h"
@@ -23,14 +27,67 @@ CUresult cuGetErrorName(CUresult error, const char **str);
 
 static int trace_on = -1;
 
+static void install_crash_report(void);
+
 int hipr_cu_trace_enabled(void) {
     int on = __atomic_load_n(&trace_on, __ATOMIC_RELAXED);
     if (on < 0) {
         const char *v = getenv("HIPR_PROXY_TRACE");
         on = v && *v && strcmp(v, "0") != 0;
+        if (on && __atomic_exchange_n(&trace_on, on, __ATOMIC_RELAXED) < 0)
+            install_crash_report();
         __atomic_store_n(&trace_on, on, __ATOMIC_RELAXED);
     }
     return on;
+}
+
+/* The driver call the crashing thread was in, or returned from last. */
+static __thread const char *tl_last;
+static __thread int tl_inside;
+
+static void describe(const char *what, uintptr_t address) {
+    Dl_info info;
+    if (address && dladdr((void *)address, &info) && info.dli_fname)
+        fprintf(stderr, "hipr trace:   %s %#lx = %s(%s+%#lx)\n", what, (unsigned long)address,
+                info.dli_fname, info.dli_sname ? info.dli_sname : "?",
+                (unsigned long)(address - (uintptr_t)(info.dli_saddr ? info.dli_saddr
+                                                                      : info.dli_fbase)));
+    else
+        fprintf(stderr, "hipr trace:   %s %#lx\n", what, (unsigned long)address);
+}
+
+/* A crash under HIPR_PROXY_TRACE says where it happened and after which driver call (a
+ * runtime calling an empty slot of a private export table jumps to address 0: its caller
+ * is then the word on top of the stack). Diagnostics only: the process dies as before
+ * (SA_RESETHAND puts the default action back, and the fault repeats on return). */
+static void crash_report(int sig, siginfo_t *info, void *context) {
+    uintptr_t pc = 0, sp = 0;
+#if defined(__x86_64__) && defined(__linux__)
+    const ucontext_t *uc = context;
+    pc = (uintptr_t)uc->uc_mcontext.gregs[REG_RIP];
+    sp = (uintptr_t)uc->uc_mcontext.gregs[REG_RSP];
+#else
+    (void)context;
+#endif
+    fprintf(stderr, "hipr trace: signal %d (fault address %#lx) %s %s\n", sig,
+            (unsigned long)(uintptr_t)info->si_addr, tl_inside ? "inside" : "after",
+            tl_last ? tl_last : "no traced driver call");
+    describe("pc", pc);
+    if (sp && pc < 4096) describe("called from", *(const uintptr_t *)sp);
+}
+
+static void install_crash_report(void) {
+    static const int signals[] = {SIGSEGV, SIGBUS, SIGILL};
+    for (size_t i = 0; i < sizeof signals / sizeof *signals; i++) {
+        struct sigaction old;
+        if (sigaction(signals[i], NULL, &old) != 0 || old.sa_handler != SIG_DFL) continue;
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = crash_report;
+        sa.sa_flags = SA_SIGINFO | SA_RESETHAND | SA_NODEFER;
+        sigemptyset(&sa.sa_mask);
+        sigaction(signals[i], &sa, NULL);
+    }
 }
 
 #if defined(__x86_64__) && defined(__linux__)
@@ -56,6 +113,8 @@ __attribute__((visibility("hidden"), used)) void *hipr_cu_trace_enter(int i, uin
     tl_return[tl_depth] = ret;
     tl_slot[tl_depth] = i;
     tl_depth++;
+    tl_last = slots[i].name;
+    tl_inside = 1;
     return slots[i].fn;
 }
 
@@ -63,6 +122,8 @@ __attribute__((visibility("hidden"), used)) void *hipr_cu_trace_enter(int i, uin
 __attribute__((visibility("hidden"), used)) uintptr_t hipr_cu_trace_leave(int rc) {
     tl_depth--;
     const char *name = slots[tl_slot[tl_depth]].name;
+    tl_last = name;
+    tl_inside = tl_depth > 0;
     const char *err = NULL;
     if (rc && cuGetErrorName((CUresult)rc, &err) != CUDA_SUCCESS) err = NULL;
     if (rc)
