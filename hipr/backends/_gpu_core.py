@@ -330,6 +330,17 @@ class GpuCore:
         free, total = self._call(self._calls.mem_get_info)
         return int(free), int(total)
 
+    def device_limit(self, limit: int) -> int:
+        """A limit of the current device's context (CUlimit numbering);
+        hipErrorNotSupported where the runtime adapter cannot tell (HIP for now)."""
+        call = getattr(self._rt, "device_limit", None)
+        if call is None:
+            raise HipError(
+                HipErrorCode.hipErrorNotSupported, "device limits are served on cuda workers only"
+            )
+        self._current()
+        return int(call(limit))
+
     def synchronize(self) -> None:
         """Wait for all work on the current device (all sessions', as hipDeviceSynchronize
         does); reports a kernel's asynchronous failure."""

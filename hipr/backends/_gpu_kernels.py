@@ -282,6 +282,21 @@ class GpuKernels(GpuCore):
         self._current()
         return int(call(function, attribute, value))
 
+    def module_global(self, module: Handle, name: str) -> tuple[int, int]:
+        """A module's global variable: its device address and size in bytes;
+        hipErrorNotFound when it has none of that name, hipErrorNotSupported where the
+        runtime adapter cannot tell (HIP for now)."""
+        raw = live(module, GpuModule, "module")
+        call = getattr(self._rt, "module_global", None)
+        if call is None:
+            raise HipError(
+                HipErrorCode.hipErrorNotSupported,
+                "module globals are served on cuda workers only",
+            )
+        self._current()
+        ptr, size = call(raw, name)
+        return int(ptr), int(size)
+
     def function_occupancy(
         self, function: Handle, query: str, numbers: dict[str, Any]
     ) -> dict[str, int]:

@@ -353,6 +353,19 @@ class CudaRuntime(RuntimeBase):
             self.call("cuFuncSetAttribute", function, which, value)
         return int(self.call("cuFuncGetAttribute", which, function))
 
+    def device_limit(self, limit: int) -> int:
+        """``cuCtxGetLimit`` on the current context."""
+        try:
+            which = self.api.CUlimit(limit)
+        except ValueError:
+            raise HipError(E.hipErrorUnsupportedLimit, f"unknown device limit {limit}") from None
+        return int(self.call("cuCtxGetLimit", which))
+
+    def module_global(self, module: Any, name: str) -> tuple[int, int]:
+        """``cuModuleGetGlobal``: the variable's address and size."""
+        ptr, size = self.call("cuModuleGetGlobal", module, name.encode())
+        return int(ptr), int(size)
+
     def function_occupancy(
         self, function: Any, query: str, numbers: dict[str, Any]
     ) -> dict[str, int]:

@@ -3,11 +3,13 @@
 from hipr.handlers import (  # noqa: F401  (imported for their registrations)
     admin,
     device,
+    device_limits,
     event,
     function_attrs,
     graph,
     memory,
     module,
+    module_globals,
     session_ops,
     stream,
 )

@@ -147,6 +147,8 @@ async def module_unload(session: Session, request: Request) -> Any:
             *(partial(session.functions.restore, i, f) for i, f in functions),
         )
         await session.gpu(unload, entry.handle)
+    for base in entry.global_bases:  # the session can no longer name them
+        session.module_globals.remove(base)
     return {}
 
 
@@ -155,14 +157,14 @@ async def module_get_function(session: Session, request: Request) -> Any:
     """``{module, name}`` -> ``{function}``."""
     module_id = request.args.handle(m.ModuleGetFunction.module)
     assert module_id is not None
-    name = request.args.text(m.ModuleGetFunction.name, max_length=1024)
+    name = request.args.text(m.ModuleGetFunction.name, max_length=m.MAX_KERNEL_NAME)
     return {"function": await _get_function(session, module_id, name)}
 
 
 @handler(m.ModuleBuiltin)
 async def module_builtin(session: Session, request: Request) -> Any:
     """``{name}`` -> ``{module, function}``: a built-in kernel (hipr.kernels.builtins)."""
-    name = request.args.text(m.ModuleBuiltin.name, max_length=256)
+    name = request.args.text(m.ModuleBuiltin.name, max_length=m.MAX_KERNEL_NAME)
     # One built-in module per device: a kernel loaded on device 0 cannot run on device 1.
     module_id = session.builtin_module_ids.get(session.device)
     if module_id is None:
@@ -225,7 +227,7 @@ def check_pointers(
                 f"{_named(what)}: pointer argument at offset {offset} is past the arguments"
             )
         address = _ADDRESS.unpack_from(data, offset)[0]
-        if address and session.allocations.containing(address) is None:
+        if address and not session.reaches(address):
             raise invalid_value(
                 f"{_named(what)}: pointer argument at offset {offset} (0x{address:x}) is not "
                 "inside an allocation of this session"

@@ -40,6 +40,8 @@ class Opcode(IntEnum):
     DEVICE_PROPERTIES = 0x0104
     DEVICE_SYNCHRONIZE = 0x0105
     MEM_GET_INFO = 0x0106
+    #: A device limit (CUDA's CUlimit numbering), read only: the CUDA proxy's cuCtxGetLimit.
+    DEVICE_LIMIT = 0x0107
 
     # memory 0x02xx
     MALLOC = 0x0201
@@ -86,6 +88,9 @@ class Opcode(IntEnum):
     FUNCTION_ATTRIBUTE = 0x0509
     #: A kernel's occupancy on the device (cuOccupancy*), for the CUDA proxy.
     FUNCTION_OCCUPANCY = 0x050A
+    #: A loaded module's global variable (address and size), for the CUDA proxy's
+    #: cuModuleGetGlobal / cuLibraryGetGlobal; copies may then name it.
+    MODULE_GET_GLOBAL = 0x050B
     LAUNCH_KERNEL = 0x0510
     #: Protocol 1.1: launches of one kernel configuration, one argument buffer each.
     LAUNCH_KERNELS = 0x0511

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from hipr.errors import HipError, HipErrorCode, invalid_value
@@ -180,6 +180,8 @@ class ModuleEntry:
     handle: Any
     shared: bool
     function_ids: list[int]
+    #: MODULE_GET_GLOBAL's variables (bases in Session.module_globals), dropped on unload.
+    global_bases: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,6 +88,10 @@ class Session:
         self.backend = backend
         self.device = 0
         self.allocations = AllocationTable()
+        #: Global variables of loaded modules (MODULE_GET_GLOBAL): copies and pointer
+        #: arguments may name them as allocations; the module owns the memory (never
+        #: freed by the client, gone when it is unloaded).
+        self.module_globals = AllocationTable()
         self.streams: HandleTable[Any] = HandleTable("stream")
         self.events: HandleTable[Any] = HandleTable("event")
         self.modules: HandleTable[ModuleEntry] = HandleTable("module")
@@ -343,8 +347,18 @@ class Session:
 
     # --- checks ----------------------------------------------------------------------
     def check_range(self, address: int, size: int, what: str = "range") -> Allocation:
-        """``[address, address+size)`` lies in one of this session's allocations."""
+        """``[address, address+size)`` lies in one of this session's allocations (or a
+        module global it was given)."""
+        if self.module_globals.containing(address) is not None:
+            return self.module_globals.check(address, size, what)
         return self.allocations.check(address, size, what)
+
+    def reaches(self, address: int) -> bool:
+        """``address`` lies in an allocation of this session or a module global of it."""
+        return (
+            self.allocations.containing(address) is not None
+            or self.module_globals.containing(address) is not None
+        )
 
     def stream(self, stream_id: int | None) -> Any:
         """The backend stream of ``stream_id``; None is the default stream."""
@@ -466,6 +480,8 @@ class Session:
                 table.pop(handle_id)
         for allocation in self.allocations:
             self.allocations.remove(allocation.base)
+        for allocation in self.module_globals:
+            self.module_globals.remove(allocation.base)
         for allocation in self.allocations.retired():
             self.allocations.unretire(allocation.base)
         self.graph_memory = GraphMemory()

@@ -69,3 +69,18 @@ class DeviceSynchronize(Message):
 )
 class MemGetInfo(Message):
     """Free and total memory of the current device."""
+
+
+#: CUlimit values are small; anything past this is a client's mistake.
+MAX_DEVICE_LIMIT = 64
+
+
+@message(Opcode.DEVICE_LIMIT, reply=(Out("value", "uint", "the limit's value"),))
+class DeviceLimit(Message):
+    """A limit of the current device's context in CUlimit numbering (stack size, printf
+    FIFO, malloc heap, L2 fetch granularity, persisting L2 size, ...), as cuCtxGetLimit
+    reads it. Read only: the context may be shared by tenants, and a limit set would hold
+    for all of them. hipErrorNotSupported on a backend that cannot tell (hip and the
+    emulator for now); hipErrorUnsupportedLimit for a limit the driver does not know."""
+
+    limit = field("uint", "the CUlimit number", range=f"[0, {MAX_DEVICE_LIMIT}]")

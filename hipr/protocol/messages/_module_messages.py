@@ -18,6 +18,8 @@ MAX_BATCH_LAUNCHES = 4096
 #: Bytes of the largest code object MODULE_LOAD takes (CUDA libraries' fat binaries run to
 #: hundreds of MiB).
 MAX_MODULE_BYTES = 1 << 30
+#: Characters of a kernel's name (C++ templates' mangled names run to thousands).
+MAX_KERNEL_NAME = 16384
 #: CUfunction_attribute values are small; anything past this is a client's mistake.
 MAX_FUNCTION_ATTRIBUTE = 64
 #: FUNCTION_OCCUPANCY's queries, as cuOccupancy* names them.
@@ -115,7 +117,11 @@ class ModuleGetFunction(Message):
     """A kernel of a loaded module, by name."""
 
     module = field("handle", "the module")
-    name = field("text", 'the kernel\'s name (`extern "C"` names are the simplest)')
+    name = field(
+        "text",
+        'the kernel\'s name (`extern "C"` names are the simplest)',
+        range=f"at most {MAX_KERNEL_NAME} characters",
+    )
 
 
 @message(
@@ -128,7 +134,9 @@ class ModuleGetFunction(Message):
 class ModuleBuiltin(Message):
     """A built-in kernel (docs/kernels.md), loaded once per device."""
 
-    name = field("text", "the built-in kernel's name", range="at most 256 characters")
+    name = field(
+        "text", "the built-in kernel's name", range=f"at most {MAX_KERNEL_NAME} characters"
+    )
 
 
 @message(
@@ -242,6 +250,24 @@ class FunctionOccupancy(Message):
     block = field("dim3", "max_active_clusters: the launch's block", required=False, default="1")
     cluster = field("dim3", "max_active_clusters: the cluster dimensions", required=False,
                     default="none")  # fmt: skip
+
+
+@message(
+    Opcode.MODULE_GET_GLOBAL,
+    reply=(
+        Out("ptr", "uint", "the variable's device address"),
+        Out("size", "uint", "its size", unit="bytes"),
+    ),
+)
+class ModuleGetGlobal(Message):
+    """A global variable (`__device__` / `__constant__`) of a loaded module, as
+    cuModuleGetGlobal gives it. Copies and kernel pointer arguments of the session may
+    then name its bytes, as an allocation's, until the module is unloaded; it is never
+    freed (FREE refuses it). hipErrorNotFound when the module has no such variable;
+    hipErrorNotSupported on a backend that cannot tell (hip and the emulator for now)."""
+
+    module = field("handle", "the module")
+    name = field("text", "the variable's (mangled) name", range="at most 1024 characters")
 
 
 @message(Opcode.LAUNCH_KERNEL, fire_and_forget=True)

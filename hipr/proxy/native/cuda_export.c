@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "cuda_front.h"
+#include "cuda_trace.h"
 
 CUresult cuModuleLoadData(CUmodule *module, const void *image);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev);
@@ -325,7 +326,7 @@ static const struct {
 API CUresult cuGetExportTable(const void **table, const CUuuid *id) {
     if (!table || !id) return CUDA_ERROR_INVALID_VALUE;
     *table = NULL;
-    int debug = getenv("HIPR_PROXY_DEBUG") != NULL;
+    int debug = getenv("HIPR_PROXY_DEBUG") != NULL || hipr_cu_trace_enabled();
     for (size_t i = 0; i < sizeof tables / sizeof *tables; i++)
         if (memcmp(tables[i].id, id->bytes, 16) == 0) {
             *table = (const void *)tables[i].table;

@@ -824,7 +824,7 @@ int hipr_cu_is_device(uint64_t p) {
     pthread_mutex_lock(&hipr_cu_lock);
     int found = find_alloc_locked(p) != NULL;
     pthread_mutex_unlock(&hipr_cu_lock);
-    return found;
+    return found || hipr_cu_is_global(p);
 }
 
 static void send_free(int dev, uint64_t ptr) {
@@ -912,6 +912,28 @@ API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
     if (hip) return hipr_cu_error(hip);
     *free_bytes = f;
     *total = t;
+    return CUDA_SUCCESS;
+}
+
+#define OP_DEVICE_LIMIT 0x0107
+
+/* Read from the worker's driver (cuBLAS asks while it sets up a matmul). Setting one
+ * (cuCtxSetLimit) stays refused: the worker's context may be shared by tenants. */
+API CUresult cuCtxGetLimit(size_t *value, int limit) {
+    if (!value || limit < 0) return CUDA_ERROR_INVALID_VALUE;
+    int dev;
+    CUresult rc = hipr_cu_ctx_device(&dev);
+    if (rc) return rc;
+    hipr_map m;
+    hipr_map_init(&m, 1);
+    hipr_map_u64(&m, "limit", (uint64_t)limit);
+    hipr_reply r;
+    int hip = hipr_call(dev, OP_DEVICE_LIMIT, &m, NULL, 0, NULL, 0, &r);
+    uint64_t v = 0;
+    if (hip == 0 && hipr_cbor_uint(r.map, "value", &v)) hip = HIPR_UNKNOWN;
+    hipr_reply_free(&r);
+    if (hip) return hipr_cu_error(hip);
+    *value = (size_t)v;
     return CUDA_SUCCESS;
 }
 

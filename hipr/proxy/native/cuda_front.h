@@ -9,6 +9,8 @@
 #include "cuda_types.h"
 
 #define API HIPR_EXPORT
+/* The longest kernel name taken (as the worker's MODULE_GET_FUNCTION). */
+#define HIPR_CU_MAX_NAME 16384
 
 struct hipr_cu_ctx {
     int device;
@@ -48,8 +50,10 @@ CUcontext hipr_cu_current(void);
 CUresult hipr_cu_ctx_device(int *device);
 /* The worker's handle of stream `s` (0: the null stream); INVALID_HANDLE when unknown. */
 CUresult hipr_cu_stream(CUstream s, uint64_t *id);
-/* 1 when `p` is inside an allocation made through this proxy. */
+/* 1 when `p` is inside an allocation made through this proxy (or a module global). */
 int hipr_cu_is_device(uint64_t p);
+/* cuda_modules.c: 1 when `p` is inside a module global cuModuleGetGlobal gave. */
+int hipr_cu_is_global(uint64_t p);
 /* cuda_modules.c: the size of an image given without one (following a fat binary
  * wrapper to its data, which *image then points at); 0 when not an image. */
 size_t hipr_cu_image_size(const void **image);

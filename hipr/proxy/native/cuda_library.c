@@ -29,9 +29,9 @@ struct hipr_cu_library {
 
 struct hipr_cu_kernel {
     struct hipr_cu_library *library;
-    char name[256];
     CUfunction functions[MAX_DEVICES];
     struct hipr_cu_kernel *next;
+    char name[]; /* mangled names run to thousands of characters */
 };
 
 typedef struct hipr_cu_library *CUlibrary;
@@ -161,7 +161,7 @@ API CUresult cuLibraryGetKernel(CUkernel *out, CUlibrary l, const char *name) {
     if (!out || !name) return CUDA_ERROR_INVALID_VALUE;
     if (!hipr_cu_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
     size_t len = strlen(name);
-    if (len >= sizeof ((struct hipr_cu_kernel *)0)->name) return CUDA_ERROR_INVALID_VALUE;
+    if (len > HIPR_CU_MAX_NAME) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&hipr_cu_lock);
     CUresult rc = library_live_locked(l) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
     struct hipr_cu_kernel *k = NULL;
@@ -170,7 +170,7 @@ API CUresult cuLibraryGetKernel(CUkernel *out, CUlibrary l, const char *name) {
         while (k && strcmp(k->name, name) != 0) k = k->next;
         /* Whether the library has the kernel is known when it loads on the worker: a
          * missing name fails the kernel's first use with CUDA_ERROR_NOT_FOUND. */
-        if (!k && (k = calloc(1, sizeof *k)) != NULL) {
+        if (!k && (k = calloc(1, sizeof *k + len + 1)) != NULL) {
             k->library = l;
             memcpy(k->name, name, len + 1);
             k->next = l->kernels;
@@ -284,6 +284,15 @@ API CUresult cuLibraryGetModule(CUmodule *m, CUlibrary l) {
     if (!live) return CUDA_ERROR_INVALID_HANDLE;
     int dev;
     return module_here(l, &dev, m);
+}
+
+CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule m, const char *name);
+
+/* The library's global in the current context (its module loaded there first). */
+API CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary l, const char *name) {
+    CUmodule m;
+    CUresult rc = cuLibraryGetModule(&m, l);
+    return rc ? rc : cuModuleGetGlobal_v2(dptr, bytes, m, name);
 }
 
 void hipr_cu_forget_libraries(void) {

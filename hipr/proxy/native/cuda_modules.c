@@ -14,6 +14,7 @@
  * HIP proxy owns. */
 #define OP_FUNCTION_ATTRIBUTE 0x0509
 #define OP_FUNCTION_OCCUPANCY 0x050A
+#define OP_MODULE_GET_GLOBAL 0x050B
 
 #define MAX_PARAMS 256
 #define MAX_ARGS_BYTES 4096
@@ -28,15 +29,22 @@ struct hipr_cu_function {
     uint32_t offsets[MAX_PARAMS], sizes[MAX_PARAMS];
     uint8_t is_pointer[MAX_PARAMS];
     size_t args_size;
-    char name[256];
     struct hipr_cu_module *module;
     struct hipr_cu_function *next;
+    char name[]; /* C++ kernels' mangled names run to thousands of characters */
+};
+
+struct hipr_cu_global {
+    uint64_t ptr, size;
+    char name[256];
 };
 
 struct hipr_cu_module {
     uint64_t id;
     int builtin;
     int device;
+    struct hipr_cu_global *globals; /* cuModuleGetGlobal's answers, kept for copies */
+    size_t n_globals;
     struct hipr_cu_function *functions;
     struct hipr_cu_module *next;
 };
@@ -202,6 +210,7 @@ static void free_module(CUmodule m) {
         next = f->next;
         free(f);
     }
+    free(m->globals);
     free(m);
 }
 
@@ -237,7 +246,7 @@ API CUresult cuModuleGetFunction(CUfunction *out, CUmodule m, const char *name) 
     if (!hipr_cu_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
     if (!m || !module_live(m)) return CUDA_ERROR_INVALID_HANDLE;
     size_t len = strlen(name);
-    if (len >= sizeof ((struct hipr_cu_function *)0)->name) return CUDA_ERROR_INVALID_VALUE;
+    if (len > HIPR_CU_MAX_NAME) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&hipr_cu_lock);
     struct hipr_cu_function *f = m->functions;
     while (f && strcmp(f->name, name) != 0) f = f->next;
@@ -246,7 +255,7 @@ API CUresult cuModuleGetFunction(CUfunction *out, CUmodule m, const char *name) 
         *out = f;
         return CUDA_SUCCESS;
     }
-    f = calloc(1, sizeof *f);
+    f = calloc(1, sizeof *f + len + 1);
     if (!f) return CUDA_ERROR_OUT_OF_MEMORY;
     hipr_map a;
     hipr_map_init(&a, 2);
@@ -273,13 +282,65 @@ API CUresult cuModuleGetFunction(CUfunction *out, CUmodule m, const char *name) 
     return CUDA_SUCCESS;
 }
 
+/* With hipr_cu_lock held: the global `name` already asked of module m, or NULL. */
+static const struct hipr_cu_global *known_global_locked(CUmodule m, const char *name) {
+    for (size_t i = 0; i < m->n_globals; i++)
+        if (strcmp(m->globals[i].name, name) == 0) return &m->globals[i];
+    return NULL;
+}
+
+/* cuBLAS reads a global of its kernels' library while it creates a handle. The worker
+ * gives its address and size (MODULE_GET_GLOBAL) and lets the session's copies name it. */
 API CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule m, const char *name) {
-    (void)dptr, (void)bytes, (void)m, (void)name;
-    static int warned;
-    hipr_warn_once("cuModuleGetGlobal: the worker has no request for a module's globals yet "
-                   "(CUDA_ERROR_NOT_SUPPORTED)",
-                   &warned);
-    return CUDA_ERROR_NOT_SUPPORTED;
+    if (!name || (!dptr && !bytes)) return CUDA_ERROR_INVALID_VALUE;
+    if (!hipr_cu_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!m || !module_live(m)) return CUDA_ERROR_INVALID_HANDLE;
+    size_t len = strlen(name);
+    if (len >= sizeof ((struct hipr_cu_global *)0)->name) return CUDA_ERROR_INVALID_VALUE;
+    if (m->builtin) return CUDA_ERROR_NOT_FOUND; /* hipr's built-in kernels have no variables */
+    pthread_mutex_lock(&hipr_cu_lock);
+    const struct hipr_cu_global *g = known_global_locked(m, name);
+    uint64_t ptr = g ? g->ptr : 0, size = g ? g->size : 0;
+    pthread_mutex_unlock(&hipr_cu_lock);
+    if (!g) {
+        hipr_map a;
+        hipr_map_init(&a, 2);
+        hipr_map_u64(&a, "module", m->id);
+        hipr_map_str(&a, "name", name, len);
+        hipr_reply r;
+        int hip = hipr_call(m->device, OP_MODULE_GET_GLOBAL, &a, NULL, 0, NULL, 0, &r);
+        if (hip == 0 &&
+            (hipr_cbor_uint(r.map, "ptr", &ptr) || hipr_cbor_uint(r.map, "size", &size)))
+            hip = HIPR_UNKNOWN;
+        hipr_reply_free(&r);
+        if (hip) return hip == 500 ? CUDA_ERROR_NOT_FOUND : hipr_cu_error(hip);
+        pthread_mutex_lock(&hipr_cu_lock);
+        if (!known_global_locked(m, name)) {
+            struct hipr_cu_global *more =
+                realloc(m->globals, (m->n_globals + 1) * sizeof *m->globals);
+            if (more) {
+                m->globals = more;
+                more[m->n_globals].ptr = ptr;
+                more[m->n_globals].size = size;
+                memcpy(more[m->n_globals].name, name, len + 1);
+                m->n_globals++;
+            }
+        }
+        pthread_mutex_unlock(&hipr_cu_lock);
+    }
+    if (dptr) *dptr = ptr;
+    if (bytes) *bytes = (size_t)size;
+    return CUDA_SUCCESS;
+}
+
+int hipr_cu_is_global(uint64_t p) {
+    int found = 0;
+    pthread_mutex_lock(&hipr_cu_lock);
+    for (struct hipr_cu_module *m = modules; m && !found; m = m->next)
+        for (size_t i = 0; i < m->n_globals && !found; i++)
+            found = p >= m->globals[i].ptr && p - m->globals[i].ptr < m->globals[i].size;
+    pthread_mutex_unlock(&hipr_cu_lock);
+    return found;
 }
 
 void hipr_cu_forget_modules(void) {

@@ -11,6 +11,7 @@
 
 #include "cuda_front.h"
 #include "cuda_proc.h"
+#include "cuda_trace.h"
 
 #define F(name) ((void *)(name))
 
@@ -93,6 +94,11 @@ API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cu
     if (status) *status = st;
     if (getenv("HIPR_PROXY_DEBUG") && !*pfn)
         fprintf(stderr, "hipr proxy: cuGetProcAddress(%s, %d): not found\n", symbol, version);
+    if (hipr_cu_trace_enabled()) {
+        fprintf(stderr, "hipr trace: cuGetProcAddress(%s, %d, %#llx) -> %s\n", symbol, version,
+                (unsigned long long)flags, *pfn ? "found" : "not found");
+        *pfn = hipr_cu_trace_wrap(symbol, *pfn);
+    }
     return *pfn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
 

@@ -95,6 +95,8 @@ CUresult cuModuleLoadData(CUmodule *, const void *);
 CUresult cuModuleLoad(CUmodule *, const char *);
 CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
 CUresult cuModuleUnload(CUmodule);
+CUresult cuModuleGetGlobal_v2(CUdeviceptr *, size_t *, CUmodule, const char *);
+CUresult cuCtxGetLimit(size_t *, int);
 CUresult cuFuncGetParamInfo(CUfunction, size_t, size_t *, size_t *);
 CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                         unsigned, CUstream, void **, void **);
@@ -392,6 +394,11 @@ static void launches(const char *module_file) {
     CHECK(cuModuleGetFunction(&again, mod, "scale_f32"));
     EXPECT(again == scale);
     EXPECT_RC(500, cuModuleGetFunction(&again, mod, "no_such_kernel"));
+    /* names longer than 255 characters (C++ kernels' mangled names) are asked for too */
+    char long_name[600];
+    memset(long_name, 'k', sizeof long_name - 1);
+    long_name[sizeof long_name - 1] = '\0';
+    EXPECT_RC(500, cuModuleGetFunction(&again, mod, long_name));
     size_t off = 99, size = 99;
     CHECK(cuFuncGetParamInfo(scale, 1, &off, &size));
     EXPECT(off == 8 && size == 4);
@@ -466,6 +473,16 @@ static void launches(const char *module_file) {
     EXPECT_RC(801, cuLaunchKernelEx(&cfg, scale, halve, NULL));
     CHECK(cuMemcpyDtoH_v2(back, a, sizeof(float)));
     EXPECT(back[0] == 3.5f); /* the refused launch did not run */
+    /* a device limit (CU_LIMIT_STACK_SIZE) from the worker's driver; the emulator has none */
+    size_t limit = 0;
+    CUresult lr0 = cuCtxGetLimit(&limit, 0);
+    if (module_file) EXPECT(lr0 == 0 && limit > 0);
+    else EXPECT(lr0 == 801);
+    EXPECT_RC(1, cuCtxGetLimit(NULL, 0));
+    /* module globals: hipr's built-in kernels have none */
+    CUdeviceptr var = 0;
+    size_t var_size = 0;
+    EXPECT_RC(500, cuModuleGetGlobal_v2(&var, &var_size, mod, "hipr_probe"));
     CHECK(cuModuleUnload(mod));
     EXPECT_RC(400, cuLaunchKernel(scale, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL));
 
@@ -487,6 +504,15 @@ static void launches(const char *module_file) {
         ok = 1;
         for (int i = 0; i < N; i++) ok &= back[i] == host[i] * 2.0f;
         EXPECT(ok);
+        /* a __device__ variable: its address and size, written and read back by copies
+         * (the generic cuMemcpy tells it from host memory) */
+        int probe[4] = {11, 22, 33, 44}, probe_back[4] = {0, 0, 0, 0};
+        CHECK(cuModuleGetGlobal_v2(&var, &var_size, user, "hipr_probe"));
+        EXPECT(var != 0 && var_size == sizeof probe);
+        CHECK(cuMemcpyHtoD_v2(var, probe, sizeof probe));
+        CHECK(cuMemcpy((CUdeviceptr)(uintptr_t)probe_back, var, sizeof probe_back));
+        EXPECT(memcmp(probe, probe_back, sizeof probe) == 0);
+        EXPECT_RC(500, cuModuleGetGlobal_v2(&var, &var_size, user, "no_such_variable"));
         CHECK(cuModuleUnload(user));
     }
     CHECK(cuMemFree_v2(a));
