@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.proxy.compare --worker unix:///tmp/w.sock --bench ./proxy_bench``
 measures, against the same worker and in this order: the machine's floors (a blocking-
-socket server in a process of its own, ``benchmarks.floors``: echo and 256 MiB stream
+socket server in a process of its own, ``hipr.bench.floors``: echo and 256 MiB stream
 each way over a unix socket), the Python sync client (``hipr.connect``: the same tiny
 launch + synchronize, 1,000 launches then synchronize, 256 MiB copies each way) and the
 proxy (``benchmarks/proxy/proxy_bench.c``, built against the proxy), then prints one
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 import hipr
-from benchmarks import floors as fl
+from hipr.bench import floors as fl
 
 MIB = 1 << 20
 
@@ -34,7 +34,7 @@ def floors(size: int) -> fl.Floors:
     """Blocking echo and stream over a unix socket, server in its own process."""
     directory = tempfile.mkdtemp(prefix="hf-")
     server = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.floors", "--listen", f"unix://{directory}/f.sock"],
+        [sys.executable, "-m", "hipr.bench.floors", "--listen", f"unix://{directory}/f.sock"],
         stdout=subprocess.PIPE,
         text=True,
     )
