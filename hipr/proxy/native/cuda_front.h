@@ -57,6 +57,9 @@ int hipr_cu_is_global(uint64_t p);
 /* cuda_modules.c: the size of an image given without one (following a fat binary
  * wrapper to its data, which *image then points at); 0 when not an image. */
 size_t hipr_cu_image_size(const void **image);
+/* cuda_modules.c: the whole file at `path`, NUL-terminated, in a buffer of the caller's
+ * to free (*len without the NUL); FILE_NOT_FOUND, OUT_OF_MEMORY or INVALID_IMAGE. */
+CUresult hipr_cu_read_file(const char *path, uint8_t **out, size_t *len);
 /* Load `size` bytes of image on the current context's device. */
 CUresult hipr_cu_load(CUmodule *out, const void *image, size_t size);
 /* cuda_library.c: 1 when `p` is a CUkernel, its function in the current context in *f

@@ -87,29 +87,10 @@ API CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *path, int *ji
         (void)n_lib;
     if (!library || !path) return CUDA_ERROR_INVALID_VALUE;
     if (!hipr_cu_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return CUDA_ERROR_FILE_NOT_FOUND;
     uint8_t *buf = NULL;
-    size_t len = 0, cap = 0;
-    CUresult rc = CUDA_SUCCESS;
-    for (;;) {
-        if (len + 1 >= cap) {
-            cap = cap ? cap * 2 : 1 << 16;
-            uint8_t *p = realloc(buf, cap);
-            if (!p) {
-                rc = CUDA_ERROR_OUT_OF_MEMORY;
-                break;
-            }
-            buf = p;
-        }
-        size_t k = fread(buf + len, 1, cap - len - 1, fp);
-        len += k;
-        if (k == 0) break;
-    }
-    fclose(fp);
-    if (rc == CUDA_SUCCESS && !len) rc = CUDA_ERROR_INVALID_IMAGE;
+    size_t len = 0;
+    CUresult rc = hipr_cu_read_file(path, &buf, &len);
     if (rc == CUDA_SUCCESS) {
-        buf[len] = '\0'; /* PTX text needs its NUL */
         const void *image = buf;
         size_t size = hipr_cu_image_size(&image);
         if (!size || image != buf || size > len + 1) rc = CUDA_ERROR_INVALID_IMAGE;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cuda_front.h"
+#include "launch_extra.h"
 #include "opcodes.h"
 
 /* FUNCTION_ATTRIBUTE (hipr/protocol/opcodes.py); here rather than in opcodes.h, which the
@@ -163,32 +164,47 @@ API CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned in
     return rc;
 }
 
-API CUresult cuModuleLoad(CUmodule *module, const char *fname) {
-    if (!module || !fname) return CUDA_ERROR_INVALID_VALUE;
-    if (!hipr_cu_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
-    FILE *fp = fopen(fname, "rb");
+/* The whole file at `path` in a buffer of the caller's to free, NUL-terminated (PTX text
+ * needs its NUL; *len does not count it): FILE_NOT_FOUND, OUT_OF_MEMORY, or INVALID_IMAGE
+ * for an empty file. */
+CUresult hipr_cu_read_file(const char *path, uint8_t **out, size_t *len) {
+    FILE *fp = fopen(path, "rb");
     if (!fp) return CUDA_ERROR_FILE_NOT_FOUND;
     uint8_t *buf = NULL;
-    size_t len = 0, cap = 0;
-    CUresult rc = CUDA_SUCCESS;
+    size_t n = 0, cap = 0;
     for (;;) {
-        if (len + 1 >= cap) {
+        if (n + 1 >= cap) {
             cap = cap ? cap * 2 : 1 << 16;
             uint8_t *p = realloc(buf, cap);
             if (!p) {
-                rc = CUDA_ERROR_OUT_OF_MEMORY;
-                break;
+                fclose(fp);
+                free(buf);
+                return CUDA_ERROR_OUT_OF_MEMORY;
             }
             buf = p;
         }
-        size_t k = fread(buf + len, 1, cap - len - 1, fp);
-        len += k;
+        size_t k = fread(buf + n, 1, cap - n - 1, fp);
+        n += k;
         if (k == 0) break;
     }
     fclose(fp);
-    if (rc == CUDA_SUCCESS && !len) rc = CUDA_ERROR_INVALID_IMAGE;
+    if (!n) {
+        free(buf);
+        return CUDA_ERROR_INVALID_IMAGE;
+    }
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuModuleLoad(CUmodule *module, const char *fname) {
+    if (!module || !fname) return CUDA_ERROR_INVALID_VALUE;
+    if (!hipr_cu_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    CUresult rc = hipr_cu_read_file(fname, &buf, &len);
     if (rc == CUDA_SUCCESS) {
-        buf[len] = '\0'; /* PTX text needs its NUL */
         int text = memcmp(buf, "\x7f" "ELF", 4) != 0 && rd(buf, 4) != 0xBA55ED50u;
         rc = hipr_cu_load(module, buf, text ? len + 1 : len);
     }
@@ -702,20 +718,9 @@ static CUresult launch(CUfunction f, const unsigned grid[3], const unsigned bloc
     const uint8_t *args = buf;
     size_t args_len = 0;
     if (extra) {
-        const void *p = NULL;
-        size_t size = 0;
-        int have_size = 0;
-        for (size_t i = 0; extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
-            if (i >= 64) return CUDA_ERROR_INVALID_VALUE;
-            if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) p = extra[i + 1];
-            else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1]) {
-                memcpy(&size, extra[i + 1], sizeof size);
-                have_size = 1;
-            } else return CUDA_ERROR_INVALID_VALUE;
-        }
-        if (!have_size || (size && !p) || size > MAX_ARGS_BYTES) return CUDA_ERROR_INVALID_VALUE;
-        args = p;
-        args_len = size;
+        const void *packed = NULL;
+        if (hipr_launch_extra(extra, CU_LAUNCH_PARAM_END, MAX_ARGS_BYTES, &packed, &args_len)) return CUDA_ERROR_INVALID_VALUE;
+        args = packed;
     } else if (params || layout == 1) {
         if (layout != 1) {
             static int warned;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "client.h"
+#include "launch_extra.h"
 #include "modules.h"
 #include "opcodes.h"
 
@@ -264,20 +265,9 @@ static hipError_t launch(struct hipr_function *f, const unsigned grid[3], const 
     const uint8_t *args = buf;
     size_t args_len = 0;
     if (extra) {
-        const void *p = NULL;
-        size_t size = 0;
-        int have_size = 0;
-        for (size_t i = 0; extra[i] != HIP_LAUNCH_PARAM_END; i += 2) {
-            if (i >= 64) return hipErrorInvalidValue;
-            if (extra[i] == HIP_LAUNCH_PARAM_BUFFER_POINTER) p = extra[i + 1];
-            else if (extra[i] == HIP_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1]) {
-                memcpy(&size, extra[i + 1], sizeof size);
-                have_size = 1;
-            } else return hipErrorInvalidValue;
-        }
-        if (!have_size || (size && !p) || size > MAX_ARGS_BYTES) return hipErrorInvalidValue;
-        args = p;
-        args_len = size;
+        const void *packed = NULL;
+        if (hipr_launch_extra(extra, HIP_LAUNCH_PARAM_END, MAX_ARGS_BYTES, &packed, &args_len)) return hipErrorInvalidValue;
+        args = packed;
     } else if (params) {
         if (layout != 1) {
             static int warned;
