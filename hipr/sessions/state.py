@@ -349,16 +349,18 @@ class Session:
     def check_range(self, address: int, size: int, what: str = "range") -> Allocation:
         """``[address, address+size)`` lies in one of this session's allocations (or a
         module global it was given)."""
-        if self.module_globals.containing(address) is not None:
-            return self.module_globals.check(address, size, what)
+        module_globals = self.module_globals
+        # Most sessions load no module with globals: the usual path is one length test.
+        if len(module_globals) and module_globals.containing(address) is not None:
+            return module_globals.check(address, size, what)
         return self.allocations.check(address, size, what)
 
     def reaches(self, address: int) -> bool:
         """``address`` lies in an allocation of this session or a module global of it."""
-        return (
-            self.allocations.containing(address) is not None
-            or self.module_globals.containing(address) is not None
-        )
+        if self.allocations.containing(address) is not None:
+            return True
+        module_globals = self.module_globals
+        return bool(len(module_globals)) and module_globals.containing(address) is not None
 
     def stream(self, stream_id: int | None) -> Any:
         """The backend stream of ``stream_id``; None is the default stream."""
