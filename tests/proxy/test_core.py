@@ -20,7 +20,7 @@ import pytest
 
 from hipr.proxy.build import SANITIZE, WARNINGS, build, compiler
 from tests.proxy.conftest import stop_worker
-from tests.proxy.test_native_c import SANITIZER_ENV
+from tests.proxy.sanitized import SANITIZER_ENV, assert_sanitizer_clean
 from tests.transports.conftest import Pki, SshServer, pki, sshd  # noqa: F401 - fixtures
 
 C_DIR = Path(__file__).resolve().parent / "c"
@@ -42,12 +42,6 @@ class Program:
         return subprocess.run(
             [str(self.path), *args], env=full, capture_output=True, text=True, timeout=timeout
         )
-
-
-def _clean(result: subprocess.CompletedProcess[str]) -> None:
-    assert result.returncode == 0, result.stdout + result.stderr
-    for marker in ("AddressSanitizer", "LeakSanitizer", "runtime error:"):
-        assert marker not in result.stderr, result.stderr
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +161,7 @@ def test_tls_with_the_ca_from_the_environment(
 ) -> None:
     assert tls_worker.tls_url is not None
     result = program.run(tls_worker.tls_url, "basic", env={"HIPR_TLS_CA": pki.ca_file})
-    _clean(result)
+    assert_sanitizer_clean(result)
     assert result.stdout.strip() == "ok basic"
 
 
@@ -179,7 +173,7 @@ def test_tls_with_the_ca_in_the_url_and_a_host_name(
     assert tls_worker.tls_url is not None
     url = f"{tls_worker.tls_url}?ca={pki.ca_file}&server_hostname=localhost&min_version=1.2"
     result = program.run(url, "basic")
-    _clean(result)
+    assert_sanitizer_clean(result)
     assert result.stdout.strip() == "ok basic"
 
 
@@ -236,7 +230,7 @@ def test_mutual_tls_with_a_client_certificate(
                 "HIPR_TLS_KEY": pki.client_key,
             },
         )
-        _clean(result)
+        assert_sanitizer_clean(result)
         assert result.stdout.strip() == "ok basic"
         # Without one, the worker's alert is the reason (TLS 1.3: after the handshake;
         # where the worker's reset overtakes its alert, the hint alone).
@@ -268,7 +262,7 @@ def test_ssh_forward_to_the_workers_socket(
         url = _ssh_url(sshd, worker.unix_url.removeprefix("unix://"))
         before = set(Path("/tmp").glob("hipr-ssh-*"))
         result = program.run(url, "basic")
-        _clean(result)
+        assert_sanitizer_clean(result)
         assert result.stdout.strip() == "ok basic"
         # The forward's private directory went as soon as it was connected to (other
         # programs' may come and go meanwhile: only those of 6 characters are the proxy's).
@@ -397,7 +391,7 @@ def test_cut_links_are_resumed_exactly_once(program: Program, short_dir: Path) -
     )
     try:
         result = program.run(f"tcp://127.0.0.1:{relay.port}", "stream", "1500", timeout=110)
-        _clean(result)
+        assert_sanitizer_clean(result)
         assert relay.cuts == 4, (relay.cuts, result.stderr)
         assert result.stdout.strip() == "ok stream rounds=1500 resumes=4", result.stderr
         assert result.stderr.count("resumed the session") == 4
@@ -435,7 +429,7 @@ def test_a_silent_link_is_taken_for_dead_and_resumed(program: Program, short_dir
     try:
         started = time.monotonic()
         result = program.run(f"tcp://127.0.0.1:{relay.port}", "stream", "400")
-        _clean(result)
+        assert_sanitizer_clean(result)
         assert result.stdout.strip() == "ok stream rounds=400 resumes=1", result.stderr
         assert "the worker was silent for 2 s" in result.stderr
         assert time.monotonic() - started < 60
@@ -449,7 +443,7 @@ def test_an_idle_program_keeps_its_session(program: Program, short_dir: Path) ->
     worker = _start(short_dir, "heartbeat_interval = 0.2\nheartbeat_timeout = 0.8\n")
     try:
         result = program.run(worker.unix_url, "idle", "2.5")
-        _clean(result)
+        assert_sanitizer_clean(result)
         assert result.stdout.strip() == "ok idle resumes=0", result.stderr
     finally:
         stop_worker(worker.process)
@@ -462,7 +456,7 @@ def test_threads_and_fork(program: Program, short_dir: Path) -> None:
     worker = _start(short_dir, "[emulator]\ndevice_count = 2\n")
     try:
         result = program.run(worker.unix_url, "threads")
-        _clean(result)
+        assert_sanitizer_clean(result)
         assert result.stdout.strip() == "ok threads devices=2"
     finally:
         stop_worker(worker.process)

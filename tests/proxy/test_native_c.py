@@ -20,37 +20,19 @@ from hipr.proxy.build import (
     SANITIZE,
     WARNINGS,
     build,
-    compiler,
 )
 from hipr.proxy.coverage import coverage, update
 from hipr.proxy.tables import loaded_symbols, render_tables
+from tests.proxy.sanitized import SANITIZER_ENV, assert_sanitizer_clean, cc
 
 C_DIR = Path(__file__).resolve().parent / "c"
-SANITIZER_ENV = {
-    "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0:exitcode=23",
-    "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1:exitcode=24",
-    "LSAN_OPTIONS": "exitcode=25",
-}
-
-
-def _cc(args: list[str]) -> None:
-    cc = compiler()
-    assert cc is not None
-    result = subprocess.run([cc, *args], capture_output=True, text=True, check=False)
-    assert result.returncode == 0, result.stderr
-
-
-def _sanitizer_clean(result: subprocess.CompletedProcess[str]) -> None:
-    assert result.returncode == 0, result.stdout + result.stderr
-    for marker in ("AddressSanitizer", "LeakSanitizer", "runtime error:"):
-        assert marker not in result.stderr, result.stderr
 
 
 def test_c_program_under_sanitizers(proxy_libs: None, worker_url: str, tmp_path: Path) -> None:
     libs = tmp_path / "lib"
     build(libs, sanitize=True)
     program = tmp_path / "proxy_check"
-    _cc(
+    cc(
         [
             *SANITIZE, *WARNINGS, "-std=c11", str(C_DIR / "proxy_check.c"), "-o", str(program),
             f"-L{libs}", "-l:libamdhip64.so", f"-Wl,-rpath,{libs}", "-lm",
@@ -60,7 +42,7 @@ def test_c_program_under_sanitizers(proxy_libs: None, worker_url: str, tmp_path:
     result = subprocess.run(
         [str(program)], env=env, capture_output=True, text=True, timeout=120, check=False
     )
-    _sanitizer_clean(result)
+    assert_sanitizer_clean(result)
     assert result.stdout.strip() == "ok"
 
 
@@ -73,7 +55,7 @@ def test_hipcc_path_and_extras_under_sanitizers(
     libs = tmp_path / "lib"
     build(libs, sanitize=True)
     program = tmp_path / "hipcc_check"
-    _cc(
+    cc(
         [
             *SANITIZE, *WARNINGS, "-std=c11", str(C_DIR / "hipcc_check.c"), "-o", str(program),
             f"-L{libs}", "-l:libamdhip64.so", f"-Wl,-rpath,{libs}", "-pthread",
@@ -84,13 +66,13 @@ def test_hipcc_path_and_extras_under_sanitizers(
     result = subprocess.run(
         [str(program)], env=env, capture_output=True, text=True, timeout=120, check=False
     )
-    _sanitizer_clean(result)
+    assert_sanitizer_clean(result)
     assert result.stdout.strip() == "ok"
 
 
 def test_decoder_fuzz_under_sanitizers(proxy_libs: None, tmp_path: Path) -> None:
     harness = tmp_path / "fuzz_wire"
-    _cc(
+    cc(
         [
             *SANITIZE, *WARNINGS, "-std=c11", f"-I{NATIVE}", str(C_DIR / "fuzz_wire.c"),
             str(NATIVE / "wire.c"), str(NATIVE / "cborx.c"), "-lcbor", "-o", str(harness),
@@ -106,7 +88,7 @@ def test_decoder_fuzz_under_sanitizers(proxy_libs: None, tmp_path: Path) -> None
             timeout=120,
             check=False,
         )
-        _sanitizer_clean(result)
+        assert_sanitizer_clean(result)
         counts = [int(n) for n in re.findall(r"\d+", result.stdout)]
         # Every kind of stream was exercised: frames decoded, streams refused, clean ones.
         assert result.stdout.startswith("ok") and all(n > 0 for n in counts), result.stdout

@@ -1,0 +1,29 @@
+"""What every sanitized C test of the proxy shares: the compiler call, the sanitizers'
+settings (leak checking on, a distinct exit code per sanitizer) and the verdict on a run."""
+
+from __future__ import annotations
+
+import subprocess
+
+from hipr.proxy.build import compiler
+
+SANITIZER_ENV = {
+    "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0:exitcode=23",
+    "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1:exitcode=24",
+    "LSAN_OPTIONS": "exitcode=25",
+}
+
+
+def cc(args: list[str]) -> None:
+    """Compile with the build's compiler; the test fails with the compiler's message."""
+    found = compiler()
+    assert found is not None
+    result = subprocess.run([found, *args], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+
+
+def assert_sanitizer_clean(result: subprocess.CompletedProcess[str]) -> None:
+    """The run exited 0 and no sanitizer reported anything."""
+    assert result.returncode == 0, result.stdout + result.stderr
+    for marker in ("AddressSanitizer", "LeakSanitizer", "runtime error:"):
+        assert marker not in result.stderr, result.stderr
