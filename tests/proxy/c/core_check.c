@@ -49,24 +49,8 @@ unsigned hipr_resumes(void); /* the core's, exported under HIPR_PRIVATE */
 #define H2D 1
 #define D2H 2
 
-static int failures;
-
-#define CHECK(call)                                                                        \
-    do {                                                                                   \
-        hipError_t e_ = (call);                                                            \
-        if (e_ != 0) {                                                                     \
-            fprintf(stderr, "%s:%d: %s -> %s\n", __FILE__, __LINE__, #call,                \
-                    hipGetErrorName(e_));                                                  \
-            failures++;                                                                    \
-        }                                                                                  \
-    } while (0)
-#define EXPECT(cond)                                                                       \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #cond);            \
-            failures++;                                                                    \
-        }                                                                                  \
-    } while (0)
+#define NAME_OF(e) hipGetErrorName((hipError_t)(e))
+#include "check.h"
 
 /* A round trip of `size` bytes of a pattern seeded by `seed`. */
 static void round_trip(size_t size, unsigned seed) {

@@ -108,21 +108,13 @@ CUresult cuStreamIsCapturing(CUstream, int *);
 CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *, CUfunction, int, size_t);
 CUresult cuOccupancyMaxActiveClusters(int *, CUfunction, const CUlaunchConfig *);
 
-static int failures;
+#define NAME_OF(e) name_of((CUresult)(e))
+#include "check.h"
 
 static const char *name_of(CUresult e) {
     const char *s = NULL;
     return cuGetErrorName(e, &s) == 0 ? s : "(unnamed)";
 }
-
-#define CHECK(call)                                                                       \
-    do {                                                                                  \
-        CUresult e_ = (call);                                                             \
-        if (e_ != 0) {                                                                    \
-            fprintf(stderr, "%s:%d: %s -> %s\n", __FILE__, __LINE__, #call, name_of(e_)); \
-            failures++;                                                                   \
-        }                                                                                 \
-    } while (0)
 
 #define EXPECT_RC(want, call)                                                             \
     do {                                                                                  \
@@ -130,14 +122,6 @@ static const char *name_of(CUresult e) {
         if (e_ != (want)) {                                                               \
             fprintf(stderr, "%s:%d: %s -> %s, want %d\n", __FILE__, __LINE__, #call,      \
                     name_of(e_), (want));                                                 \
-            failures++;                                                                   \
-        }                                                                                 \
-    } while (0)
-
-#define EXPECT(cond)                                                                      \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #cond);           \
             failures++;                                                                   \
         }                                                                                 \
     } while (0)

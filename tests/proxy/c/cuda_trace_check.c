@@ -13,15 +13,7 @@ typedef struct CUstream_st *CUstream;
 
 CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
 
-static int failures;
-#define EXPECT(c)                                                              \
-    do {                                                                       \
-        if (!(c)) {                                                            \
-            fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #c);   \
-            failures++;                                                        \
-        }                                                                      \
-    } while (0)
-
+#include "check.h"
 static void *get(const char *name) {
     void *fn = NULL;
     int status = -1;

@@ -25,15 +25,7 @@ static uint64_t next(void) {
 
 static size_t below(size_t n) { return n ? (size_t)(next() % n) : 0; }
 
-static int failures;
-#define EXPECT(c)                                                              \
-    do {                                                                       \
-        if (!(c)) {                                                            \
-            fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #c);  \
-            failures++;                                                        \
-        }                                                                      \
-    } while (0)
-
+#include "check.h"
 /* A random CBOR map: a reply as the worker sends it (or an error map). */
 static int random_map(uint8_t **out, size_t *len) {
     static const char *const keys[] = {"code", "kind", "message", "ptr", "count", "ms",

@@ -37,6 +37,7 @@ void __hipUnregisterFatBinary(void **);
 hipError_t __hipPushCallConfiguration(dim3, dim3, size_t, hipStream_t);
 hipError_t __hipPopCallConfiguration(dim3 *, dim3 *, size_t *, hipStream_t *);
 hipError_t hipLaunchKernel(const void *, dim3, dim3, void **, size_t, hipStream_t);
+const char *hipGetErrorName(hipError_t);
 hipError_t hipMalloc(void **, size_t);
 hipError_t hipFree(void *);
 hipError_t hipMemcpy(void *, const void *, size_t, int);
@@ -90,24 +91,8 @@ hipError_t hipFreeAsync(void *, hipStream_t);
 #define H2D 1
 #define D2H 2
 
-static int failures;
-
-#define CHECK(call)                                                                       \
-    do {                                                                                  \
-        hipError_t e_ = (call);                                                           \
-        if (e_ != 0) {                                                                    \
-            fprintf(stderr, "%s:%d: %s -> %d\n", __FILE__, __LINE__, #call, e_);          \
-            failures++;                                                                   \
-        }                                                                                 \
-    } while (0)
-
-#define EXPECT(cond)                                                                      \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #cond);           \
-            failures++;                                                                   \
-        }                                                                                 \
-    } while (0)
+#define NAME_OF(e) hipGetErrorName((hipError_t)(e))
+#include "check.h"
 
 /* --- what hipcc emits ------------------------------------------------------------------ */
 

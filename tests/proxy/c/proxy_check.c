@@ -50,24 +50,8 @@ hipError_t hipModuleLaunchKernel(hipFunction_t, unsigned, unsigned, unsigned, un
 #define D2D 3
 #define DEFAULT 4
 
-static int failures;
-
-#define CHECK(call)                                                                       \
-    do {                                                                                  \
-        hipError_t e_ = (call);                                                           \
-        if (e_ != 0) {                                                                    \
-            fprintf(stderr, "%s:%d: %s -> %s\n", __FILE__, __LINE__, #call, hipGetErrorName(e_)); \
-            failures++;                                                                   \
-        }                                                                                 \
-    } while (0)
-
-#define EXPECT(cond)                                                                      \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #cond);          \
-            failures++;                                                                   \
-        }                                                                                 \
-    } while (0)
+#define NAME_OF(e) hipGetErrorName((hipError_t)(e))
+#include "check.h"
 
 struct probe { signed char a; double b; short c; };
 
