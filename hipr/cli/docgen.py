@@ -125,6 +125,12 @@ class _StubWorker:
             "stopped_total": [{**row, "how": "tenant process ended", "count": 1}],
         }
 
+    def module_store_figures(self) -> dict[str, Any]:
+        """One tenant's module store, so that its metrics show their labels."""
+        from hipr.sessions.module_store import ModuleStore
+
+        return {"example": ModuleStore().figures()}
+
     def child_statuses(self) -> list[Any]:
         """One tenant child worker, so that its gauges show their labels."""
         from hipr.worker.isolation import ChildStatus

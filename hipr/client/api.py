@@ -23,6 +23,7 @@ from hipr.client.connection import (
 from hipr.client.connection import _view as _bytes_view
 from hipr.client.direct import Send, sends
 from hipr.client.link import RequestLink
+from hipr.client.module_offer import hash_offer
 from hipr.client.objects import (
     DevicePtr,
     Event,
@@ -291,8 +292,15 @@ class AsyncGpu:
         return sink.data()
 
     async def module_load(self, image: Buffer) -> Module:
-        """Load a code object (HSACO on AMD, CUBIN or PTX on NVIDIA)."""
-        return Module(self, (await self._call(Opcode.MODULE_LOAD, None, image))["module"])
+        """Load a code object (HSACO on AMD, CUBIN or PTX on NVIDIA). One of at least
+        4 KiB is first named by its SHA-256 (protocol 1.2): a worker that holds it for this
+        tenant (an earlier session loaded it) loads it without the bytes crossing again."""
+        offer = hash_offer(image, self._hello.get("protocol", 0))
+        if offer is not None:
+            reply = await self._call(Opcode.MODULE_LOAD, offer)
+            if reply.get("held") is not False:
+                return Module(self, reply["module"])
+        return Module(self, (await self._call(Opcode.MODULE_LOAD, offer, image))["module"])
 
     async def builtin(self, name: str) -> Function:
         """A built-in kernel (fill_f32, scale_f32, axpy_f32, vector_add_f32, reduce_sum_f32,

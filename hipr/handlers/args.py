@@ -52,6 +52,11 @@ class Args:
             shown = shown[:57] + "..."
         return invalid_value(f"{self._opcode}: argument '{key}' must be {wanted}, got {shown}")
 
+    def bad(self, key: str, wanted: str) -> Exception:
+        """hipErrorInvalidValue saying that ``key`` must be ``wanted`` (a check of the
+        handler's own beyond the type readers below)."""
+        return self._fail(key, wanted, self._map.get(key))
+
     def has(self, key: str) -> bool:
         """True when ``key`` is present and not null."""
         return self._map.get(key) is not None

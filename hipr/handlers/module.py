@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hmac
 import struct
 from collections.abc import Callable
 from functools import partial
 from typing import Any
+
+import anyio
 
 from hipr.errors import HipError, invalid_value
 from hipr.handlers.args import Args
@@ -21,6 +24,7 @@ from hipr.handlers.context import (
 from hipr.handlers.registry import LATER, answers_now, handler
 from hipr.protocol import messages as m
 from hipr.protocol.opcodes import OpcodeRange
+from hipr.sessions.module_store import sha256
 from hipr.sessions.resources import FunctionEntry, ModuleEntry
 from hipr.sessions.state import Session, as_hip_error
 
@@ -120,14 +124,68 @@ async def _whole_bulk(request: Request, limit: int) -> bytes:
 @handler(m.ModuleLoad)
 async def module_load(session: Session, request: Request) -> Any:
     """Bulk: a code object (HSACO, CUBIN, PTX or fat binary; a large one continues in
-    DATA frames) -> ``{module}``. A code object for the other vendor's GPUs is refused
+    DATA frames), and since protocol 1.2 optionally its ``sha256`` -> ``{module}``. With
+    ``sha256`` and no bytes: the code object the tenant's module store holds, or
+    ``{held: false}``. A code object for the other vendor's GPUs is refused
     (hipErrorNoBinaryForGpu)."""
+    claimed = _claimed_digest(request)
     image = await _whole_bulk(request, m.MAX_MODULE_BYTES)
+    store = session.gate.module_store
     if not image:
-        raise invalid_value("MODULE_LOAD: the code object is empty")
+        if claimed is None:
+            raise invalid_value("MODULE_LOAD: the code object is empty")
+        held = store.lookup(claimed)
+        if held is None:
+            return {"held": False}
+        image = held
+    else:
+        store.received(len(image))
+        if claimed is not None:
+            await _keep(session, claimed, image)
     session.gate.check_count("max_modules")
     handle = await session.gpu_create(session.backend.module_load, image)
     return {"module": _add_module(session, handle, shared=False)}
+
+
+async def _keep(session: Session, claimed: bytes, image: bytes) -> None:
+    """Put ``image`` in the tenant's module store under the hash computed here, once it
+    is the hash the client claimed (a mismatch is refused: nothing loaded, nothing kept)."""
+    digest = await _digest(image)
+    if not hmac.compare_digest(digest, claimed):
+        raise invalid_value(
+            f"MODULE_LOAD: the {len(image)}-byte code object's SHA-256 is {digest.hex()}, "
+            f"not the 'sha256' sent ({claimed.hex()}): not loaded"
+        )
+    quotas = session.gate.quotas
+    session.gate.module_store.add(
+        digest, image, max_bytes=quotas.module_store_bytes, max_images=quotas.module_store_count
+    )
+
+
+def _claimed_digest(request: Request) -> bytes | None:
+    """MODULE_LOAD's ``sha256``: None when absent; exactly 32 bytes, else refused."""
+    args = request.args
+    if not args.has(m.ModuleLoad.sha256):
+        return None
+    wanted = f"a byte string of exactly {m.SHA256_BYTES} bytes (a SHA-256 digest)"
+    try:
+        digest = args.blob(m.ModuleLoad.sha256, max_length=m.SHA256_BYTES)
+    except HipError:
+        raise args.bad(m.ModuleLoad.sha256, wanted) from None
+    if len(digest) != m.SHA256_BYTES:
+        raise args.bad(m.ModuleLoad.sha256, wanted)
+    return digest
+
+
+#: Code objects at least this large are hashed on a worker thread, not the event loop
+#: (hashlib lets go of the GIL; a 100 MiB fat binary takes ~0.1 s to hash).
+_HASH_IN_THREAD = 1 << 20
+
+
+async def _digest(image: bytes) -> bytes:
+    if len(image) < _HASH_IN_THREAD:
+        return sha256(image)
+    return await anyio.to_thread.run_sync(sha256, image)
 
 
 @handler(m.ModuleUnload)

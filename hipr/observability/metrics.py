@@ -34,6 +34,7 @@ from prometheus_client.registry import Collector
 from hipr._version import __version__
 from hipr.backends.interface import Backend
 from hipr.observability.isolation_figures import isolation_metrics
+from hipr.observability.module_store_metrics import module_store_metrics
 from hipr.observability.observer import WorkerObserver
 from hipr.observability.runaway_metrics import runaway_metrics
 from hipr.observability.telemetry import DeviceTelemetry, device_telemetry
@@ -383,6 +384,7 @@ class WorkerCollector(Collector):
         yield from self._tenant_metrics()
         yield from isolation_metrics(worker)
         yield from runaway_metrics(worker)
+        yield from module_store_metrics(worker)
         figures = pinned_payload_figures(worker.backend)
         if figures is not None:
             pinned = GaugeMetricFamily(

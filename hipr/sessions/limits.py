@@ -15,6 +15,12 @@ ANONYMOUS = "anonymous"
 #: turns (``hipr.worker.fairness``), not from this rate.
 DEFAULT_MAX_REQUEST_RATE = 1_000_000.0
 
+#: A tenant's module store when its table sets no ``module_store_bytes``: room for the fat
+#: binaries a CUDA program's libraries load at start (cuBLAS's run to hundreds of MiB).
+DEFAULT_MODULE_STORE_BYTES = 1 << 30
+#: ... and no ``module_store_count``.
+DEFAULT_MODULE_STORE_COUNT = 4096
+
 
 @dataclass(frozen=True, slots=True)
 class Quotas:
@@ -38,6 +44,11 @@ class Quotas:
     #: The tenant's share of the event loop against other busy tenants (its slice's
     #: length, relative to a tenant of weight 1). Not a limit: alone, a tenant gets it all.
     weight: float = 1.0
+    #: Bytes and count of the code objects the worker keeps for the tenant's sessions to
+    #: load by hash (MODULE_LOAD's ``sha256``; ``hipr.sessions.module_store``), least
+    #: recently used out first. Host memory of the worker, not device memory.
+    module_store_bytes: int = DEFAULT_MODULE_STORE_BYTES
+    module_store_count: int = DEFAULT_MODULE_STORE_COUNT
 
 
 class TokenBucket:

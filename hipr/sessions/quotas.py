@@ -19,6 +19,7 @@ import anyio
 
 from hipr.errors import HipError, HipErrorCode, QuotaError
 from hipr.sessions.limits import Quotas, TokenBucket
+from hipr.sessions.module_store import ModuleStore
 from hipr.sessions.resources import AllocationTable, HandleTable
 
 #: A throttled connection waits for this much of its tenant's rate to refill (and at
@@ -80,6 +81,8 @@ class TenantState:
     inflight_freed: anyio.Event = field(default_factory=anyio.Event)
     #: Readers waiting for in-flight room (no event churn per frame when none waits).
     inflight_waiters: int = 0
+    #: Code objects the tenant's sessions loaded by hash, for its later sessions.
+    module_store: ModuleStore = field(default_factory=ModuleStore)
 
 
 class QuotaGate:
@@ -103,6 +106,11 @@ class QuotaGate:
     def quotas(self) -> Quotas:
         """The tenant's quotas as configured now (as of the last :meth:`refresh`)."""
         return self._current
+
+    @property
+    def module_store(self) -> ModuleStore:
+        """The tenant's module store (shared by its sessions, never by other tenants)."""
+        return self._state.module_store
 
     def refresh(self) -> None:
         """Read the tenant's quotas again (the worker reloaded its tenants)."""

@@ -28,6 +28,7 @@ from hipr.observability.log import set_levels
 from hipr.observability.observer import NullObserver, WorkerObserver
 from hipr.protocol import messages as m
 from hipr.sessions.busy_poll import BusyPoll
+from hipr.sessions.module_store import StoreFigures
 from hipr.sessions.quotas import QuotaGate, TenantState
 from hipr.sessions.state import Session
 from hipr.transports import listen as transport_listen
@@ -175,6 +176,10 @@ class Worker:
     def runaway_status(self) -> dict[str, Any]:
         """Status's ``runaway`` section: work running past its rules, and what ended."""
         return self.runaways.to_wire()
+
+    def module_store_figures(self) -> dict[str, StoreFigures]:
+        """Each tenant's module store (code objects kept to load by hash), as now."""
+        return {name: state.module_store.figures() for name, state in self._tenant_state.items()}
 
     def under_way(self) -> dict[str, Any]:
         """What a stop now would cut short (read only: the shutdown deadline's thread

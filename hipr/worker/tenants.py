@@ -26,6 +26,8 @@ max_inflight_bytes = "256MiB"               # each frame counts for at least 1 K
 max_frame_bytes = "64MiB"
 max_kernel_seconds = 600                    # GPU work running longer is stopped
 weight = 1.0                                # share of the loop while tenants contend
+module_store_bytes = "1GiB"                 # code objects kept to load by hash (0: none)
+module_store_count = 4096                   # ... and how many of them
 ```
 """
 
@@ -66,7 +68,14 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
-_SIZE_QUOTAS = {"max_device_memory", "max_inflight_bytes", "max_frame_bytes"}
+_SIZE_QUOTAS = {
+    "max_device_memory",
+    "max_inflight_bytes",
+    "max_frame_bytes",
+    "module_store_bytes",
+}
+#: Quotas that may be 0: a module store of no bytes or no images keeps nothing.
+_ZERO_OK = {"module_store_bytes", "module_store_count"}
 _FLOAT_QUOTAS = {"max_request_rate", "max_request_burst", "max_kernel_seconds", "weight"}
 #: Quotas that may be ``inf`` (TOML's infinity): no limit.
 _INFINITE_OK = {"max_request_rate", "max_request_burst"}
@@ -171,7 +180,7 @@ def _quota(path: Path, key: str, name: str, value: Any) -> int | float:
                 raise ValueError(f"expected a whole number, got {value!r}")
     except ValueError as exc:
         raise _fail(path, key, str(exc)) from None
-    if number <= 0 or number != number:
+    if number != number or number < 0 or (number == 0 and name not in _ZERO_OK):
         raise _fail(path, key, f"must be positive, got {value!r}")
     if number == float("inf") and name not in _INFINITE_OK:
         raise _fail(path, key, f"must be finite, got {value!r}")

@@ -18,6 +18,8 @@ MAX_BATCH_LAUNCHES = 4096
 #: Bytes of the largest code object MODULE_LOAD takes (CUDA libraries' fat binaries run to
 #: hundreds of MiB).
 MAX_MODULE_BYTES = 1 << 30
+#: Bytes of a SHA-256 digest: MODULE_LOAD's `sha256` (protocol 1.2).
+SHA256_BYTES = 32
 #: Characters of a kernel's name (C++ templates' mangled names run to thousands).
 MAX_KERNEL_NAME = 16384
 #: CUfunction_attribute values are small; anything past this is a client's mistake.
@@ -93,16 +95,48 @@ class ModuleCompile(Compile, Message):
 
 @message(
     Opcode.MODULE_LOAD,
-    reply=(Out("module", "handle", "the loaded module"),),
+    reply=(
+        Out(
+            "module",
+            "handle",
+            "the loaded module (absent when `held` is false)",
+            required=False,
+        ),
+        Out(
+            "held",
+            "bool",
+            "false when the request named a code object by `sha256` alone and the worker "
+            "does not hold it for this tenant: nothing was loaded, send it again with its "
+            "bytes (absent otherwise)",
+            required=False,
+        ),
+    ),
     streams_request=True,
     request_bulk="the code object (HSACO, CUBIN, fatbin or PTX), not empty: in this frame "
     "after the CBOR map and, for one larger than a frame, in DATA frames that follow (at most "
-    f"{MAX_MODULE_BYTES} bytes in all)",
+    f"{MAX_MODULE_BYTES} bytes in all); none when `sha256` alone names a code object the "
+    "worker holds",
 )
 class ModuleLoad(Message):
     """Load a code object (counted against `max_modules`). A worker refuses a code object
     for the other vendor's GPUs (AMD code objects on cuda, CUDA binaries on hip) with
-    hipErrorNoBinaryForGpu."""
+    hipErrorNoBinaryForGpu.
+
+    Since protocol 1.2 a code object may be named by its SHA-256 (`sha256`): with the bytes,
+    the worker checks that they hash to it (hipErrorInvalidValue if not) and keeps them in
+    its tenant's module store (bounded by the tenant's `module_store_bytes` and
+    `module_store_count`, least recently used out first; kept across the tenant's sessions,
+    never shared with another tenant); without the bytes, it loads the code object it holds,
+    or answers `{held: false}` and the client sends the bytes. Each session still loads
+    its own module: only the bytes are shared."""
+
+    sha256 = field(
+        "bytes",
+        "the code object's SHA-256 digest (protocol 1.2)",
+        required=False,
+        default="none: the bytes alone, not kept",
+        range=f"exactly {SHA256_BYTES} bytes",
+    )
 
 
 @message(Opcode.MODULE_UNLOAD)
