@@ -24,7 +24,14 @@ RTC_LIBRARY = "libhiprtc.so"
 #: Names programs linked against ROCm 6 ask the loader for: links to the libraries above.
 ALIASES = {"libamdhip64.so.6": HIP_LIBRARY, "libhiprtc.so.6": RTC_LIBRARY}
 
-CORE_SOURCES = ("wire.c", "cborx.c", "transport.c", "client.c", "launch_extra.c")
+CORE_SOURCES = (
+    "wire.c",
+    "cborx.c",
+    "transport.c",
+    "client.c",
+    "launch_extra.c",
+    "module_send.c",
+)
 HIP_SOURCES = (*CORE_SOURCES, "hip_front.c", "hip_extras.c", "hipcc.c", "modules.c", "stubs.c")
 #: cborx.c again: its helpers are private to each library.
 RTC_SOURCES = ("hiprtc_front.c", "cborx.c")

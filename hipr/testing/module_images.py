@@ -23,6 +23,8 @@ from hipr.backends._emulator_objects import Module
 from hipr.backends.emulator import EmulatorBackend
 from hipr.kernels.builtins import BUILTINS
 from hipr.observability.metrics import start_metrics_server
+from hipr.protocol.header import PROTOCOL_MAJOR
+from hipr.worker import client_link
 from hipr.worker.config import WorkerConfig
 from hipr.worker.server import running_worker
 
@@ -63,8 +65,14 @@ class ImageLoadingEmulator(EmulatorBackend):
         return module
 
 
-async def serve(listen: str, metrics: str | None, tenants_file: Path | None) -> None:
-    """Serve an :class:`ImageLoadingEmulator` on ``listen`` until SIGTERM or SIGINT."""
+async def serve(
+    listen: str, metrics: str | None, tenants_file: Path | None, minor: int | None = None
+) -> None:
+    """Serve an :class:`ImageLoadingEmulator` on ``listen`` until SIGTERM or SIGINT;
+    with ``minor``, answer HELLO as a worker of protocol 1.``minor`` (an older worker, to
+    test the clients' fallback)."""
+    if minor is not None:
+        client_link.PROTOCOL_VERSION = (PROTOCOL_MAJOR << 8) | minor  # type: ignore[attr-defined]
     config = WorkerConfig(
         listen=(listen,), tenants_file=tenants_file, isolation="none", log_level="warning"
     )
@@ -86,8 +94,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--listen", required=True, help="the worker's URL (unix://PATH)")
     parser.add_argument("--metrics", help="HOST:PORT of its Prometheus endpoint")
     parser.add_argument("--tenants", type=Path, help="a tenants file")
+    parser.add_argument(
+        "--announce-minor", type=int, help="answer HELLO as a worker of protocol 1.N"
+    )
     args = parser.parse_args(argv)
-    anyio.run(serve, args.listen, args.metrics, args.tenants)
+    anyio.run(serve, args.listen, args.metrics, args.tenants, args.announce_minor)
 
 
 if __name__ == "__main__":

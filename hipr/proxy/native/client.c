@@ -839,6 +839,13 @@ int hipr_ensure(void) {
     return rc;
 }
 
+int hipr_worker_minor(void) {
+    pthread_mutex_lock(&lock);
+    int minor = ready_locked() == HIPR_SUCCESS ? S.minor : -1;
+    pthread_mutex_unlock(&lock);
+    return minor;
+}
+
 unsigned hipr_resumes(void) {
     pthread_mutex_lock(&lock);
     unsigned n = S.resumes;

@@ -74,6 +74,9 @@ HIPR_EXPORT int hipr_launch(int device, const hipr_launch_config *config, const 
 HIPR_EXPORT const char *hipr_backend(void);
 /* Connects if needed; HIPR_SUCCESS or the error every call returns without a worker. */
 HIPR_EXPORT int hipr_ensure(void);
+/* The protocol minor version of the worker's HELLO reply (connecting if needed); -1
+ * without a session. Private to the library that holds the session. */
+int hipr_worker_minor(void);
 /* How many times this process's session was resumed after its link dropped (tests and
  * diagnostics). */
 HIPR_EXPORT unsigned hipr_resumes(void);

@@ -9,6 +9,7 @@
 
 #include "cuda_front.h"
 #include "launch_extra.h"
+#include "module_send.h"
 #include "opcodes.h"
 
 /* FUNCTION_ATTRIBUTE (hipr/protocol/opcodes.py); here rather than in opcodes.h, which the
@@ -113,8 +114,7 @@ CUresult hipr_cu_load(CUmodule *out, const void *image, size_t size) {
         m->builtin = 1;
     } else {
         hipr_reply r;
-        int hip = hipr_call(dev, OP_MODULE_LOAD, NULL, image, size, NULL, 0, &r);
-        if (hip == 0 && (hipr_cbor_uint(r.map, "module", &m->id) || !m->id)) hip = HIPR_UNKNOWN;
+        int hip = hipr_module_load(dev, image, size, &m->id, &r);
         if (hip && r.message[0]) fprintf(stderr, "hipr proxy: cuModuleLoad: %s\n", r.message);
         hipr_reply_free(&r);
         if (hip) {

@@ -8,6 +8,7 @@
 
 #include "client.h"
 #include "launch_extra.h"
+#include "module_send.h"
 #include "modules.h"
 #include "opcodes.h"
 
@@ -111,10 +112,7 @@ static hipError_t load_image(hipModule_t *module, const void *image, size_t size
         return hipSuccess;
     }
     hipr_reply r;
-    hipError_t rc =
-        hipr_call(hipr_front_device(), OP_MODULE_LOAD, NULL, image, size, NULL, 0, &r);
-    if (rc == hipSuccess && (hipr_cbor_uint(r.map, "module", &m->id) || !m->id))
-        rc = hipErrorUnknown;
+    hipError_t rc = hipr_module_load(hipr_front_device(), image, size, &m->id, &r);
     hipr_reply_free(&r);
     if (rc) {
         free(m);
