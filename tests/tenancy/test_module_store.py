@@ -6,6 +6,7 @@ by the hash the worker computed; bad input refused with the session serving on."
 from __future__ import annotations
 
 import hashlib
+import tomllib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -16,11 +17,13 @@ import hipr
 from hipr.errors import HipErrorCode as E
 from hipr.observability.module_store_metrics import module_store_metrics
 from hipr.protocol import Opcode
+from hipr.sessions.limits import DEFAULT_MODULE_STORE_BYTES, DEFAULT_MODULE_STORE_COUNT
 from hipr.sessions.module_store import ModuleStore, sha256
 from hipr.testing.module_images import ImageLoadingEmulator, emulated_fatbin
-from hipr.worker.config import WorkerConfig
+from hipr.worker.config import ConfigError, WorkerConfig
+from hipr.worker.isolation import _quota_lines
 from hipr.worker.server import Worker, running_worker
-from hipr.worker.tenants import new_token, token_hash
+from hipr.worker.tenants import new_token, parse_tenants, token_hash
 
 ALICE, BOB = new_token(), new_token()
 KiB = 1 << 10
@@ -227,3 +230,32 @@ async def test_a_worker_without_the_feature_gets_the_bytes(
             await _works(gpu, await gpu.module_load(image))
     f = _store(worker, "alice").figures()
     assert (f.hits, f.misses, f.held_images, f.bytes_received) == (0, 0, 0, 2 * len(image))
+
+
+# --- the tenants file's keys ----------------------------------------------------------------
+
+
+def test_store_bounds_parse_default_and_reach_a_tenant_child() -> None:
+
+    path = Path("tenants.toml")
+    registry = parse_tenants(
+        {"tenants": {"a": {"module_store_bytes": "64MiB", "module_store_count": 0}, "b": {}}},
+        path,
+    )
+    a, b = registry.tenants["a"].quotas, registry.tenants["b"].quotas
+    assert (a.module_store_bytes, a.module_store_count) == (64 << 20, 0)
+    assert (b.module_store_bytes, b.module_store_count) == (
+        DEFAULT_MODULE_STORE_BYTES,
+        DEFAULT_MODULE_STORE_COUNT,
+    )
+    # A tenant's child worker is configured from these lines: they parse back the same.
+    child = tomllib.loads("\n".join(_quota_lines(a)))
+    assert parse_tenants({"tenants": {"a": child}}, path).tenants["a"].quotas == a
+
+
+@pytest.mark.parametrize("value", [-1, "lots", 1.5, True])
+def test_bad_store_bounds_are_refused(value: object) -> None:
+
+    for key in ("module_store_bytes", "module_store_count"):
+        with pytest.raises(ConfigError, match=key):
+            parse_tenants({"tenants": {"a": {key: value}}}, Path("t.toml"))
