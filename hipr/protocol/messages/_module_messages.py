@@ -114,8 +114,7 @@ class ModuleCompile(Compile, Message):
     streams_request=True,
     request_bulk="the code object (HSACO, CUBIN, fatbin or PTX), not empty: in this frame "
     "after the CBOR map and, for one larger than a frame, in DATA frames that follow (at most "
-    f"{MAX_MODULE_BYTES} bytes in all); none when `sha256` alone names a code object the "
-    "worker holds",
+    f"{MAX_MODULE_BYTES} bytes in all); none to name a code object by `sha256` alone",
 )
 class ModuleLoad(Message):
     """Load a code object (counted against `max_modules`). A worker refuses a code object
@@ -134,7 +133,7 @@ class ModuleLoad(Message):
         "bytes",
         "the code object's SHA-256 digest (protocol 1.2)",
         required=False,
-        default="none: the bytes alone, not kept",
+        default="none (the bytes are not kept)",
         range=f"exactly {SHA256_BYTES} bytes",
     )
 
