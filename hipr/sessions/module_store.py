@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass, fields
 
 #: Bytes of a SHA-256 digest.
 DIGEST_BYTES = 32
@@ -36,6 +36,20 @@ class StoreFigures:
     evictions: int
     held_bytes: int
     held_images: int
+
+    def __add__(self, other: StoreFigures) -> StoreFigures:
+        return StoreFigures(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+
+    @classmethod
+    def from_wire(cls, row: object) -> StoreFigures | None:
+        """Figures a child worker sent as a map of its fields (:func:`dataclasses.asdict`);
+        None when ``row`` is not such a map of non-negative integers."""
+        if not isinstance(row, dict) or set(row) != {f.name for f in fields(cls)}:
+            return None
+        values = [row[f.name] for f in fields(cls)]
+        if not all(type(v) is int and v >= 0 for v in values):
+            return None
+        return cls(*values)
 
 
 class ModuleStore:

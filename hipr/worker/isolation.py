@@ -45,6 +45,7 @@ import anyio.abc
 import structlog
 
 from hipr.errors import HipError, HipErrorCode, SessionLostError
+from hipr.sessions.module_store import StoreFigures
 from hipr.worker.config import WorkerConfig
 from hipr.worker.retirement import CONTEXT_LOST, Retirement, take_record
 from hipr.worker.tenants import Quotas, Tenant, new_token, token_hash
@@ -190,6 +191,8 @@ class ChildStatus:
     updated: float = 0.0
     #: Why the last status call failed, if it did.
     error: str | None = None
+    #: The child's module stores by tenant (code objects kept to load by hash).
+    module_stores: dict[str, StoreFigures] = field(default_factory=dict)
 
     @property
     def memory(self) -> int:
@@ -502,6 +505,12 @@ class TenantProcesses:
                 status.error = f"{type(exc).__name__}: {exc}"
                 return
             status.sessions = [{**row, "worker_pid": child.process.pid} for row in rows]
+            stores = reply.get("module_stores")
+            status.module_stores = {
+                str(tenant): figures
+                for tenant, row in (stores.items() if isinstance(stores, dict) else ())
+                if (figures := StoreFigures.from_wire(row)) is not None
+            }
             status.updated = time.time()
             status.error = None
 

@@ -178,7 +178,16 @@ class Worker:
         return self.runaways.to_wire()
 
     def module_store_figures(self) -> dict[str, StoreFigures]:
-        """Each tenant's module store (code objects kept to load by hash), as now."""
+        """Each tenant's module store (code objects kept to load by hash), as now: this
+        process's, and those of the tenant child workers as last polled."""
+        figures = self._own_module_store_figures()
+        for child in self.child_statuses():
+            for tenant, row in child.module_stores.items():
+                mine = figures.get(tenant)
+                figures[tenant] = row if mine is None else mine + row
+        return figures
+
+    def _own_module_store_figures(self) -> dict[str, StoreFigures]:
         return {name: state.module_store.figures() for name, state in self._tenant_state.items()}
 
     def under_way(self) -> dict[str, Any]:
@@ -340,7 +349,13 @@ class Worker:
 
     async def local_sessions(self) -> dict[str, Any]:
         """This worker's own sessions (what a child's status socket serves)."""
-        return {"sessions": [session_status(s, None) for s in list(self.sessions.values())]}
+        return {
+            "sessions": [session_status(s, None) for s in list(self.sessions.values())],
+            "module_stores": {
+                tenant: dataclasses.asdict(row)
+                for tenant, row in self._own_module_store_figures().items()
+            },
+        }
 
     def child_statuses(self) -> list[ChildStatus]:
         """The tenant child workers' figures as last polled (safe from another thread:

@@ -10,6 +10,7 @@ import tomllib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import anyio
 import numpy as np
 import pytest
 
@@ -259,3 +260,49 @@ def test_bad_store_bounds_are_refused(value: object) -> None:
     for key in ("module_store_bytes", "module_store_count"):
         with pytest.raises(ConfigError, match=key):
             parse_tenants({"tenants": {"a": {key: value}}}, Path("t.toml"))
+
+
+# --- isolation = "process": the store lives in the tenant's child -------------------------
+
+
+@pytest.mark.anyio
+async def test_a_tenant_child_keeps_the_store_and_the_parent_reports_it(
+    anyio_backend: str, short_tmp: Path
+) -> None:
+    """The child workers run the plain emulator, which loads no code object: each load
+    fails with hipErrorInvalidImage after the store has done its part, which is what the
+    figures (polled from the child into the parent's metrics) show."""
+    config = WorkerConfig(
+        tenants_file=_tenants(short_tmp / "tenants.toml"),
+        isolation="process",
+        backend="emulator",
+        log_level="warning",
+    )
+    image = emulated_fatbin(16 * KiB)
+    async with running_worker(config, ImageLoadingEmulator(), ["tcp://127.0.0.1:0"]) as worker:
+        isolation = worker.isolation
+        assert isolation is not None
+        try:
+            url = worker.bound_urls[0]
+            with anyio.fail_after(60):
+                for _ in range(2):
+                    async with hipr.aconnect(url, token=ALICE) as alice:
+                        with pytest.raises(hipr.HipError, match="hipErrorInvalidImage"):
+                            await alice.module_load(image)
+                async with hipr.aconnect(url, token=BOB) as bob:
+                    reply = await bob._call(Opcode.MODULE_LOAD, {"sha256": sha256(image)})
+                    assert reply == {"held": False}
+                await isolation.poll()
+            figures = worker.module_store_figures()
+            assert figures["alice"].hits == 1 and figures["alice"].misses == 1
+            assert figures["alice"].bytes_received == len(image)
+            assert figures["alice"].held_images == 1
+            assert figures["bob"].misses == 1 and figures["bob"].held_images == 0
+            samples = {
+                (s.name, s.labels["tenant"]): s.value
+                for f in module_store_metrics(worker)
+                for s in f.samples
+            }
+            assert samples[("hipr_module_store_saved_bytes_total", "alice")] == len(image)
+        finally:
+            await isolation.aclose()
