@@ -187,6 +187,18 @@ class Worker:
                 figures[tenant] = row if mine is None else mine + row
         return figures
 
+    def _bound_module_stores(self) -> None:
+        """After a reload: a removed tenant's code objects are dropped, and the others'
+        stores are trimmed to their bounds now (lowered ones would otherwise apply at the
+        next code object kept)."""
+        for name, state in self._tenant_state.items():
+            quotas = self.quotas_of(name)
+            removed = self.tenants.get(name) is None
+            state.module_store.trim(
+                max_bytes=0 if removed else quotas.module_store_bytes,
+                max_images=0 if removed else quotas.module_store_count,
+            )
+
     def _own_module_store_figures(self) -> dict[str, StoreFigures]:
         return {name: state.module_store.figures() for name, state in self._tenant_state.items()}
 
@@ -381,6 +393,7 @@ class Worker:
             return
         for session in self.sessions.values():
             session.gate.refresh()
+        self._bound_module_stores()
         log.info("tenants reloaded", tenants=sorted(self.tenants.tenants))
         warn_if_shared(self.shared_tenants)
 

@@ -306,3 +306,26 @@ async def test_a_tenant_child_keeps_the_store_and_the_parent_reports_it(
             assert samples[("hipr_module_store_saved_bytes_total", "alice")] == len(image)
         finally:
             await isolation.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_reload_trims_to_lowered_bounds_and_drops_a_removed_tenant(
+    worker: Worker,
+) -> None:
+    url = worker.bound_urls[0]
+    images = [emulated_fatbin(8 * KiB, seed=i) for i in range(3)]
+    async with hipr.aconnect(url, token=ALICE) as alice, hipr.aconnect(url, token=BOB) as bob:
+        for image in images:
+            await alice.module_load(image)
+        await bob.module_load(images[0])
+    tenants = worker.config.tenants_file
+    assert tenants is not None
+    text = tenants.read_text()
+    # alice keeps 1 image; bob is gone
+    tenants.write_text(
+        text.split("[tenants.bob]")[0].replace("module_store_count = 3", "module_store_count = 1")
+    )
+    worker.reload_tenants()
+    alice_store, bob_store = _store(worker, "alice"), _store(worker, "bob")
+    assert [sha256(i) in alice_store for i in images] == [False, False, True]
+    assert len(bob_store) == 0 and bob_store.held_bytes == 0
