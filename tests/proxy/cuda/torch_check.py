@@ -127,5 +127,5 @@ if "--bench" in sys.argv:
 with open("/proc/self/maps") as f:
     maps = f.read().splitlines()
 out["libcuda"] = sorted({line.split()[-1] for line in maps if "libcuda.so" in line})
-out["libnvidia_ml"] = any("libnvidia-ml" in line for line in maps)
+out["libnvidia_ml"] = sorted({line.split()[-1] for line in maps if "libnvidia-ml" in line})
 print(json.dumps(out), flush=True)
