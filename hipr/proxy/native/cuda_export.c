@@ -88,10 +88,12 @@ static slot tools_callback_hooks[7] = {
 };
 
 /* --- tools TLS (42d85a81-23f6-cb47-8298-f6e78a3aecdc): the calling thread's context ------
- * A size slot, then "set current" and "get current", described as equivalents of
- * cuCtxSetCurrent and cuCtxGetCurrent (to be used as get, set, work, set back). cuBLASLt
- * calls "get current" while cublasCreate makes its handle; the slot was NULL here before
- * and the process died with a jump to address 0 (docs/gpu-runs/...-cuda-proxy-3.txt). */
+ * NVIDIA's driver 580.159 hands out a size slot (0x18) and two functions. A public header
+ * of this table describes slot 1 as the equivalent of cuCtxSetCurrent and slot 2 as that
+ * of cuCtxGetCurrent (for get, set, work, set back). On the H200, cuBLASLt called slot 2
+ * 509 times in CuPy's and PyTorch's matmuls, with one pointer that then held the current
+ * context; slot 1 was never called (docs/gpu-runs/2026-11-26-h200-cuda-proxy-4.txt).
+ * Left NULL here, slot 2 was the jump to address 0 of the -3 record. */
 
 static CUresult tls_set_current(CUcontext ctx) { return cuCtxSetCurrent(ctx); }
 
@@ -99,38 +101,20 @@ static CUresult tls_get_current(CUcontext *pctx) { return cuCtxGetCurrent(pctx);
 
 static slot tools_tls[3] = {SIZE_SLOT(3), SLOT(tls_set_current), SLOT(tls_get_current)};
 
-/* --- tools context (21318c60-9714-3248-8ca6-41ff7324c8f2): contexts' and streams' ids -----
- * cuBLASLt keys its state by context and stream. Slot 4 gives a context's id (as
- * cuCtxGetId); slot 51 turns a public stream handle into the driver's stream (the null
- * handle into the legacy or per-thread default stream, as its last argument says), and
- * slot 39 gives that stream's id (as cuStreamGetId). Here the driver's stream is the
- * public handle itself. */
+/* --- tools context (21318c60-9714-3248-8ca6-41ff7324c8f2) ---------------------------------
+ * 93 slots on driver 580.159 (size slot 0x2e8). cuBLASLt called only slot 4, right after
+ * each tools-TLS "get current", as (context, uint64_t *): it wrote 1 for the process's
+ * first (primary) context, the value cuCtxGetId gives; public notes that probed NVIDIA's
+ * driver natively call it cuCtxGetId's equivalent. The others' meanings are not known
+ * here (notes guess at 39 and 51, streams); they refuse. */
 
-#define TOOLS_CONTEXT_SLOTS 95
+#define TOOLS_CONTEXT_SLOTS 93
 
 static CUresult tc_context_id(CUcontext ctx, uint64_t *id) { return hipr_cu_ctx_id(ctx, id); }
-
-static CUresult tc_stream(CUcontext ctx, CUstream stream, CUstream *out, int per_thread) {
-    (void)ctx;
-    if (!out) return CUDA_ERROR_INVALID_VALUE;
-    uint64_t id;
-    CUresult rc = hipr_cu_stream_id(stream, per_thread, &id);
-    if (rc == CUDA_SUCCESS)
-        *out = stream ? stream : per_thread ? CU_STREAM_PER_THREAD : CU_STREAM_LEGACY;
-    return rc;
-}
-
-static CUresult tc_stream_id(CUcontext ctx, CUstream stream, uint64_t *id) {
-    (void)ctx;
-    if (!stream || !id) return CUDA_ERROR_INVALID_VALUE;
-    return hipr_cu_stream_id(stream, 0, id);
-}
 
 static slot tools_context[TOOLS_CONTEXT_SLOTS] = {
     [0] = SIZE_SLOT(TOOLS_CONTEXT_SLOTS),
     [4] = SLOT(tc_context_id),
-    [39] = SLOT(tc_stream_id),
-    [51] = SLOT(tc_stream),
 };
 
 /* --- context-local storage: the runtime keeps its per-context state here -------------- */
@@ -212,7 +196,8 @@ static CUresult ctx_check(CUcontext ctx, uint32_t *result1, const void **result2
 
 static uint32_t ctx_check3(void) { return 0; }
 
-static slot context_checks[4] = {SIZE_SLOT(4), NULL, SLOT(ctx_check), SLOT(ctx_check3)};
+/* 15 slots on driver 580.159 (size slot 0x78); the runtime called 2 and 3 only. */
+static slot context_checks[15] = {SIZE_SLOT(15), NULL, SLOT(ctx_check), SLOT(ctx_check3)};
 
 /* --- integrity check: the runtime verifies the driver with a keyed hash ------------------ */
 
@@ -376,7 +361,7 @@ static const struct {
      context_local_storage, 4, 0, "context-local storage", "etbl c693336e"},
     {{0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa,
       0x7e},
-     context_checks, 4, 1, "context checks", "etbl 263e8860"},
+     context_checks, 15, 1, "context checks", "etbl 263e8860"},
     {{0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1,
       0xf2},
      integrity_table, 3, 1, "integrity check", "etbl d4082055"},

@@ -470,14 +470,14 @@ static int ctx_live_locked(CUcontext c) {
     return 0;
 }
 
-/* Ids of contexts and streams (cuCtxGetId, cuStreamGetId) count from here; 1 and 2 are
- * the legacy and per-thread default streams'. */
-static uint64_t next_uid = 3;
+/* cuCtxGetId's ids count from 1 (NVIDIA's driver gave the first context 1); cuStreamGetId's
+ * from 3 (1 and 2 are the legacy and per-thread default streams'). */
+static uint64_t next_ctx_uid = 1, next_stream_uid = 3;
 
 static struct hipr_cu_ctx *new_ctx_locked(CUdevice dev, unsigned flags, int primary) {
     struct hipr_cu_ctx *c = calloc(1, sizeof *c);
     if (!c) return NULL;
-    c->uid = next_uid++;
+    c->uid = next_ctx_uid++;
     c->device = dev;
     c->flags = flags;
     c->primary = primary;
@@ -1138,7 +1138,9 @@ CUresult hipr_cu_stream(CUstream s, uint64_t *id) {
     return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
-CUresult hipr_cu_stream_id(CUstream s, int per_thread, uint64_t *id) {
+/* cuStreamGetId: `s`'s id; CU_STREAM_LEGACY and CU_STREAM_PER_THREAD (and the null stream,
+ * as the one `per_thread` says) have ids of their own; INVALID_HANDLE when unknown. */
+static CUresult stream_id(CUstream s, int per_thread, uint64_t *id) {
     if (!id) return CUDA_ERROR_INVALID_VALUE;
     if (!s) s = per_thread ? CU_STREAM_PER_THREAD : CU_STREAM_LEGACY;
     if (s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) {
@@ -1155,14 +1157,14 @@ CUresult hipr_cu_stream_id(CUstream s, int per_thread, uint64_t *id) {
 
 API CUresult cuStreamGetId(CUstream s, unsigned long long *id) {
     uint64_t v;
-    CUresult rc = id ? hipr_cu_stream_id(s, 0, &v) : CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = id ? stream_id(s, 0, &v) : CUDA_ERROR_INVALID_VALUE;
     if (rc == CUDA_SUCCESS) *id = v;
     return rc;
 }
 
 API CUresult cuStreamGetId_ptsz(CUstream s, unsigned long long *id) {
     uint64_t v;
-    CUresult rc = id ? hipr_cu_stream_id(s, 1, &v) : CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = id ? stream_id(s, 1, &v) : CUDA_ERROR_INVALID_VALUE;
     if (rc == CUDA_SUCCESS) *id = v;
     return rc;
 }
@@ -1194,7 +1196,7 @@ static CUresult stream_create(CUstream *ps, unsigned int flags, int priority) {
     s->ctx = hipr_cu_current();
     s->device = dev;
     pthread_mutex_lock(&hipr_cu_lock);
-    s->uid = next_uid++;
+    s->uid = next_stream_uid++;
     s->next = streams;
     streams = s;
     pthread_mutex_unlock(&hipr_cu_lock);

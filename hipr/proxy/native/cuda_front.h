@@ -52,9 +52,6 @@ CUcontext hipr_cu_current(void);
 CUresult hipr_cu_ctx_device(int *device);
 /* cuCtxGetId: `ctx`'s id (NULL: the current context's); INVALID_CONTEXT when not live. */
 CUresult hipr_cu_ctx_id(CUcontext ctx, uint64_t *id);
-/* cuStreamGetId: `s`'s id; CU_STREAM_LEGACY and CU_STREAM_PER_THREAD (and the null
- * stream, as the one `per_thread` says) have ids of their own; INVALID_HANDLE when unknown. */
-CUresult hipr_cu_stream_id(CUstream s, int per_thread, uint64_t *id);
 /* The worker's handle of stream `s` (0: the null stream); INVALID_HANDLE when unknown. */
 CUresult hipr_cu_stream(CUstream s, uint64_t *id);
 /* 1 when `p` is inside an allocation made through this proxy (or a module global). */

@@ -5,7 +5,9 @@
 # and PyTorch locally. Everything goes to $OUT: each step's output with a summary of its
 # trace (tests/proxy/cuda/spy_summary.py), and the whole traces compressed.
 #
-#   tests/proxy/cuda/gpu_batch.sh [STEPS...]   STEPS: spy cupy torch c cudart (default all)
+#   tests/proxy/cuda/gpu_batch.sh [STEPS...]   STEPS: spy cupy torch c cudart nvml plain
+#                                             (default: spy cupy torch c cudart)
+# `plain` runs scripts/cuda-gpu-check's c cudart cupy torch nvml untraced (the timings).
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
 PY=python3
@@ -27,9 +29,12 @@ for step in $STEPS; do
             tail -60 "$OUT/$step.trace"
         } >>"$OUT/$step.txt"
         gzip -f "$OUT/$step.trace" ;;
-    c | cudart)
+    c | cudart | nvml)
         scripts/cuda-gpu-check "$PY" "$step" >>"$OUT/c_cudart.txt" 2>&1
         echo "rc $?" >>"$OUT/c_cudart.txt" ;;
+    plain)
+        scripts/cuda-gpu-check "$PY" c cudart cupy torch nvml >"$OUT/plain.txt" 2>&1
+        echo "rc $?" >>"$OUT/plain.txt" ;;
     esac
     echo "== $step done"
 done

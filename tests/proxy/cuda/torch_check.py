@@ -54,6 +54,9 @@ def mlp():
 
 
 guarded("losses", mlp)
+# PyTorch's own NVML query (libnvidia-ml.so.1 through ctypes: nvmlInit_v2,
+# nvmlDeviceGetCount_v2), as PYTORCH_NVML_BASED_CUDA_CHECK makes it count devices.
+guarded("nvml_count", torch.cuda._raw_device_count_nvml)
 
 
 def bench():
