@@ -1,8 +1,8 @@
 """The private export tables of the proxy's libcuda.so.1 called from C under ASan/UBSan
 (tests/proxy/c/cuda_etbl_check.c): no slot is NULL, a slot whose meaning is not known
 returns CUDA_ERROR_NOT_SUPPORTED and names itself once, the tools-TLS and tools-context
-slots cuBLASLt calls give what NVIDIA's driver gave on the GPU host; with HIPR_PROXY_TRACE=2 each slot called
-prints its arguments and result."""
+slots cuBLASLt calls give what NVIDIA's driver gave on the GPU host; with
+HIPR_PROXY_TRACE=2 each slot called prints its arguments and result."""
 
 from __future__ import annotations
 
@@ -48,10 +48,7 @@ def test_export_tables_served_slots(proxy_libs: None, worker_url: str, program: 
     assert_sanitizer_clean(result)
     assert result.stdout.strip() == "ok"
     # Each refused slot is named once, with its table.
-    assert (
-        'slot 3 of the private driver table "runtime interface" is not served'
-        in result.stderr
-    )
+    assert 'slot 3 of the private driver table "runtime interface" is not served' in result.stderr
     assert result.stderr.count('slot 1 of the private driver table "tools context"') == 1
     assert 'slot 92 of the private driver table "tools context"' in result.stderr
 

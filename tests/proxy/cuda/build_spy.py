@@ -26,7 +26,7 @@ def forwarders() -> str:
     ]
     out = [
         "#include <stddef.h>\n",
-        f"__attribute__((visibility(\"hidden\"))) void *hipr_spy_fwd[{len(names)}];\n",
+        f'__attribute__((visibility("hidden"))) void *hipr_spy_fwd[{len(names)}];\n',
         f"const size_t hipr_spy_count = {len(names)};\n",
         "const char *const hipr_spy_names[] = {\n",
         *(f'    "{n}",\n' for n in names),

@@ -41,5 +41,6 @@ def summarise(lines: list[str], examples: int = 3) -> list[str]:
 
 
 if __name__ == "__main__":
-    text = open(sys.argv[1], errors="replace").read().splitlines()
+    with open(sys.argv[1], errors="replace") as f:
+        text = f.read().splitlines()
     print("\n".join(summarise(text, int(sys.argv[2]) if len(sys.argv) > 2 else 3)))
