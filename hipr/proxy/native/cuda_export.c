@@ -1,8 +1,12 @@
-/* cuGetExportTable: the private function tables NVIDIA's CUDA runtime (libcudart) asks the
- * driver for before it initialises. Their layouts are undocumented; what is served here
- * follows what public reverse-engineering notes (ZLUDA's dark-API list) report about each
- * slot, written for this proxy: a slot not understood stays NULL, and a table not listed
- * here is refused and named once on stderr. */
+/* cuGetExportTable: the private function tables NVIDIA's CUDA runtime (libcudart, also
+ * linked statically into cuBLAS and cuBLASLt) asks the driver for. Their layouts are
+ * undocumented; what is served here follows public reverse-engineering notes (ZLUDA's
+ * dark-API list, other interposers' probes of NVIDIA's driver) and what NVIDIA's driver
+ * was seen to do on the GPU host (docs/proxy.md, "Private export tables", says which
+ * fact came from where), written for this proxy. No slot is ever NULL: a slot whose
+ * meaning is not known returns CUDA_ERROR_NOT_SUPPORTED and names its table and index
+ * once on stderr, so a caller gets an error code, as from a driver call that fails,
+ * rather than a jump to address 0. A table not listed here is refused and named once. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,10 +18,13 @@
 
 CUresult cuModuleLoadData(CUmodule *module, const void *image);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev);
+CUresult cuCtxSetCurrent(CUcontext ctx);
+CUresult cuCtxGetCurrent(CUcontext *pctx);
 
 typedef void (*slot)(void);
 #define SLOT(fn) ((slot)(void (*)(void))(fn))
 #define SIZE_SLOT(n) ((slot)(uintptr_t)((n) * sizeof(void *)))
+#define MAX_SLOTS 128 /* per table, for the refusing slots' numbering */
 
 /* --- the runtime's interface: modules from fat binaries, the primary context ------------ */
 
@@ -50,7 +57,7 @@ static CUresult rt_module_from_header(const void *header, CUmodule *module, void
 /* The compilers (PTX, NVVM) live on the worker: nothing to load here. */
 static CUresult rt_load_compilers(void) { return CUDA_SUCCESS; }
 
-static const slot cudart_interface[13] = {
+static slot cudart_interface[13] = {
     SIZE_SLOT(13),
     SLOT(rt_module_from_fatbin),
     SLOT(rt_primary_context),
@@ -76,11 +83,39 @@ static void tools_get_buffer2(void **ptr, size_t *size) {
     *size = sizeof tools_buffer2 / sizeof *tools_buffer2;
 }
 
-static const slot tools_callback_hooks[7] = {
+static slot tools_callback_hooks[7] = {
     SIZE_SLOT(7), NULL, SLOT(tools_get_buffer1), NULL, NULL, NULL, SLOT(tools_get_buffer2),
 };
 
-static const slot tools_tls[4] = {SIZE_SLOT(4), NULL, NULL, NULL};
+/* --- tools TLS (42d85a81-23f6-cb47-8298-f6e78a3aecdc): the calling thread's context ------
+ * NVIDIA's driver 580.159 hands out a size slot (0x18) and two functions. A public header
+ * of this table describes slot 1 as the equivalent of cuCtxSetCurrent and slot 2 as that
+ * of cuCtxGetCurrent (for get, set, work, set back). On the H200, cuBLASLt called slot 2
+ * 509 times in CuPy's and PyTorch's matmuls, with one pointer that then held the current
+ * context; slot 1 was never called (docs/gpu-runs/2026-11-26-h200-cuda-proxy-4.txt).
+ * Left NULL here, slot 2 was the jump to address 0 of the -3 record. */
+
+static CUresult tls_set_current(CUcontext ctx) { return cuCtxSetCurrent(ctx); }
+
+static CUresult tls_get_current(CUcontext *pctx) { return cuCtxGetCurrent(pctx); }
+
+static slot tools_tls[3] = {SIZE_SLOT(3), SLOT(tls_set_current), SLOT(tls_get_current)};
+
+/* --- tools context (21318c60-9714-3248-8ca6-41ff7324c8f2) ---------------------------------
+ * 93 slots on driver 580.159 (size slot 0x2e8). cuBLASLt called only slot 4, right after
+ * each tools-TLS "get current", as (context, uint64_t *): it wrote 1 for the process's
+ * first (primary) context, the value cuCtxGetId gives; public notes that probed NVIDIA's
+ * driver natively call it cuCtxGetId's equivalent. The others' meanings are not known
+ * here (notes guess at 39 and 51, streams); they refuse. */
+
+#define TOOLS_CONTEXT_SLOTS 93
+
+static CUresult tc_context_id(CUcontext ctx, uint64_t *id) { return hipr_cu_ctx_id(ctx, id); }
+
+static slot tools_context[TOOLS_CONTEXT_SLOTS] = {
+    [0] = SIZE_SLOT(TOOLS_CONTEXT_SLOTS),
+    [4] = SLOT(tc_context_id),
+};
 
 /* --- context-local storage: the runtime keeps its per-context state here -------------- */
 
@@ -147,7 +182,7 @@ static CUresult cls_get(void **value, CUcontext ctx, void *key) {
     return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
-static const slot context_local_storage[4] = {
+static slot context_local_storage[4] = {
     SLOT(cls_put), SLOT(cls_delete), SLOT(cls_get), NULL,
 };
 
@@ -161,7 +196,8 @@ static CUresult ctx_check(CUcontext ctx, uint32_t *result1, const void **result2
 
 static uint32_t ctx_check3(void) { return 0; }
 
-static const slot context_checks[4] = {SIZE_SLOT(4), NULL, SLOT(ctx_check), SLOT(ctx_check3)};
+/* 15 slots on driver 580.159 (size slot 0x78); the runtime called 2 and 3 only. */
+static slot context_checks[15] = {SIZE_SLOT(15), NULL, SLOT(ctx_check), SLOT(ctx_check3)};
 
 /* --- integrity check: the runtime verifies the driver with a keyed hash ------------------ */
 
@@ -240,7 +276,8 @@ struct integrity_device {
     int32_t domain, bus, device;
 };
 
-static const slot integrity_table[3];
+static slot integrity_table[3];
+static const void *handed_out_table(const slot *table);
 
 CUresult cuDeviceGetCount(int *count);
 CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev);
@@ -263,9 +300,11 @@ static CUresult integrity_check(uint32_t version, uint64_t unix_seconds, uint64_
     in.version = version;
     in.process = (uint32_t)getpid();
     in.thread = (uint32_t)(uintptr_t)pthread_self();
-    in.cudart_table = cudart_interface;
-    in.integrity_table = integrity_table;
-    in.fn = (const void *)integrity_table[1];
+    /* As the runtime saw them: the traced copies under HIPR_PROXY_TRACE. */
+    const slot *integrity = handed_out_table(integrity_table);
+    in.cudart_table = handed_out_table(cudart_interface);
+    in.integrity_table = integrity;
+    in.fn = (const void *)integrity[1];
     in.unix_seconds = unix_seconds;
     struct md2 m;
     md2_init(&m);
@@ -294,43 +333,123 @@ static CUresult integrity_check(uint32_t version, uint64_t unix_seconds, uint64_
     return CUDA_SUCCESS;
 }
 
-static const slot integrity_table[3] = {SIZE_SLOT(3), SLOT(integrity_check), NULL};
+static slot integrity_table[3] = {SIZE_SLOT(3), SLOT(integrity_check), NULL};
 
 /* --- the table of tables ------------------------------------------------------------------- */
 
 static const struct {
     uint8_t id[16];
-    const slot *table;
-    const char *name;
+    slot *table;
+    size_t n;     /* slots */
+    size_t first; /* the first function slot (1 after a size slot) */
+    const char *name, *tag;
 } tables[] = {
     {{0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d,
       0xf9},
-     cudart_interface, "runtime interface"},
+     cudart_interface, 13, 1, "runtime interface", "etbl 6bd5fb6c"},
     {{0xa0, 0x94, 0x79, 0x8c, 0x2e, 0x74, 0x2e, 0x74, 0x93, 0xf2, 0x08, 0x00, 0x20, 0x0c, 0x0a,
       0x66},
-     tools_callback_hooks, "tools callback hooks"},
+     tools_callback_hooks, 7, 1, "tools callback hooks", "etbl a094798c"},
     {{0x42, 0xd8, 0x5a, 0x81, 0x23, 0xf6, 0xcb, 0x47, 0x82, 0x98, 0xf6, 0xe7, 0x8a, 0x3a, 0xec,
       0xdc},
-     tools_tls, "tools TLS"},
+     tools_tls, 3, 1, "tools TLS", "etbl 42d85a81"},
+    {{0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8,
+      0xf2},
+     tools_context, TOOLS_CONTEXT_SLOTS, 1, "tools context", "etbl 21318c60"},
     {{0xc6, 0x93, 0x33, 0x6e, 0x11, 0x21, 0xdf, 0x11, 0xa8, 0xc3, 0x68, 0xf3, 0x55, 0xd8, 0x95,
       0x93},
-     context_local_storage, "context-local storage"},
+     context_local_storage, 4, 0, "context-local storage", "etbl c693336e"},
     {{0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa,
       0x7e},
-     context_checks, "context checks"},
+     context_checks, 15, 1, "context checks", "etbl 263e8860"},
     {{0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1,
       0xf2},
-     integrity_table, "integrity check"},
+     integrity_table, 3, 1, "integrity check", "etbl d4082055"},
 };
+#define N_TABLES (sizeof tables / sizeof *tables)
+
+/* --- slots whose meaning is not known: an error code, never a jump to address 0 -------- */
+
+/* Slot `code` % MAX_SLOTS of table `code` / MAX_SLOTS was called. */
+__attribute__((visibility("hidden"), used)) CUresult hipr_etbl_refuse(unsigned code) {
+    static uint64_t warned[N_TABLES][MAX_SLOTS / 64];
+    unsigned t = code / MAX_SLOTS, i = code % MAX_SLOTS;
+    if (t >= N_TABLES) return CUDA_ERROR_NOT_SUPPORTED;
+    uint64_t bit = (uint64_t)1 << (i % 64);
+    if (!(__atomic_fetch_or(&warned[t][i / 64], bit, __ATOMIC_RELAXED) & bit))
+        fprintf(stderr,
+                "hipr proxy: slot %u of the private driver table \"%s\" is not served "
+                "(CUDA_ERROR_NOT_SUPPORTED)\n",
+                i, tables[t].name);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+#if defined(__x86_64__)
+/* One 16-byte entry per (table, slot): puts its number in the first argument register
+ * and joins hipr_etbl_refuse (whatever arguments the caller passed are not read). */
+__asm__(".pushsection .text\n"
+        ".p2align 4\n"
+        "hipr_etbl_refusers:\n"
+        ".set hipr_etbl_i, 0\n"
+        ".rept 1024\n"
+        ".p2align 4\n"
+        "endbr64\n"
+        "movl $hipr_etbl_i, %edi\n"
+        "jmp hipr_etbl_refuse\n"
+        ".set hipr_etbl_i, hipr_etbl_i + 1\n"
+        ".endr\n"
+        ".popsection\n");
+extern char hipr_etbl_refusers[] __attribute__((visibility("hidden")));
+_Static_assert(sizeof tables / sizeof *tables * MAX_SLOTS <= 1024, "refusing entries");
+
+static slot refuser(unsigned t, unsigned i) {
+    return (slot)(void (*)(void))(hipr_etbl_refusers + 16 * (t * MAX_SLOTS + i));
+}
+#else
+/* Elsewhere one refusing function for every slot (the message cannot say which). */
+static CUresult etbl_refused(void) { return hipr_etbl_refuse(MAX_SLOTS - 1); }
+static slot refuser(unsigned t, unsigned i) {
+    (void)t, (void)i;
+    return SLOT(etbl_refused);
+}
+#endif
+
+/* Every empty function slot gets its refusing entry (once, before any caller). */
+static void fill_tables(void) {
+    for (unsigned t = 0; t < N_TABLES; t++)
+        for (unsigned i = (unsigned)tables[t].first; i < tables[t].n; i++)
+            if (!tables[t].table[i]) tables[t].table[i] = refuser(t, i);
+}
+
+/* Under HIPR_PROXY_TRACE each table is handed out as a copy whose slots print their
+ * calls, as the driver calls cuGetProcAddress gives do. */
+static const void *handed_out(unsigned t) {
+    if (!hipr_cu_trace_enabled()) return tables[t].table;
+    static const void *traced[N_TABLES];
+    static pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&m);
+    if (!traced[t])
+        traced[t] = hipr_cu_trace_table(tables[t].tag, tables[t].table, tables[t].n,
+                                        tables[t].first);
+    const void *out = traced[t];
+    pthread_mutex_unlock(&m);
+    return out;
+}
+
+static const void *handed_out_table(const slot *table) {
+    for (unsigned t = 0; t < N_TABLES; t++)
+        if (tables[t].table == table) return handed_out(t);
+    return table;
+}
 
 API CUresult cuGetExportTable(const void **table, const CUuuid *id) {
     if (!table || !id) return CUDA_ERROR_INVALID_VALUE;
     *table = NULL;
     int debug = getenv("HIPR_PROXY_DEBUG") != NULL || hipr_cu_trace_enabled();
-    for (size_t i = 0; i < sizeof tables / sizeof *tables; i++)
-        if (memcmp(tables[i].id, id->bytes, 16) == 0) {
-            *table = (const void *)tables[i].table;
-            if (debug) fprintf(stderr, "hipr proxy: cuGetExportTable: %s\n", tables[i].name);
+    for (unsigned t = 0; t < N_TABLES; t++)
+        if (memcmp(tables[t].id, id->bytes, 16) == 0) {
+            *table = handed_out(t);
+            if (debug) fprintf(stderr, "hipr proxy: cuGetExportTable: %s\n", tables[t].name);
             return CUDA_SUCCESS;
         }
     static struct {
@@ -365,5 +484,6 @@ static void cls_forget(void) {
 }
 
 __attribute__((constructor(102))) static void cuda_export_init(void) {
+    fill_tables();
     hipr_fork_guard(&cls_lock, cls_forget);
 }

@@ -470,9 +470,14 @@ static int ctx_live_locked(CUcontext c) {
     return 0;
 }
 
+/* cuCtxGetId's ids count from 1 (NVIDIA's driver gave the first context 1); cuStreamGetId's
+ * from 3 (1 and 2 are the legacy and per-thread default streams'). */
+static uint64_t next_ctx_uid = 1, next_stream_uid = 3;
+
 static struct hipr_cu_ctx *new_ctx_locked(CUdevice dev, unsigned flags, int primary) {
     struct hipr_cu_ctx *c = calloc(1, sizeof *c);
     if (!c) return NULL;
+    c->uid = next_ctx_uid++;
     c->device = dev;
     c->flags = flags;
     c->primary = primary;
@@ -669,6 +674,22 @@ static CUresult check_ctx(CUcontext ctx) {
     int live = ctx_live_locked(ctx);
     pthread_mutex_unlock(&hipr_cu_lock);
     return live ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+CUresult hipr_cu_ctx_id(CUcontext ctx, uint64_t *id) {
+    if (!id) return CUDA_ERROR_INVALID_VALUE;
+    NEED_INIT;
+    if (!ctx) ctx = hipr_cu_current();
+    CUresult rc = ctx ? check_ctx(ctx) : CUDA_ERROR_INVALID_CONTEXT;
+    if (rc == CUDA_SUCCESS) *id = ctx->uid;
+    return rc;
+}
+
+API CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id) {
+    uint64_t v;
+    CUresult rc = hipr_cu_ctx_id(ctx, id ? &v : NULL);
+    if (rc == CUDA_SUCCESS) *id = v;
+    return rc;
 }
 
 API CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
@@ -1117,6 +1138,37 @@ CUresult hipr_cu_stream(CUstream s, uint64_t *id) {
     return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
+/* cuStreamGetId: `s`'s id; CU_STREAM_LEGACY and CU_STREAM_PER_THREAD (and the null stream,
+ * as the one `per_thread` says) have ids of their own; INVALID_HANDLE when unknown. */
+static CUresult stream_id(CUstream s, int per_thread, uint64_t *id) {
+    if (!id) return CUDA_ERROR_INVALID_VALUE;
+    if (!s) s = per_thread ? CU_STREAM_PER_THREAD : CU_STREAM_LEGACY;
+    if (s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) {
+        *id = s == CU_STREAM_LEGACY ? 1 : 2;
+        return CUDA_SUCCESS;
+    }
+    pthread_mutex_lock(&hipr_cu_lock);
+    struct hipr_cu_stream *p = streams;
+    while (p && p != s) p = p->next;
+    if (p) *id = p->uid;
+    pthread_mutex_unlock(&hipr_cu_lock);
+    return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+API CUresult cuStreamGetId(CUstream s, unsigned long long *id) {
+    uint64_t v;
+    CUresult rc = id ? stream_id(s, 0, &v) : CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS) *id = v;
+    return rc;
+}
+
+API CUresult cuStreamGetId_ptsz(CUstream s, unsigned long long *id) {
+    uint64_t v;
+    CUresult rc = id ? stream_id(s, 1, &v) : CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS) *id = v;
+    return rc;
+}
+
 static CUresult create_handle(int dev, uint16_t opcode, const char *key, uint64_t *handle) {
     hipr_reply r;
     int hip = hipr_call(dev, opcode, NULL, NULL, 0, NULL, 0, &r);
@@ -1144,6 +1196,7 @@ static CUresult stream_create(CUstream *ps, unsigned int flags, int priority) {
     s->ctx = hipr_cu_current();
     s->device = dev;
     pthread_mutex_lock(&hipr_cu_lock);
+    s->uid = next_stream_uid++;
     s->next = streams;
     streams = s;
     pthread_mutex_unlock(&hipr_cu_lock);

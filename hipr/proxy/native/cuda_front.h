@@ -18,6 +18,7 @@ struct hipr_cu_ctx {
     int primary;
     int refs; /* a primary context's retains */
     int alive;
+    uint64_t uid; /* cuCtxGetId's: unique in the process, never reused */
     struct hipr_cu_ctx *next;
 };
 
@@ -27,6 +28,7 @@ struct hipr_cu_stream {
     int priority;
     int device;
     CUcontext ctx;
+    uint64_t uid; /* cuStreamGetId's: unique in the process, never reused */
     struct hipr_cu_stream *next;
 };
 
@@ -48,6 +50,8 @@ int hipr_cu_driver_version(void);
 CUcontext hipr_cu_current(void);
 /* The current context's device; CUDA_ERROR_NOT_INITIALIZED / INVALID_CONTEXT without. */
 CUresult hipr_cu_ctx_device(int *device);
+/* cuCtxGetId: `ctx`'s id (NULL: the current context's); INVALID_CONTEXT when not live. */
+CUresult hipr_cu_ctx_id(CUcontext ctx, uint64_t *id);
 /* The worker's handle of stream `s` (0: the null stream); INVALID_HANDLE when unknown. */
 CUresult hipr_cu_stream(CUstream s, uint64_t *id);
 /* 1 when `p` is inside an allocation made through this proxy (or a module global). */

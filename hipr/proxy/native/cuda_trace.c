@@ -10,6 +10,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <signal.h>
+#include <sys/uio.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,8 +18,12 @@
 #include <ucontext.h>
 #include <unistd.h>
 
-#include "cuda_front.h"
+/* Not cuda_front.h: the export-table spy (tests/proxy/cuda/build_spy.py) builds this file
+ * where libcbor's headers are not installed. */
+#include <pthread.h>
+
 #include "cuda_trace.h"
+#include "cuda_types.h"
 
 CUresult cuGetErrorName(CUresult error, const char **str);
 
@@ -26,6 +31,7 @@ CUresult cuGetErrorName(CUresult error, const char **str);
 #define DEPTH 256  /* nested traced calls per thread (host callbacks calling the driver) */
 
 static int trace_on = -1;
+static int trace_args; /* HIPR_PROXY_TRACE=2: arguments and what they point at, too */
 
 static void install_crash_report(void);
 
@@ -34,6 +40,7 @@ int hipr_cu_trace_enabled(void) {
     if (on < 0) {
         const char *v = getenv("HIPR_PROXY_TRACE");
         on = v && *v && strcmp(v, "0") != 0;
+        trace_args = on && strcmp(v, "2") == 0;
         if (on && __atomic_exchange_n(&trace_on, on, __ATOMIC_RELAXED) < 0)
             install_crash_report();
         __atomic_store_n(&trace_on, on, __ATOMIC_RELAXED);
@@ -101,17 +108,29 @@ static pthread_mutex_t slots_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static __thread uintptr_t tl_return[DEPTH];
 static __thread int tl_slot[DEPTH];
+static __thread uint64_t tl_args[DEPTH][6];
 static __thread int tl_depth;
 
+/* The 8 bytes at `p` after the call (an out-parameter's value), read without faulting
+ * when `p` is no pointer: process_vm_readv on this process says EFAULT instead. */
+static int peek(uint64_t p, uint64_t *out) {
+    if (p < 4096 || p >= ((uint64_t)1 << 47)) return 0;
+    struct iovec local = {out, sizeof *out}, remote = {(void *)(uintptr_t)p, sizeof *out};
+    return process_vm_readv(getpid(), &local, 1, &remote, 1, 0) == (ssize_t)sizeof *out;
+}
+
 /* Called by the trampoline of slot `i` before the entry point: keeps the caller's return
- * address and gives the entry point to jump to. */
-__attribute__((visibility("hidden"), used)) void *hipr_cu_trace_enter(int i, uintptr_t ret) {
+ * address (and, traced with arguments, the six integer argument registers at `regs`) and
+ * gives the entry point to jump to. */
+__attribute__((visibility("hidden"), used)) void *hipr_cu_trace_enter(int i, uintptr_t ret,
+                                                                       const uint64_t *regs) {
     if (tl_depth >= DEPTH) {
         fprintf(stderr, "hipr proxy: trace: more than %d nested driver calls\n", DEPTH);
         abort();
     }
     tl_return[tl_depth] = ret;
     tl_slot[tl_depth] = i;
+    if (trace_args) memcpy(tl_args[tl_depth], regs, sizeof tl_args[tl_depth]);
     tl_depth++;
     tl_last = slots[i].name;
     tl_inside = 1;
@@ -126,10 +145,24 @@ __attribute__((visibility("hidden"), used)) uintptr_t hipr_cu_trace_leave(int rc
     tl_inside = tl_depth > 0;
     const char *err = NULL;
     if (rc && cuGetErrorName((CUresult)rc, &err) != CUDA_SUCCESS) err = NULL;
+    char args[512] = "";
+    if (trace_args) {
+        /* The registers as passed, then what each that is a pointer points at now. */
+        const uint64_t *a = tl_args[tl_depth];
+        int n = snprintf(args, sizeof args, "(%#lx, %#lx, %#lx, %#lx, %#lx, %#lx)",
+                         (unsigned long)a[0], (unsigned long)a[1], (unsigned long)a[2],
+                         (unsigned long)a[3], (unsigned long)a[4], (unsigned long)a[5]);
+        for (int k = 0; k < 6 && n > 0 && (size_t)n < sizeof args; k++) {
+            uint64_t v;
+            if (peek(a[k], &v))
+                n += snprintf(args + n, sizeof args - (size_t)n, " *a%d=%#lx", k,
+                              (unsigned long)v);
+        }
+    }
     if (rc)
-        fprintf(stderr, "hipr trace: %s -> %d %s\n", name, rc, err ? err : "(unknown)");
+        fprintf(stderr, "hipr trace: %s%s -> %d %s\n", name, args, rc, err ? err : "(unknown)");
     else
-        fprintf(stderr, "hipr trace: %s -> 0\n", name);
+        fprintf(stderr, "hipr trace: %s%s -> 0\n", name, args);
     return tl_return[tl_depth];
 }
 
@@ -168,6 +201,7 @@ __asm__(".pushsection .text\n"
         "movdqu %xmm7, 160(%rsp)\n"
         "movl %r11d, %edi\n"
         "movq %r10, %rsi\n"
+        "movq %rsp, %rdx\n"
         "call hipr_cu_trace_enter\n"
         "movq %rax, %r11\n"
         "movq 0(%rsp), %rdi\n"
@@ -220,11 +254,28 @@ void *hipr_cu_trace_wrap(const char *name, void *fn) {
     return out ? out : fn;
 }
 
+const void *hipr_cu_trace_table(const char *tag, const void *table, size_t n, size_t first) {
+    void **copy = malloc(n * sizeof *copy);
+    if (!copy) return table;
+    memcpy(copy, table, n * sizeof *copy);
+    for (size_t i = first; i < n; i++) {
+        char name[96];
+        snprintf(name, sizeof name, "%s[%zu]", tag, i);
+        copy[i] = hipr_cu_trace_wrap(name, copy[i]);
+    }
+    return copy; /* kept for the process, as the tables are */
+}
+
 #else
 
 void *hipr_cu_trace_wrap(const char *name, void *fn) {
     (void)name;
     return fn;
+}
+
+const void *hipr_cu_trace_table(const char *tag, const void *table, size_t n, size_t first) {
+    (void)tag, (void)n, (void)first;
+    return table;
 }
 
 #endif

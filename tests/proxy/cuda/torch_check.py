@@ -54,6 +54,9 @@ def mlp():
 
 
 guarded("losses", mlp)
+# PyTorch's own NVML query (libnvidia-ml.so.1 through ctypes: nvmlInit_v2,
+# nvmlDeviceGetCount_v2), as PYTORCH_NVML_BASED_CUDA_CHECK makes it count devices.
+guarded("nvml_count", torch.cuda._raw_device_count_nvml)
 
 
 def bench():
@@ -127,5 +130,5 @@ if "--bench" in sys.argv:
 with open("/proc/self/maps") as f:
     maps = f.read().splitlines()
 out["libcuda"] = sorted({line.split()[-1] for line in maps if "libcuda.so" in line})
-out["libnvidia_ml"] = any("libnvidia-ml" in line for line in maps)
+out["libnvidia_ml"] = sorted({line.split()[-1] for line in maps if "libnvidia-ml" in line})
 print(json.dumps(out), flush=True)
