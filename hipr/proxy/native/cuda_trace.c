@@ -102,6 +102,7 @@ static pthread_mutex_t slots_lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread uintptr_t tl_return[DEPTH];
 static __thread int tl_slot[DEPTH];
 static __thread int tl_depth;
+static __thread unsigned tl_trips[DEPTH]; /* hipr_round_trips() when each call began */
 
 /* Called by the trampoline of slot `i` before the entry point: keeps the caller's return
  * address and gives the entry point to jump to. */
@@ -112,6 +113,7 @@ __attribute__((visibility("hidden"), used)) void *hipr_cu_trace_enter(int i, uin
     }
     tl_return[tl_depth] = ret;
     tl_slot[tl_depth] = i;
+    tl_trips[tl_depth] = hipr_round_trips();
     tl_depth++;
     tl_last = slots[i].name;
     tl_inside = 1;
@@ -126,10 +128,14 @@ __attribute__((visibility("hidden"), used)) uintptr_t hipr_cu_trace_leave(int rc
     tl_inside = tl_depth > 0;
     const char *err = NULL;
     if (rc && cuGetErrorName((CUresult)rc, &err) != CUDA_SUCCESS) err = NULL;
+    /* Which calls went to the worker and waited: the ones a program's speed hangs on. */
+    unsigned trips = hipr_round_trips() - tl_trips[tl_depth];
+    char waited[48] = "";
+    if (trips) snprintf(waited, sizeof waited, " (%u round trip%s)", trips, trips > 1 ? "s" : "");
     if (rc)
-        fprintf(stderr, "hipr trace: %s -> %d %s\n", name, rc, err ? err : "(unknown)");
+        fprintf(stderr, "hipr trace: %s -> %d %s%s\n", name, rc, err ? err : "(unknown)", waited);
     else
-        fprintf(stderr, "hipr trace: %s -> 0\n", name);
+        fprintf(stderr, "hipr trace: %s -> 0%s\n", name, waited);
     return tl_return[tl_depth];
 }
 
