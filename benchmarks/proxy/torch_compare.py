@@ -143,12 +143,18 @@ def run_torch(python: str, env: dict[str, str], mib: int) -> dict[str, object]:
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     except subprocess.TimeoutExpired:
         return {"error": "timed out"}
-    lines = out.stdout.strip().splitlines()
-    try:
-        return json.loads(lines[-1])
-    except (IndexError, json.JSONDecodeError):
-        tail = out.stderr.strip().splitlines()[-3:]
-        return {"error": f"exit {out.returncode}: {' | '.join(tail)}"[:400]}
+    result: dict[str, object] = {}
+    for line in out.stdout.splitlines():
+        try:
+            part = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(part, dict):
+            result.update(part)
+    if out.returncode != 0:
+        tail = out.stderr.strip().splitlines()[-2:]
+        result["error"] = f"exit {out.returncode}: {' | '.join(tail)}"[:400]
+    return result
 
 
 def traced_steps(

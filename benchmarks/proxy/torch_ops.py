@@ -1,5 +1,6 @@
 """PyTorch's per-op and copy figures, run by benchmarks/proxy/torch_compare.py through the
-CUDA proxy and locally (one JSON line on stdout). ``--steps N`` runs each workload N times
+CUDA proxy and locally (a JSON object a line on stdout, each figure as it is measured, so
+that a process that dies later keeps them). ``--steps N`` runs each workload N times
 between ``== step`` lines on stderr instead, for a traced run (HIPR_PROXY_TRACE=1) whose
 driver calls torch_compare counts per op. Needs only PyTorch and a CUDA device (real or
 through the proxy); a figure that fails says why and the others still run."""
@@ -37,6 +38,8 @@ def figures(mib: int) -> dict[str, object]:
             out[name] = fn()
         except Exception as exc:
             out[name] = f"FAILED {type(exc).__name__}: {exc}"[:300]
+        # Each figure on its own line at once: a process that dies later keeps it.
+        print(json.dumps({name: out[name]}), flush=True)
 
     t = torch.zeros(1, device="cuda")
 
@@ -119,10 +122,6 @@ def steps(n: int, mib: int) -> None:
     pinned.copy_(dev, non_blocking=True)
     sync()
     a = torch.randn(512, 512, device="cuda")
-    try:
-        (a @ a).sum().item()
-    except Exception as exc:
-        print(f"matmul warm-up: FAILED {type(exc).__name__}: {exc}"[:300], file=sys.stderr)
 
     def mark(name: str, reps: int) -> None:
         print(f"== {name} x{reps}", file=sys.stderr, flush=True)
@@ -143,6 +142,7 @@ def steps(n: int, mib: int) -> None:
          lambda: (dev.copy_(pinned, non_blocking=True), sync()), 2, 2),
         ("d2h pinned copy_ non_blocking + synchronize",
          lambda: (pinned.copy_(dev, non_blocking=True), sync()), 2, 2),
+        # Last, and cold: cuBLAS's first use may end the process.
         ("matmul 512 + synchronize", lambda: (a @ a, sync()), 2, 2),
     ]  # fmt: skip
     for name, fn, calls, per in work:
@@ -162,11 +162,10 @@ def main() -> None:
     if "--steps" in sys.argv:
         steps(int(sys.argv[sys.argv.index("--steps") + 1]), min(mib, 64))
         return
-    out: dict[str, object] = {"device": torch.cuda.get_device_name(0)}
-    out.update(figures(mib))
     with open("/proc/self/maps") as f:
-        out["libcuda"] = sorted({ln.split()[-1] for ln in f if "libcuda.so" in ln})
-    print(json.dumps(out), flush=True)
+        libcuda = sorted({ln.split()[-1] for ln in f if "libcuda.so" in ln})
+    print(json.dumps({"device": torch.cuda.get_device_name(0), "libcuda": libcuda}), flush=True)
+    figures(mib)
 
 
 if __name__ == "__main__":
