@@ -158,12 +158,14 @@ def run_torch(python: str, env: dict[str, str], mib: int) -> dict[str, object]:
 
 
 def traced_steps(
-    python: str, env: dict[str, str], n: int
+    python: str, env: dict[str, str], n: int, log: Path | None = None
 ) -> list[tuple[str, int, Counter[str], Counter[str]]]:
     """torch_ops --steps under the trace: per step, its op count, the calls made and the
     round trips each call name made."""
     cmd = [python, str(HERE / "torch_ops.py"), "--steps", str(n)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    if log is not None:
+        log.write_text(out.stderr)
     result: list[tuple[str, int, Counter[str], Counter[str]]] = []
     for line in out.stderr.splitlines():
         if line.startswith("== "):
@@ -210,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace", action="store_true", help="per-op driver calls, traced")
     parser.add_argument("--steps", type=int, default=20, help="repeats per traced step")
     parser.add_argument("--before", type=Path, help="an older proxy build's libcuda folder")
+    parser.add_argument("--trace-log", type=Path, help="a folder for the traced runs' stderr")
     parser.add_argument("--no-torch", action="store_true", help="the C benchmark only")
     args = parser.parse_args(argv)
     lib = proxy_dir()
@@ -307,7 +310,8 @@ def report(args: argparse.Namespace, lib: Path, size: int, bench: Path | None,
     if args.trace:
         for label, where in libs:
             env = proxied_env(url, where, HIPR_PROXY_TRACE="1")
-            print_steps(label, traced_steps(args.python, env, args.steps))
+            log = args.trace_log / f"trace-{label}.log" if args.trace_log else None
+            print_steps(label, traced_steps(args.python, env, args.steps, log))
 
 
 if __name__ == "__main__":
