@@ -159,6 +159,20 @@ int main(int argc, char **argv) {
         each[i] = now() - t;
     }
     printf("launch_stream_sync_us %.2f\n", median(each, N_EACH) * 1e6);
+    float word = 0;
+    for (int i = 0; i < N_EACH; i++) { /* PyTorch's item(): a few bytes back, after an op */
+        t = now();
+        LAUNCH();
+        MUST(cuMemcpyDtoH_v2(&word, p, sizeof word));
+        each[i] = now() - t;
+    }
+    printf("launch_dtoh_4B_us %.2f\n", median(each, N_EACH) * 1e6);
+    for (int i = 0; i < N_EACH; i++) {
+        t = now();
+        MUST(cuMemcpyDtoH_v2(&word, p, sizeof word));
+        each[i] = now() - t;
+    }
+    printf("dtoh_4B_us %.2f\n", median(each, N_EACH) * 1e6);
     double per[5];
     for (int r = 0; r < 5; r++) {
         t = now();

@@ -64,13 +64,25 @@ def test_synchronize_goes_to_the_worker_only_when_something_may_be_pending(
         ("cuMemsetD8", 0, 0),
         ("cuStreamSynchronize", 0, 1),
     ]
-    # With a non-blocking stream the null stream is synchronized as itself, each time.
+    # With a non-blocking stream the null stream is synchronized as itself, each time
+    # (a STREAM_SYNCHRONIZE does not tell that the other streams are done).
     assert steps["non-blocking stream"] == [
         ("cuStreamCreate", 0, 1),
+        ("cuStreamSynchronize", 0, 0),
+        ("cuMemsetD8", 0, 0),
         ("cuStreamSynchronize", 0, 1),
         ("cuStreamSynchronize", 0, 1),
         ("cuStreamDestroy", 0, 0),
     ]
+    # Queries and event waits go to the worker until a synchronize left the device idle.
+    events = steps["events and queries"]
+    assert [(name, trips) for name, _, trips in events] == [
+        ("cuEventCreate", 1), ("cuEventRecord", 0), ("cuEventQuery", 1),
+        *([("cuEventQuery", 1)] if len(events) == 10 else []),
+        ("cuEventSynchronize", 1), ("cuCtxSynchronize", 1),
+        ("cuEventQuery", 0), ("cuEventSynchronize", 0), ("cuStreamQuery", 0),
+        ("cuEventDestroy", 0),
+    ]  # fmt: skip
     error = steps["error then sync"]
     assert [name for name, _, _ in error] == [
         "cuCtxSynchronize", "cuMemAlloc", "cuMemFree", "cuMemsetD8",

@@ -1208,6 +1208,8 @@ static CUresult on_stream(uint16_t opcode, CUstream s) {
      * GPU-thread hop when the work is done (and the proxy without the network when
      * nothing was asked since the last one). Stronger ordering, never weaker. */
     if (opcode == OP_STREAM_SYNCHRONIZE && !id && !nonblocking_streams(dev)) return sync_device(dev);
+    /* Nothing asked of the device since its last synchronize: every stream is done. */
+    if (hipr_idle(dev)) return CUDA_SUCCESS;
     hipr_map m;
     hipr_map_init(&m, 1);
     if (id) hipr_map_u64(&m, "stream", id);
@@ -1344,6 +1346,9 @@ static CUresult on_event(uint16_t opcode, CUevent e) {
     struct hipr_cu_event ev;
     CUresult rc = event_id(e, &ev);
     if (rc) return rc;
+    /* Recording is work: an event recorded before the device's last synchronize, with
+     * nothing asked since, has completed (as has one never recorded, CUDA's answer too). */
+    if (hipr_idle(ev.device)) return CUDA_SUCCESS;
     hipr_map m;
     hipr_map_init(&m, 1);
     hipr_map_u64(&m, "event", ev.id);

@@ -49,6 +49,12 @@ int main(void) {
         (CUresult (*)(CUstream *, unsigned))get("cuStreamCreate");
     CUresult (*stream_destroy)(CUstream) = (CUresult (*)(CUstream))get("cuStreamDestroy");
     CUresult (*unload)(CUmodule) = (CUresult (*)(CUmodule))get("cuModuleUnload");
+    CUresult (*stream_query)(CUstream) = (CUresult (*)(CUstream))get("cuStreamQuery");
+    CUresult (*event_create)(void **, unsigned) = (CUresult (*)(void **, unsigned))get("cuEventCreate");
+    CUresult (*event_record)(void *, CUstream) = (CUresult (*)(void *, CUstream))get("cuEventRecord");
+    CUresult (*event_query)(void *) = (CUresult (*)(void *))get("cuEventQuery");
+    CUresult (*event_sync)(void *) = (CUresult (*)(void *))get("cuEventSynchronize");
+    CUresult (*event_destroy)(void *) = (CUresult (*)(void *))get("cuEventDestroy");
     if (failures) return 1;
 
     EXPECT(init(0) == 0);
@@ -83,9 +89,22 @@ int main(void) {
     step("non-blocking stream");
     CUstream s = NULL;
     EXPECT(stream_create(&s, 1) == 0);
+    EXPECT(stream_sync(NULL) == 0); /* still idle: nothing asked since the last one */
+    EXPECT(memset8(a, 0, sizeof back) == 0);
     EXPECT(stream_sync(NULL) == 0);
     EXPECT(stream_sync(NULL) == 0);
     EXPECT(stream_destroy(s) == 0);
+    step("events and queries");
+    void *ev = NULL;
+    EXPECT(event_create(&ev, 0) == 0);
+    EXPECT(event_record(ev, NULL) == 0);
+    EXPECT(event_query(ev) == 0 || event_query(ev) == 600); /* 600: CUDA_ERROR_NOT_READY */
+    EXPECT(event_sync(ev) == 0);
+    EXPECT(ctx_sync() == 0);
+    EXPECT(event_query(ev) == 0);
+    EXPECT(event_sync(ev) == 0);
+    EXPECT(stream_query(NULL) == 0);
+    EXPECT(event_destroy(ev) == 0);
     step("error then sync");
     EXPECT(ctx_sync() == 0);
     CUdeviceptr gone = 0;
