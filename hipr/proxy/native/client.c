@@ -530,7 +530,48 @@ static void reset_reply(hipr_reply *r) {
 
 /* Send what waits (and `d`, a request straight from the caller's memory), then wait for
  * the reply to `id`; across dropped links until the session is lost. */
+/* Work asked of the devices so far (each fire-and-forget request, launch, and request
+ * that may leave work running once answered bumps it), and its value when a
+ * DEVICE_SYNCHRONIZE of idle_device last succeeded: while the two are equal, that device
+ * has nothing left to do and no error can be pending (hipr_idle). Under `lock`. */
+static uint64_t work_seq = 1, idle_seq;
+static int idle_device = -1;
+
+/* Served by cuda workers (the CUDA front's files name them too). */
+#define OP_DEVICE_LIMIT_ 0x0107
+#define OP_FUNCTION_ATTRIBUTE_ 0x0509
+#define OP_FUNCTION_OCCUPANCY_ 0x050A
+#define OP_MODULE_GET_GLOBAL_ 0x050B
+
+/* Requests that leave nothing running on a device once answered. */
+static int leaves_no_work(uint16_t opcode) {
+    switch (opcode) {
+    case OP_DEVICE_COUNT: case OP_SET_DEVICE: case OP_DEVICE_PROPERTIES:
+    case OP_DEVICE_SYNCHRONIZE: case OP_MEM_GET_INFO: case OP_DEVICE_LIMIT_:
+    case OP_MALLOC: case OP_MEMCPY_DTOH: case OP_STREAM_CREATE: case OP_STREAM_SYNCHRONIZE:
+    case OP_STREAM_QUERY: case OP_EVENT_CREATE: case OP_EVENT_SYNCHRONIZE: case OP_EVENT_QUERY:
+    case OP_EVENT_ELAPSED_TIME: case OP_MODULE_LOAD: case OP_MODULE_GET_FUNCTION:
+    case OP_MODULE_BUILTIN: case OP_FUNCTION_PARAMS: case OP_FUNCTION_ATTRIBUTE_:
+    case OP_FUNCTION_OCCUPANCY_: case OP_MODULE_GET_GLOBAL_: case OP_BARRIER: case OP_PING:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+int hipr_idle(int device) {
+    pthread_mutex_lock(&lock);
+    int idle = S.state == S_READY && device >= 0 && idle_device == device && idle_seq == work_seq;
+    pthread_mutex_unlock(&lock);
+    return idle;
+}
+
+static __thread unsigned tl_round_trips;
+
+unsigned hipr_round_trips(void) { return tl_round_trips; }
+
 static int exchange(uint32_t id, const direct *d, void *sink, size_t sink_size, hipr_reply *r) {
+    tl_round_trips++;
     for (;;) {
         int rc = flush_out();
         if (rc == 0 && d) rc = send_direct(d);
@@ -771,6 +812,7 @@ static int connect_locked(void) {
     S.heartbeat_s = 5.0;
     S.silent_limit_s = 15.0;
     S.worker_device = 0;
+    idle_device = -1; /* a new session (a forked child's) knows nothing yet */
     S.session_id[0] = S.resume_token[0] = '\0';
     S.closing = 0;
     char err[1000];
@@ -863,9 +905,15 @@ int hipr_call(int device, uint16_t opcode, hipr_map *args, const void *bulk, siz
     pthread_mutex_lock(&lock);
     rc = ready_locked();
     if (rc == HIPR_SUCCESS) rc = use_device(device);
-    if (rc == HIPR_SUCCESS)
+    if (rc == HIPR_SUCCESS) {
+        if (!leaves_no_work(opcode)) work_seq++;
         rc = call_locked(opcode, 0, cbor, len, bulk, bulk_len, sink, sink_size, r);
-    else if (S.state != S_READY)
+        /* The lock was held throughout: no other thread's work went out meanwhile. */
+        if (rc == HIPR_SUCCESS && opcode == OP_DEVICE_SYNCHRONIZE && device >= 0) {
+            idle_seq = work_seq;
+            idle_device = device;
+        }
+    } else if (S.state != S_READY)
         set_message(r, "no session with the worker at %.400s", S.url);
     pthread_mutex_unlock(&lock);
     free(cbor);
@@ -880,6 +928,7 @@ int hipr_notify(int device, uint16_t opcode, hipr_map *args, const void *bulk, s
     pthread_mutex_lock(&lock);
     rc = ready_locked();
     if (rc == HIPR_SUCCESS) rc = use_device(device);
+    work_seq++;
     if (rc == HIPR_SUCCESS && bulk_len >= DIRECT_BYTES) {
         /* Too large to copy into the log: sent from the caller's buffer, and waited for
          * (the buffer is the caller's again when this returns). */
@@ -902,6 +951,7 @@ int hipr_notify(int device, uint16_t opcode, hipr_map *args, const void *bulk, s
 int hipr_launch(int device, const hipr_launch_config *config, const void *args, size_t len) {
     if (len > 4096 || config->n_ptrs > 256) return HIPR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
+    work_seq++;
     int rc = ready_locked();
     if (rc == HIPR_SUCCESS) rc = use_device(device);
     if (rc == HIPR_SUCCESS) {

@@ -80,6 +80,15 @@ int hipr_worker_minor(void);
 /* How many times this process's session was resumed after its link dropped (tests and
  * diagnostics). */
 HIPR_EXPORT unsigned hipr_resumes(void);
+/* 1 when a DEVICE_SYNCHRONIZE of `device` succeeded and no work was asked of any device
+ * since (no fire-and-forget request, launch, or request that may leave work running):
+ * a synchronize now would wait for nothing and report no error, so a front may answer it
+ * without the network. */
+HIPR_EXPORT int hipr_idle(int device);
+/* How many requests the calling thread has sent and waited for a reply to (each one
+ * network round trip; fire-and-forget work queued meanwhile rides along with it), for
+ * the CUDA front's trace. */
+HIPR_EXPORT unsigned hipr_round_trips(void);
 /* Prints `what` on stderr once per distinct pointer (unsupported calls name themselves). */
 HIPR_EXPORT void hipr_warn_once(const char *what, int *flag);
 /* A lock of a front that may be held while the session's is taken: fork takes it first

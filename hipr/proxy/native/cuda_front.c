@@ -770,6 +770,9 @@ API CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version) {
 }
 
 static CUresult sync_device(int dev) {
+    /* Nothing asked of any device since the last synchronize succeeded: nothing to wait
+     * for and no error to report (PyTorch synchronizes again after a copy that waited). */
+    if (hipr_idle(dev)) return CUDA_SUCCESS;
     hipr_reply r;
     int hip = hipr_call(dev, OP_DEVICE_SYNCHRONIZE, NULL, NULL, 0, NULL, 0, &r);
     hipr_reply_free(&r);
@@ -1237,12 +1240,29 @@ API CUresult cuStreamDestroy_v2(CUstream s) {
 
 API CUresult cuStreamDestroy(CUstream s) { return cuStreamDestroy_v2(s); }
 
+/* 1 when some created stream of device `dev` is CU_STREAM_NON_BLOCKING (its work does not
+ * wait for the null stream's, nor the null stream's for it). */
+static int nonblocking_streams(int dev) {
+    pthread_mutex_lock(&hipr_cu_lock);
+    struct hipr_cu_stream *p = streams;
+    while (p && !(p->device == dev && (p->flags & CU_STREAM_NON_BLOCKING))) p = p->next;
+    pthread_mutex_unlock(&hipr_cu_lock);
+    return p != NULL;
+}
+
 static CUresult on_stream(uint16_t opcode, CUstream s) {
     int dev;
     CUresult rc = hipr_cu_ctx_device(&dev);
     uint64_t id = 0;
     if (rc == CUDA_SUCCESS) rc = hipr_cu_stream(s, &id);
     if (rc) return rc;
+    /* The null stream waits for every blocking stream: where no stream is non-blocking,
+     * synchronizing it is synchronizing the device, which the worker answers without a
+     * GPU-thread hop when the work is done (and the proxy without the network when
+     * nothing was asked since the last one). Stronger ordering, never weaker. */
+    if (opcode == OP_STREAM_SYNCHRONIZE && !id && !nonblocking_streams(dev)) return sync_device(dev);
+    /* Nothing asked of the device since its last synchronize: every stream is done. */
+    if (hipr_idle(dev)) return CUDA_SUCCESS;
     hipr_map m;
     hipr_map_init(&m, 1);
     if (id) hipr_map_u64(&m, "stream", id);
@@ -1379,6 +1399,9 @@ static CUresult on_event(uint16_t opcode, CUevent e) {
     struct hipr_cu_event ev;
     CUresult rc = event_id(e, &ev);
     if (rc) return rc;
+    /* Recording is work: an event recorded before the device's last synchronize, with
+     * nothing asked since, has completed (as has one never recorded, CUDA's answer too). */
+    if (hipr_idle(ev.device)) return CUDA_SUCCESS;
     hipr_map m;
     hipr_map_init(&m, 1);
     hipr_map_u64(&m, "event", ev.id);

@@ -110,6 +110,7 @@ static __thread uintptr_t tl_return[DEPTH];
 static __thread int tl_slot[DEPTH];
 static __thread uint64_t tl_args[DEPTH][6];
 static __thread int tl_depth;
+static __thread unsigned tl_trips[DEPTH]; /* hipr_round_trips() when each call began */
 
 /* The 8 bytes at `p` after the call (an out-parameter's value), read without faulting
  * when `p` is no pointer: process_vm_readv on this process says EFAULT instead. */
@@ -131,6 +132,7 @@ __attribute__((visibility("hidden"), used)) void *hipr_cu_trace_enter(int i, uin
     tl_return[tl_depth] = ret;
     tl_slot[tl_depth] = i;
     if (trace_args) memcpy(tl_args[tl_depth], regs, sizeof tl_args[tl_depth]);
+    tl_trips[tl_depth] = hipr_round_trips();
     tl_depth++;
     tl_last = slots[i].name;
     tl_inside = 1;
@@ -159,10 +161,15 @@ __attribute__((visibility("hidden"), used)) uintptr_t hipr_cu_trace_leave(int rc
                               (unsigned long)v);
         }
     }
+    /* Which calls went to the worker and waited: the ones a program's speed hangs on. */
+    unsigned trips = hipr_round_trips() - tl_trips[tl_depth];
+    char waited[48] = "";
+    if (trips) snprintf(waited, sizeof waited, " (%u round trip%s)", trips, trips > 1 ? "s" : "");
     if (rc)
-        fprintf(stderr, "hipr trace: %s%s -> %d %s\n", name, args, rc, err ? err : "(unknown)");
+        fprintf(stderr, "hipr trace: %s%s -> %d %s%s\n", name, args, rc, err ? err : "(unknown)",
+                waited);
     else
-        fprintf(stderr, "hipr trace: %s%s -> 0\n", name, args);
+        fprintf(stderr, "hipr trace: %s%s -> 0%s\n", name, args, waited);
     return tl_return[tl_depth];
 }
 

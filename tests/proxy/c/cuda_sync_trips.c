@@ -1,0 +1,121 @@
+/* Which synchronizing calls go to the worker: run with HIPR_PROXY_TRACE=1 by
+ * tests/proxy/test_cuda_sync_trips.py, which reads the round trips each traced call made
+ * between the "== step" lines printed here. A synchronize with nothing asked of the device
+ * since the last one is answered without the network; the null stream's synchronize is the
+ * device's while no stream is non-blocking; an error keeps the next one remote. */
+#include <stdio.h>
+#include <string.h>
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUstream_st *CUstream;
+
+CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
+
+#include "check.h"
+static void *get(const char *name) {
+    void *fn = NULL;
+    int status = -1;
+    CUresult rc = cuGetProcAddress_v2(name, &fn, 12000, 0, &status);
+    EXPECT(rc == 0 && fn != NULL && status == 0);
+    return fn;
+}
+
+static void step(const char *name) { fprintf(stderr, "== %s\n", name); }
+
+int main(void) {
+    CUresult (*init)(unsigned) = (CUresult (*)(unsigned))get("cuInit");
+    CUresult (*retain)(void **, int) = (CUresult (*)(void **, int))get("cuDevicePrimaryCtxRetain");
+    CUresult (*set)(void *) = (CUresult (*)(void *))get("cuCtxSetCurrent");
+    CUresult (*release)(int) = (CUresult (*)(int))get("cuDevicePrimaryCtxRelease");
+    CUresult (*alloc)(CUdeviceptr *, size_t) = (CUresult (*)(CUdeviceptr *, size_t))get("cuMemAlloc");
+    CUresult (*mfree)(CUdeviceptr) = (CUresult (*)(CUdeviceptr))get("cuMemFree");
+    CUresult (*memset8)(CUdeviceptr, unsigned char, size_t) =
+        (CUresult (*)(CUdeviceptr, unsigned char, size_t))get("cuMemsetD8");
+    CUresult (*dtoh)(void *, CUdeviceptr, size_t) =
+        (CUresult (*)(void *, CUdeviceptr, size_t))get("cuMemcpyDtoH");
+    CUresult (*load)(CUmodule *, const void *) = (CUresult (*)(CUmodule *, const void *))get("cuModuleLoadData");
+    CUresult (*function)(CUfunction *, CUmodule, const char *) =
+        (CUresult (*)(CUfunction *, CUmodule, const char *))get("cuModuleGetFunction");
+    CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                       unsigned, CUstream, void **, void **) =
+        (CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                      unsigned, CUstream, void **, void **))get("cuLaunchKernel");
+    CUresult (*ctx_sync)(void) = (CUresult (*)(void))get("cuCtxSynchronize");
+    CUresult (*stream_sync)(CUstream) = (CUresult (*)(CUstream))get("cuStreamSynchronize");
+    CUresult (*stream_create)(CUstream *, unsigned) =
+        (CUresult (*)(CUstream *, unsigned))get("cuStreamCreate");
+    CUresult (*stream_destroy)(CUstream) = (CUresult (*)(CUstream))get("cuStreamDestroy");
+    CUresult (*unload)(CUmodule) = (CUresult (*)(CUmodule))get("cuModuleUnload");
+    CUresult (*stream_query)(CUstream) = (CUresult (*)(CUstream))get("cuStreamQuery");
+    CUresult (*event_create)(void **, unsigned) = (CUresult (*)(void **, unsigned))get("cuEventCreate");
+    CUresult (*event_record)(void *, CUstream) = (CUresult (*)(void *, CUstream))get("cuEventRecord");
+    CUresult (*event_query)(void *) = (CUresult (*)(void *))get("cuEventQuery");
+    CUresult (*event_sync)(void *) = (CUresult (*)(void *))get("cuEventSynchronize");
+    CUresult (*event_destroy)(void *) = (CUresult (*)(void *))get("cuEventDestroy");
+    if (failures) return 1;
+
+    EXPECT(init(0) == 0);
+    void *ctx = NULL;
+    EXPECT(retain(&ctx, 0) == 0 && set(ctx) == 0);
+    enum { N = 256 };
+    CUdeviceptr a = 0;
+    EXPECT(alloc(&a, N * sizeof(float)) == 0);
+    CUmodule mod = NULL;
+    CUfunction fill = NULL;
+    EXPECT(load(&mod, "hipr:builtin") == 0 && function(&fill, mod, "fill_f32") == 0);
+    float value = 3.0f;
+    unsigned long long n = N;
+    void *params[] = {&a, &value, &n};
+
+    /* the first launch asks the kernel's parameter layout */
+    EXPECT(launch(fill, 1, 1, 1, N, 1, 1, 0, NULL, params, NULL) == 0);
+    step("launch then ctx sync");
+    EXPECT(launch(fill, 1, 1, 1, N, 1, 1, 0, NULL, params, NULL) == 0);
+    EXPECT(ctx_sync() == 0);
+    step("idle ctx sync");
+    EXPECT(ctx_sync() == 0);
+    step("idle null-stream sync");
+    EXPECT(stream_sync(NULL) == 0);
+    float back[N];
+    step("copy back then sync");
+    EXPECT(dtoh(back, a, sizeof back) == 0 && back[0] == 3.0f && back[N - 1] == 3.0f);
+    EXPECT(ctx_sync() == 0);
+    step("memset then null-stream sync");
+    EXPECT(memset8(a, 0, sizeof back) == 0);
+    EXPECT(stream_sync(NULL) == 0);
+    step("non-blocking stream");
+    CUstream s = NULL;
+    EXPECT(stream_create(&s, 1) == 0);
+    EXPECT(stream_sync(NULL) == 0); /* still idle: nothing asked since the last one */
+    EXPECT(memset8(a, 0, sizeof back) == 0);
+    EXPECT(stream_sync(NULL) == 0);
+    EXPECT(stream_sync(NULL) == 0);
+    EXPECT(stream_destroy(s) == 0);
+    step("events and queries");
+    void *ev = NULL;
+    EXPECT(event_create(&ev, 0) == 0);
+    EXPECT(event_record(ev, NULL) == 0);
+    EXPECT(event_query(ev) == 0 || event_query(ev) == 600); /* 600: CUDA_ERROR_NOT_READY */
+    EXPECT(event_sync(ev) == 0);
+    EXPECT(ctx_sync() == 0);
+    EXPECT(event_query(ev) == 0);
+    EXPECT(event_sync(ev) == 0);
+    EXPECT(stream_query(NULL) == 0);
+    EXPECT(event_destroy(ev) == 0);
+    step("error then sync");
+    EXPECT(ctx_sync() == 0);
+    CUdeviceptr gone = 0;
+    EXPECT(alloc(&gone, 4096) == 0 && mfree(gone) == 0);
+    EXPECT(memset8(gone, 1, 4096) == 0); /* fire-and-forget: its error comes later */
+    EXPECT(ctx_sync() != 0);
+    EXPECT(ctx_sync() == 0);
+    step("end");
+    EXPECT(unload(mod) == 0 && mfree(a) == 0);
+    EXPECT(release(0) == 0);
+    if (failures) return 1;
+    puts("ok");
+    return 0;
+}
