@@ -22,7 +22,8 @@ def test_ab_runs_proxy_bench_against_each_worker(
         f"-L{LIB_DIR}", "-l:libamdhip64.so", f"-Wl,-rpath,{LIB_DIR}"])  # fmt: skip
     record = tmp_path / "rounds.json"
     argv = ["--bench", str(bench), "--backend", "emulator", "--mib", "1", "--rounds", "1",
-            "--worker", f"one:{ROOT}", "--worker", f"two:{ROOT}", "--json", str(record)]  # fmt: skip
+            "--worker", f"one:{ROOT}", "--worker", f"two:{ROOT}",
+            "--json", str(record)]  # fmt: skip
     assert ab.main(argv) == 0
     out = capsys.readouterr().out
     table = out[out.index("figure") :].splitlines()
