@@ -149,7 +149,8 @@ class GpuKernels(GpuCore):
         """A kernel launch with ``args`` through the ``extra`` buffer-pointer path."""
         check_dims(grid, block)
         raw_stream, extra = self._launch_target(stream)
-        self._issue(function, (*grid, *block), shared_mem, raw_stream, extra, args)
+        size = self._param_size(function)
+        self._issue(function, (*grid, *block), shared_mem, raw_stream, extra, size, args)
 
     def launcher(
         self,
@@ -165,7 +166,9 @@ class GpuKernels(GpuCore):
         launch. Call it on the thread that runs the launches."""
         check_dims(grid, block)
         raw_stream, extra = self._launch_target(stream)
-        return partial(self._issue, function, (*grid, *block), shared_mem, raw_stream, extra)
+        # The kernel's parameter space too: once for the batch, not per launch.
+        size = self._param_size(function)
+        return partial(self._issue, function, (*grid, *block), shared_mem, raw_stream, extra, size)
 
     def _issue(
         self,
@@ -174,10 +177,12 @@ class GpuKernels(GpuCore):
         shared_mem: int,
         raw_stream: Any,
         extra: ReusedLaunchExtra,
+        param_size: int | None,
         args: bytes,
     ) -> None:
-        """The runtime's launch of ``args`` (grid and block in ``dims``), the rest ready."""
-        packed = self._fit_args(function, args)
+        """The runtime's launch of ``args`` (grid and block in ``dims``; the kernel's
+        parameter space ``param_size``, as :meth:`_param_size` gave it), the rest ready."""
+        packed = args if param_size is None or len(args) <= param_size else _fit(param_size, args)
         if len(packed) <= extra.capacity:
             address = extra.fill(packed)
         else:  # more than the protocol carries (a direct caller): a buffer of its own
@@ -322,11 +327,18 @@ class GpuKernels(GpuCore):
         size = self._param_size(function)
         if size is None or len(args) <= size:
             return args
-        tail = args[size:]
-        if len(tail) < 16 and not any(tail):
-            return args[:size]
-        return args
+        return _fit(size, args)
 
     def _extra(self, args: bytes) -> LaunchExtra:
         pointer, size, end = self._extra_words
         return LaunchExtra(args, buffer_pointer=pointer, buffer_size=size, end=end)
+
+
+def _fit(size: int, args: bytes) -> bytes:
+    """``args`` (longer than the kernel's ``size`` bytes of parameters) cut to ``size``
+    when what is past it is zero padding shorter than one alignment unit (16 bytes);
+    else unchanged, for the driver to judge (see ``_fit_args``)."""
+    tail = args[size:]
+    if len(tail) < 16 and not any(tail):
+        return args[:size]
+    return args

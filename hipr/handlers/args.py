@@ -33,6 +33,10 @@ def _shown(value: object) -> str:
         return f"a {type(value).__name__}"
 
 
+#: The arguments of a request that sent none: shared, as Args never writes its map.
+_NO_ARGS: dict[Any, Any] = {}
+
+
 class Args:
     """Typed access to one request's argument map."""
 
@@ -40,8 +44,10 @@ class Args:
 
     def __init__(self, raw: object, opcode_name: str) -> None:
         if raw is None:
-            raw = {}
-        if not isinstance(raw, Mapping):
+            raw = _NO_ARGS
+        # A dict (what CBOR maps decode to) is tested by type first: the ABC's
+        # isinstance costs more than the rest of this for every request.
+        if type(raw) is not dict and not isinstance(raw, Mapping):
             raise invalid_value(f"{opcode_name}: arguments must be a map, got {type(raw).__name__}")
         self._map: Mapping[Any, Any] = raw
         self._opcode = opcode_name

@@ -25,12 +25,14 @@ class ReplyCache:
 
     def put(self, request_id: int, frames: bytes) -> bool:
         """Keep ``frames`` for ``request_id``; False when too large to keep."""
-        if len(frames) > min(MAX_ONE_REPLY, self.max_bytes):
+        size = len(frames)
+        if size > MAX_ONE_REPLY or size > self.max_bytes:
             return False
-        self._replies[request_id] = frames
-        self._bytes += len(frames)
-        while len(self._replies) > self.max_replies or self._bytes > self.max_bytes:
-            _, dropped = self._replies.popitem(last=False)
+        replies = self._replies
+        replies[request_id] = frames
+        self._bytes += size
+        while len(replies) > self.max_replies or self._bytes > self.max_bytes:
+            _, dropped = replies.popitem(last=False)
             self._bytes -= len(dropped)
         return True
 

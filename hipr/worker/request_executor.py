@@ -25,7 +25,7 @@ from hipr.handlers.args import Args
 from hipr.handlers.context import Reply, Request
 from hipr.handlers.registry import LATER, HandlerRegistry
 from hipr.observability.observer import WorkerObserver
-from hipr.protocol.codec import Frame, FrameDecoder, encode_frame_parts
+from hipr.protocol.codec import Frame, FrameDecoder, encode_frame, encode_frame_parts
 from hipr.protocol.header import Flags
 from hipr.protocol.opcodes import Opcode, opcode_name
 from hipr.sessions.busy_poll import BusyPoll
@@ -43,6 +43,7 @@ __all__ = ["Closing", "RequestExecutor"]
 _NO_REPLY = int(Flags.NO_REPLY)
 _MORE = int(Flags.MORE)
 _ERROR_REPLY = Flags.REPLY | Flags.ERROR
+_REPLY = Flags.REPLY
 #: Requests whose reply never reports a pending fire-and-forget error, and that spend
 #: none of the tenant's request rate.
 _NOT_SYNCHRONISING = frozenset({Opcode.PING, Opcode.GOODBYE, Opcode.BARRIER})
@@ -422,6 +423,14 @@ class RequestExecutor:
         session's reply cache so that the same request resent after a dropped link gets
         the same answer without running again; or, too large to keep (a resent read runs
         again instead), its parts unjoined."""
+        if error is None and type(result) is dict and not result and not self._streamed_reply:
+            # The usual reply (a synchronize, a free, a launch waited for): one small
+            # frame, built whole and kept, with none of the general path's steps.
+            request_id = frame.request_id
+            data = encode_frame(frame.opcode, request_id, _REPLY, result)
+            if request_id:
+                session.replies.put(request_id, data)
+            return data
         if error is not None:
             parts = encode_frame_parts(
                 frame.opcode, frame.request_id, _ERROR_REPLY, error.to_wire(), b""
