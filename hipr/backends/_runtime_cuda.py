@@ -19,6 +19,7 @@ from typing import Any
 from hipr.backends._callmap import CUDA_CALLS, NVRTC_CALLS, RuntimeConstants, resolve_constants
 from hipr.backends._errmap import cu_error, cu_result_name
 from hipr.backends._hipprops import cuda_attribute_lists, cuda_hip_props
+from hipr.backends._link import cuda_link
 from hipr.backends._runtime import RuntimeBase, cstr, import_bindings, with_default_target
 from hipr.backends.interface import DeviceProperties, Dim3
 from hipr.errors import HipError, HipErrorCode
@@ -360,6 +361,10 @@ class CudaRuntime(RuntimeBase):
         except ValueError:
             raise HipError(E.hipErrorUnsupportedLimit, f"unknown device limit {limit}") from None
         return int(self.call("cuCtxGetLimit", which))
+
+    def link(self, inputs: Sequence[tuple[int, bytes, str]]) -> tuple[bytes, str]:
+        """The driver's linker: cuLinkCreate, cuLinkAddData, cuLinkComplete."""
+        return cuda_link(self.api, inputs)
 
     def module_global(self, module: Any, name: str) -> tuple[int, int]:
         """``cuModuleGetGlobal``: the variable's address and size."""

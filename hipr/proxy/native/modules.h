@@ -24,6 +24,13 @@ int hipr_front_alloc_of(const void *p, uint64_t *base, uint64_t *size);
 /* Host memory from hipHostMalloc/hipMallocHost that holds `p`: 1, else 0. */
 int hipr_host_alloc_of(const void *p, uint64_t *base, uint64_t *size);
 
+/* Each stream's device (stream_devices.c): noted at creation, forgotten at destruction;
+ * hipr_stream_device gives the null stream the current device's and returns -1 for a
+ * stream this session did not create. */
+void hipr_stream_note(hipStream_t stream, int device);
+void hipr_stream_forget(hipStream_t stream);
+int hipr_stream_device(hipStream_t stream, int *device);
+
 /* A stream is gone: it is capturing no more (hip_extras.c). */
 void hipr_capture_forget(hipStream_t stream);
 
