@@ -110,9 +110,16 @@ _CU_SUCCESS = 0
 _CU_DRIVER_TOO_OLD = {34, 36, 803, 804}
 
 
+#: hiprtc's spellings of relocatable device code, as NVRTC spells them.
+_RDC = {
+    "-fgpu-rdc": "--relocatable-device-code=true",
+    "-fno-gpu-rdc": "--relocatable-device-code=false",
+}
+
+
 def nvrtc_options(options: Sequence[str], arch: str) -> list[str]:
-    """The NVRTC options for a compile: the user's, with ``--offload-arch=sm_XY``
-    translated, and ``--gpu-architecture=<arch>`` first unless they chose one."""
+    """The NVRTC options for a compile: the user's, with ``--offload-arch=sm_XY`` and
+    ``-fgpu-rdc`` translated, and ``--gpu-architecture=<arch>`` first unless they chose one."""
     out: list[str] = []
     has_arch = False
     for opt in options:
@@ -128,7 +135,8 @@ def nvrtc_options(options: Sequence[str], arch: str) -> list[str]:
             continue
         if opt.startswith(("--gpu-architecture", "-arch")):
             has_arch = True
-        out.append(opt)
+        # hiprtc's relocatable device code (for hiprtcLink*) is NVRTC's -rdc.
+        out.append(_RDC.get(opt, opt))
     return with_default_target(out, has_arch, f"--gpu-architecture={arch}")
 
 

@@ -124,3 +124,13 @@ def test_hip_link_takes_bitcode_as_it_is() -> None:
     with pytest.raises(HipError) as info:
         hip_link(failing, [(100, b"BC\xc0\xde", "a.bc")])
     assert info.value.details["rtc_result"] == HIPRTC_ERROR_LINKING and failing.destroyed
+
+
+def test_hiprtc_relocatable_code_is_nvrtcs_rdc() -> None:
+    from hipr.backends.cuda_backend import nvrtc_options
+
+    assert nvrtc_options(["-fgpu-rdc"], "sm_90") == [
+        "--gpu-architecture=sm_90",
+        "--relocatable-device-code=true",
+    ]
+    assert nvrtc_options(["-fno-gpu-rdc"], "sm_90")[1] == "--relocatable-device-code=false"
