@@ -54,7 +54,8 @@ def _text(buf: bytearray) -> str:
 def _cuda_create(api: Any) -> tuple[Any, bytearray | None, bytearray | None]:
     """cuLinkCreate with info and error log buffers; without them where the binding
     refuses the buffers (the link itself does not need them)."""
-    info, errors = bytearray(_LOG_BYTES), bytearray(_LOG_BYTES)
+    info: bytearray | None = bytearray(_LOG_BYTES)
+    errors: bytearray | None = bytearray(_LOG_BYTES)
     option = api.CUjit_option
     keys = [
         option.CU_JIT_INFO_LOG_BUFFER,
@@ -117,8 +118,14 @@ def hip_link(rtc: Any, inputs: Sequence[Input]) -> tuple[bytes, str]:
             data = bytes(code)
             check(
                 rtc.hiprtcLinkAddData(
-                    state, rtc.hiprtcJITInputType(kind), data, len(data), name.encode(), 0,
-                    None, None,
+                    state,
+                    rtc.hiprtcJITInputType(kind),
+                    data,
+                    len(data),
+                    name.encode(),
+                    0,
+                    None,
+                    None,
                 ),
                 f"hiprtcLinkAddData of {name!r}",
             )

@@ -26,7 +26,9 @@ def _texts(request: Request, key: str, max_items: int, max_length: int) -> list[
     if value is None:
         return []
     if type(value) is not list or len(value) > max_items:
-        raise invalid_value(f"{request.name}: '{key}' must be a list of at most {max_items} strings")
+        raise invalid_value(
+            f"{request.name}: '{key}' must be a list of at most {max_items} strings"
+        )
     for item in value:
         if not isinstance(item, str) or len(item) > max_length:
             raise invalid_value(
@@ -81,7 +83,9 @@ async def _inputs(request: Request) -> list[tuple[int, bytes, str]]:
         parts.append(bytes(chunk))
     if got != total:
         await request.drain()
-        raise invalid_value(f"{request.name}: 'sizes' add up to {total} bytes, the bulk holds {got}")
+        raise invalid_value(
+            f"{request.name}: 'sizes' add up to {total} bytes, the bulk holds {got}"
+        )
     data = memoryview(b"".join(parts))
     out, at = [], 0
     for i, (kind, size) in enumerate(zip(kinds, sizes, strict=True)):

@@ -25,8 +25,16 @@ RTC_LIBRARY = "libhiprtc.so"
 ALIASES = {"libamdhip64.so.6": HIP_LIBRARY, "libhiprtc.so.6": RTC_LIBRARY}
 
 CORE_SOURCES = ("wire.c", "cborx.c", "transport.c", "client.c", "launch_extra.c")
-HIP_SOURCES = (*CORE_SOURCES, "hip_front.c", "hip_extras.c", "hipcc.c", "modules.c", "stubs.c",
-                "stream_devices.c", "hip_symbols.c")
+HIP_SOURCES = (
+    *CORE_SOURCES,
+    "hip_front.c",
+    "hip_extras.c",
+    "hipcc.c",
+    "modules.c",
+    "stubs.c",
+    "stream_devices.c",
+    "hip_symbols.c",
+)
 #: cborx.c again: its helpers are private to each library.
 RTC_SOURCES = ("hiprtc_front.c", "cborx.c")
 WARNINGS = ("-Wall", "-Wextra", "-Werror")

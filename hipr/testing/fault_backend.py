@@ -341,9 +341,7 @@ class FaultBackend:
 
     def program_link(self, inputs: Sequence[tuple[int, bytes, str]]) -> tuple[bytes, str]:
         """See :meth:`Backend.program_link`."""
-        result: tuple[bytes, str] = self._call(
-            "program_link", self.inner.program_link, inputs
-        )
+        result: tuple[bytes, str] = self._call("program_link", self.inner.program_link, inputs)
         return result
 
     def module_load(self, image: bytes) -> Handle:

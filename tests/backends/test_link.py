@@ -39,8 +39,9 @@ class FakeDriver:
         self.logs = values
         return 0, "state"
 
-    def cuLinkAddData(self, state: str, kind: int, data: bytes, size: int, name: bytes,
-                      *rest: Any) -> tuple[int]:
+    def cuLinkAddData(
+        self, state: str, kind: int, data: bytes, size: int, name: bytes, *rest: Any
+    ) -> tuple[int]:
         assert state == "state" and size == len(data)
         self.added.append((kind, data, name))
         return (218 if self.fail_at == "add" else 0,)
@@ -101,8 +102,9 @@ class FakeHiprtc:
     def hiprtcLinkCreate(self, n: int, keys: Any, values: Any) -> tuple[int, str]:
         return 0, "state"
 
-    def hiprtcLinkAddData(self, state: str, kind: int, data: bytes, size: int, name: bytes,
-                          *rest: Any) -> tuple[int]:
+    def hiprtcLinkAddData(
+        self, state: str, kind: int, data: bytes, size: int, name: bytes, *rest: Any
+    ) -> tuple[int]:
         self.added.append((kind, data, name))
         return (0,)
 

@@ -2,8 +2,8 @@
 cuModuleGetGlobal / cuLibraryGetGlobal ask for (cuBLAS does at handle creation). The
 emulator's built-in module has one, `hipr_builtin_bias` (no `flag`); a backend gives the
 address and size, the session's copies may then name those bytes until the module is
-unloaded, and FREE refuses them. DEVICE_LIMIT (0x0107): cuCtxGetLimit's limit, read from the backend.
-A cuda worker answers both from its driver (scripts/cuda-gpu-check on the GPU host)."""
+unloaded, and FREE refuses them. DEVICE_LIMIT (0x0107): cuCtxGetLimit's limit, read from
+the backend. A cuda worker answers both from its driver (scripts/cuda-gpu-check on the GPU host)."""
 
 from __future__ import annotations
 

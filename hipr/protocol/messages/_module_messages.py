@@ -180,12 +180,11 @@ class ProgramCompile(Compile, Message):
     )
     include_names = field(
         "[text]",
-        "the name each of `headers` is included as (`#include \"name\"`), one per header",
+        'the name each of `headers` is included as (`#include "name"`), one per header',
         required=False,
         default="none",
         range="as many items as `headers`, of at most 1024 characters each",
     )
-
 
 
 @message(
