@@ -65,7 +65,8 @@ def _cuda_create(api: Any) -> tuple[Any, bytearray | None, bytearray | None]:
     ]
     try:
         err, state = api.cuLinkCreate(len(keys), keys, [info, _LOG_BYTES, errors, _LOG_BYTES])
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RuntimeError, AttributeError):
+        # A binding that takes no buffers for the log options: link without the logs.
         err, state = api.cuLinkCreate(0, [], [])
         info = errors = None
     if int(err):

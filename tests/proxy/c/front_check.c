@@ -2,7 +2,8 @@
  * stream's device, from C against a running worker (HIPR_URL). On the emulator (the
  * default): a compile and a link are refused with the worker's reason in the logs, and
  * every argument check holds; with two devices, a stream reports the device it was
- * created on whatever the calling thread's is. With FRONT_CHECK_GPU=1 (a cuda worker):
+ * created on whatever the calling thread's is; the built-in module's variable is found
+ * with hipModuleGetGlobal and copied to and from. With FRONT_CHECK_GPU=1 (a cuda worker):
  * two programs compiled with -fgpu-rdc (one including a header given to
  * hiprtcCreateProgram) are linked, as relocatable CUBINs and as PTX, loaded and launched;
  * a link missing a definition fails with the linker's log. Prints "ok". */
@@ -230,8 +231,11 @@ static void emulator_rtc(void) {
     EXPECT(hiprtcLinkComplete(empty, &image, &image_size) == RTC_INVALID_INPUT);
     EXPECT(hiprtcLinkDestroy(empty) == 0);
     EXPECT(hiprtcLinkCreate(1, NULL, NULL, &empty) == RTC_INVALID_INPUT);
+}
 
-    /* the built-in module's variable through hipModuleGetGlobal */
+/* The built-in module's variable through hipModuleGetGlobal (any worker: a GPU one
+ * compiles the built-in module, the emulator keeps the variable in its memory). */
+static void builtin_global(void) {
     hipModule_t mod = NULL;
     void *ptr = NULL;
     size_t bytes = 0;
@@ -290,6 +294,7 @@ static void stream_devices(void) {
 int main(void) {
     const char *gpu = getenv("FRONT_CHECK_GPU");
     stream_devices();
+    builtin_global();
     if (gpu && *gpu == '1')
         gpu_link();
     else
