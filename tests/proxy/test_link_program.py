@@ -11,9 +11,7 @@ from tests.proxy.link_program import PROGRAM
 
 
 def test_hip_python_and_hipr_link_alike(proxy_libs: None, worker_url: str) -> None:
-    proxied = run_python(
-        PROGRAM.replace("IMPORT", "from hip import hip, hiprtc"), url=worker_url
-    )
+    proxied = run_python(PROGRAM.replace("IMPORT", "from hip import hip, hiprtc"), url=worker_url)
     direct = run_python(
         PROGRAM.replace("IMPORT", "from hipr import hip, hiprtc"), url=worker_url, proxied=False
     )
