@@ -23,3 +23,24 @@ def test_hip_python_and_hipr_link_alike(proxy_libs: None, worker_url: str) -> No
     assert "link complete HIPRTC_ERROR_INTERNAL_ERROR -" in lines
     assert lines[-1] == "without helper True"
     assert "no device linker" in proxied.stderr
+
+
+HIP_LINK = r"""
+from hip import hiprtc
+from hipr.backends._link import hip_link
+from hipr.errors import HipError
+try:
+    hip_link(hiprtc, [(100, b"BC\xc0\xde" + bytes(60), "a.bc"), (1, b"//\n.version 8.0\n", "b")])
+except HipError as e:
+    print(e.details["rtc_result"], e.message.splitlines()[0])
+"""
+
+
+def test_the_hip_backends_link_calls_fit_hip_python(proxy_libs: None, worker_url: str) -> None:
+    """The hip backend's linker (hipr/backends/_link.py) calls hip-python's real hiprtc
+    bindings, here bound to the proxy's libhiprtc.so (no AMD GPU at hand): create, both
+    inputs added with their types and names, complete reached, the emulator's refusal
+    (HIPRTC_ERROR_INTERNAL_ERROR) raised as a HipError."""
+    result = run_python(HIP_LINK, url=worker_url)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "11 hiprtcLinkComplete failed: NVRTC_ERROR_INTERNAL_ERROR (11)"
