@@ -54,6 +54,7 @@ BACKEND_METHODS: tuple[str, ...] = (
     "event_query",
     "event_elapsed_ms",
     "compile",
+    "program_link",
     "module_load",
     "module_unload",
     "module_get_function",
