@@ -355,10 +355,20 @@ class EmulatorCore:
             self._allocated_bytes += size
         return base
 
-    def _insert(self, device: int, size: int) -> int:
+    def _insert(self, device: int, size: int, *, at_top: bool = False) -> int:
         """A zeroed allocation of ``size`` bytes on ``device``, placed and indexed (not
-        counted against the device's memory); called with the lock held."""
-        base = self._place(self._arenas[device], size)
+        counted against the device's memory); called with the lock held. ``at_top``:
+        taken off the top of the device's address range, which then ends below it, so
+        that the addresses allocations get are the same with it as without."""
+        arena = self._arenas[device]
+        if at_top:
+            span = align_up(size, PAGE_SIZE)
+            if arena.end - span < max(arena.next, arena.start + span):
+                raise fail(_E.hipErrorOutOfMemory, "no address range is left for a variable")
+            arena.end -= span
+            base = arena.end
+        else:
+            base = self._place(arena, size)
         try:
             # calloc underneath: untouched pages of a large allocation cost no RAM.
             buf = np.zeros(size, dtype=np.uint8)
@@ -372,7 +382,7 @@ class EmulatorCore:
         """Place a module's variables in its device's memory, zeroed, as a loader does;
         called with the lock held. They belong to the module (not counted as allocations)."""
         for name, (size, _) in variables.items():
-            module.globals[name] = (self._insert(module.device, size), size)
+            module.globals[name] = (self._insert(module.device, size, at_top=True), size)
 
     def _drop_module_variables(self, module: Module) -> None:
         """Free what :meth:`_module_variables` placed; called with the lock held."""
