@@ -350,19 +350,46 @@ class EmulatorCore:
                     f"malloc of {size} bytes on device {device}: only {free} of "
                     f"{self._total_memory} bytes are free",
                 )
-            base = self._place(arena, size)
-            try:
-                # calloc underneath: untouched pages of a large allocation cost no RAM.
-                buf = np.zeros(size, dtype=np.uint8)
-            except MemoryError:
-                raise fail(
-                    _E.hipErrorOutOfMemory, f"the host cannot back {size} more bytes"
-                ) from None
+            base = self._insert(device, size)
             arena.used += size
             self._allocated_bytes += size
-            self._allocations[base] = Allocation(device, base, size, buf)
-            bisect.insort(self._bases, base)
         return base
+
+    def _insert(self, device: int, size: int, *, at_top: bool = False) -> int:
+        """A zeroed allocation of ``size`` bytes on ``device``, placed and indexed (not
+        counted against the device's memory); called with the lock held. ``at_top``:
+        taken off the top of the device's address range, which then ends below it, so
+        that the addresses allocations get are the same with it as without."""
+        arena = self._arenas[device]
+        if at_top:
+            span = align_up(size, PAGE_SIZE)
+            if arena.end - span < max(arena.next, arena.start + span):
+                raise fail(_E.hipErrorOutOfMemory, "no address range is left for a variable")
+            arena.end -= span
+            base = arena.end
+        else:
+            base = self._place(arena, size)
+        try:
+            # calloc underneath: untouched pages of a large allocation cost no RAM.
+            buf = np.zeros(size, dtype=np.uint8)
+        except MemoryError:
+            raise fail(_E.hipErrorOutOfMemory, f"the host cannot back {size} more bytes") from None
+        self._allocations[base] = Allocation(device, base, size, buf)
+        bisect.insort(self._bases, base)
+        return base
+
+    def _module_variables(self, module: Module, variables: dict[str, tuple[int, str]]) -> None:
+        """Place a module's variables in its device's memory, zeroed, as a loader does;
+        called with the lock held. They belong to the module (not counted as allocations)."""
+        for name, (size, _) in variables.items():
+            module.globals[name] = (self._insert(module.device, size, at_top=True), size)
+
+    def _drop_module_variables(self, module: Module) -> None:
+        """Free what :meth:`_module_variables` placed; called with the lock held."""
+        for base, _ in module.globals.values():
+            if self._allocations.pop(base, None) is not None:
+                del self._bases[bisect.bisect_left(self._bases, base)]
+        module.globals.clear()
 
     def free(self, ptr: int) -> None:
         """Free an allocation by its base address; hipErrorInvalidValue for any other
@@ -558,8 +585,10 @@ class EmulatorCore:
     def stats(self) -> BackendStats:
         """Live resources across all devices and sessions."""
         with self._lock:
+            # Module variables are the modules', not allocations of a session.
+            variables = sum(len(m.globals) for m in self._modules)
             return BackendStats(
-                allocations=len(self._allocations),
+                allocations=len(self._allocations) - variables,
                 allocated_bytes=self._allocated_bytes,
                 streams=len(self._streams),
                 events=len(self._events),

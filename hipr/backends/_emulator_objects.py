@@ -62,12 +62,14 @@ class Event:
 
 
 class Module:
-    __slots__ = ("device", "functions", "kernels")
+    __slots__ = ("device", "functions", "globals", "kernels")
 
     def __init__(self, device: int, kernels: dict[str, BuiltinKernel]) -> None:
         self.device = device
         self.kernels = kernels
         self.functions: dict[str, Function] = {}
+        #: The module's variables: name -> (device address, size).
+        self.globals: dict[str, tuple[int, int]] = {}
 
     def __repr__(self) -> str:
         return f"<emulator module on device {self.device} at {id(self):#x}>"

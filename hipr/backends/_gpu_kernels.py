@@ -27,25 +27,49 @@ _MAX_PARAMS = 4096
 class GpuKernels(GpuCore):
     """The GPU backend's modules and kernels: compile (cached), load, launch."""
 
-    def compile(self, source: str, name: str, options: Sequence[str]) -> bytes:
+    def compile(
+        self,
+        source: str,
+        name: str,
+        options: Sequence[str],
+        headers: Sequence[tuple[str, str]] = (),
+    ) -> bytes:
         """HIP C++ to a code object for the current device with the runtime's compiler
         (NVRTC with a HIP prelude, or hiprtc); hipErrorInvalidSource with the compiler
-        log when the source is refused. Cached in-process by sha256 of (source,
-        effective options, arch)."""
+        log when the source is refused. ``headers``: ``(include name, contents)`` given
+        to the compiler as in-memory files. Cached in-process by sha256 of (source and
+        headers, effective options, arch)."""
         device = self._current()
         arch = self.device_properties(device).arch
         opts = self._rt.compile_options(options, arch)
-        key = CodeCache.key(source, opts, arch)
+        keyed = source
+        if headers:
+            # NUL never occurs in C++ source text: the pairs cannot run together.
+            keyed = "\0".join((source, *(f"{n}\0{t}" for n, t in headers)))
+        key = CodeCache.key(keyed, opts, arch)
         cached = self._code_cache.get(key)
         if cached is not None:
             return cached
-        image = self._compile_program(source, name, opts)
+        image = self._compile_program(source, name, opts, headers)
         self._code_cache.put(key, image)
         return image
 
-    def _compile_program(self, source: str, name: str, opts: list[str]) -> bytes:
+    def program_link(self, inputs: Sequence[tuple[int, bytes, str]]) -> tuple[bytes, str]:
+        """Link compiled inputs for the current device with the runtime's linker (cuLink*
+        on cuda, hiprtcLink* on hip); see :meth:`Backend.program_link`."""
+        self._current()
+        return self._rt.link(inputs)
+
+    def _compile_program(
+        self, source: str, name: str, opts: list[str], user_headers: Sequence[tuple[str, str]] = ()
+    ) -> bytes:
         rtc = self._rt.rtc_calls
         headers, includes = self._rt.program_headers()
+        # The program's own headers after the runtime's; one named as a runtime header
+        # (the cuda prelude's hip/hip_runtime.h) is the runtime's to give.
+        own = [(n.encode(), t.encode()) for n, t in user_headers if n.encode() not in includes]
+        headers = [*headers, *(t for _, t in own)]
+        includes = [*includes, *(n for n, _ in own)]
         prog = self._rt.rtc_call(
             rtc.create_program,
             source.encode(),
@@ -290,13 +314,13 @@ class GpuKernels(GpuCore):
     def module_global(self, module: Handle, name: str) -> tuple[int, int]:
         """A module's global variable: its device address and size in bytes;
         hipErrorNotFound when it has none of that name, hipErrorNotSupported where the
-        runtime adapter cannot tell (HIP for now)."""
+        runtime adapter cannot tell."""
         raw = live(module, GpuModule, "module")
         call = getattr(self._rt, "module_global", None)
         if call is None:
             raise HipError(
                 HipErrorCode.hipErrorNotSupported,
-                "module globals are served on cuda workers only",
+                f"the {self._rt.name} runtime adapter cannot give a module's globals",
             )
         self._current()
         ptr, size = call(raw, name)

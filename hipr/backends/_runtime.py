@@ -133,6 +133,11 @@ class Runtime(Protocol):
         """The parameter block of a kernel node whose arguments go through ``extra``."""
         ...
 
+    def link(self, inputs: Sequence[tuple[int, bytes, str]]) -> tuple[bytes, str]:
+        """Link ``(hiprtcJITInputType, code, name)`` inputs with the runtime's linker:
+        (the image, the information log); see ``Backend.program_link``."""
+        ...
+
     def copy_batch(
         self, dsts: Sequence[int], srcs: Sequence[int], sizes: Sequence[int], stream: Any
     ) -> None:
@@ -245,6 +250,10 @@ class RuntimeBase:
     ) -> None:
         """A runtime without :attr:`batch_copy_call` has none (the backend never asks)."""
         raise HipError(E.hipErrorNotSupported, f"the {self.name} runtime has no batch copy")
+
+    def link(self, inputs: Sequence[tuple[int, bytes, str]]) -> tuple[bytes, str]:
+        """A runtime without a linker adapter has none."""
+        raise HipError(E.hipErrorNotSupported, f"the {self.name} runtime has no device linker")
 
     def rtc_call(self, fn: str, *args: Any) -> Any:
         """Call compiler function ``fn``; raise its failure as HipError, return its

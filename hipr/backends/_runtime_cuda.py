@@ -19,6 +19,7 @@ from typing import Any
 from hipr.backends._callmap import CUDA_CALLS, NVRTC_CALLS, RuntimeConstants, resolve_constants
 from hipr.backends._errmap import cu_error, cu_result_name
 from hipr.backends._hipprops import cuda_attribute_lists, cuda_hip_props
+from hipr.backends._link import cuda_link
 from hipr.backends._runtime import RuntimeBase, cstr, import_bindings, with_default_target
 from hipr.backends.interface import DeviceProperties, Dim3
 from hipr.errors import HipError, HipErrorCode
@@ -109,9 +110,16 @@ _CU_SUCCESS = 0
 _CU_DRIVER_TOO_OLD = {34, 36, 803, 804}
 
 
+#: hiprtc's spellings of relocatable device code, as NVRTC spells them.
+_RDC = {
+    "-fgpu-rdc": "--relocatable-device-code=true",
+    "-fno-gpu-rdc": "--relocatable-device-code=false",
+}
+
+
 def nvrtc_options(options: Sequence[str], arch: str) -> list[str]:
-    """The NVRTC options for a compile: the user's, with ``--offload-arch=sm_XY``
-    translated, and ``--gpu-architecture=<arch>`` first unless they chose one."""
+    """The NVRTC options for a compile: the user's, with ``--offload-arch=sm_XY`` and
+    ``-fgpu-rdc`` translated, and ``--gpu-architecture=<arch>`` first unless they chose one."""
     out: list[str] = []
     has_arch = False
     for opt in options:
@@ -127,7 +135,8 @@ def nvrtc_options(options: Sequence[str], arch: str) -> list[str]:
             continue
         if opt.startswith(("--gpu-architecture", "-arch")):
             has_arch = True
-        out.append(opt)
+        # hiprtc's relocatable device code (for hiprtcLink*) is NVRTC's -rdc.
+        out.append(_RDC.get(opt, opt))
     return with_default_target(out, has_arch, f"--gpu-architecture={arch}")
 
 
@@ -360,6 +369,10 @@ class CudaRuntime(RuntimeBase):
         except ValueError:
             raise HipError(E.hipErrorUnsupportedLimit, f"unknown device limit {limit}") from None
         return int(self.call("cuCtxGetLimit", which))
+
+    def link(self, inputs: Sequence[tuple[int, bytes, str]]) -> tuple[bytes, str]:
+        """The driver's linker: cuLinkCreate, cuLinkAddData, cuLinkComplete."""
+        return cuda_link(self.api, inputs)
 
     def module_global(self, module: Any, name: str) -> tuple[int, int]:
         """``cuModuleGetGlobal``: the variable's address and size."""

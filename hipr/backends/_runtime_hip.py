@@ -20,6 +20,7 @@ from typing import Any
 from hipr.backends._callmap import HIP_CALLS, HIPRTC_CALLS, RuntimeConstants, resolve_constants
 from hipr.backends._errmap import hip_error_name
 from hipr.backends._hipprops import struct_hip_props
+from hipr.backends._link import hip_link
 from hipr.backends._runtime import RuntimeBase, cstr, import_bindings, with_default_target
 from hipr.backends.interface import DeviceProperties, Dim3
 from hipr.backends.sticky import STICKY_HIP_CODES, mark_sticky
@@ -152,6 +153,15 @@ class HipRuntime(RuntimeBase):
     def program_headers(self) -> tuple[list[bytes], list[bytes]]:
         """None: hiprtc ships hip/hip_runtime.h itself."""
         return [], []
+
+    def link(self, inputs: Sequence[tuple[int, bytes, str]]) -> tuple[bytes, str]:
+        """hiprtc's linker: hiprtcLinkCreate, hiprtcLinkAddData, hiprtcLinkComplete."""
+        return hip_link(self.rtc_api, inputs)
+
+    def module_global(self, module: Any, name: str) -> tuple[int, int]:
+        """``hipModuleGetGlobal``: the variable's address and size."""
+        ptr, size = self.call("hipModuleGetGlobal", module, name.encode())
+        return int(ptr), int(size)
 
     def output_buffer(self, size: int) -> bytearray:
         """A bytearray, which hip-python fills in place."""

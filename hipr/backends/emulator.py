@@ -48,7 +48,7 @@ from hipr.backends._emulator_objects import (
 )
 from hipr.backends.interface import Dim3, Handle
 from hipr.errors import HipError, HipErrorCode
-from hipr.kernels.builtins import BUILTINS
+from hipr.kernels.builtins import BUILTIN_GLOBALS, BUILTINS
 from hipr.kernels.builtins_numpy import (
     NUMPY_KERNELS,
     KernelFault,
@@ -157,12 +157,26 @@ class EmulatorBackend(EmulatorCore):
 
     # --- modules and kernels ------------------------------------------------------------
 
-    def compile(self, source: str, name: str, options: Sequence[str]) -> bytes:
+    def compile(
+        self,
+        source: str,
+        name: str,
+        options: Sequence[str],
+        headers: Sequence[tuple[str, str]] = (),
+    ) -> bytes:
         """Always hipErrorNotSupported: there is no device compiler in the emulator."""
         raise fail(
             _E.hipErrorNotSupported,
             "the emulator has no device compiler; use gpu.builtin(...) kernels "
             f"({', '.join(BUILTINS)}) or a worker with a GPU backend",
+        )
+
+    def program_link(self, inputs: Sequence[tuple[int, bytes, str]]) -> tuple[bytes, str]:
+        """Always hipErrorNotSupported: there is no device linker in the emulator."""
+        raise fail(
+            _E.hipErrorNotSupported,
+            f"the emulator has no device linker (asked to link {len(inputs)} inputs): "
+            "link on a worker with a GPU backend (cuda: cuLink*, hip: hiprtcLink*)",
         )
 
     def module_load(self, image: bytes) -> Module:
@@ -178,6 +192,7 @@ class EmulatorBackend(EmulatorCore):
         m = self._module(module)
         with self._lock:
             self._modules.discard(m)
+            self._drop_module_variables(m)
 
     def module_get_function(self, module: Handle, name: str) -> Function:
         """The kernel ``name`` of ``module``; hipErrorNotFound when absent."""
@@ -204,9 +219,23 @@ class EmulatorBackend(EmulatorCore):
             module = self._builtin.get(device)
             if module is None or module not in self._modules:
                 kernels = {**BUILTINS, SPIN_KERNEL.name: SPIN_KERNEL}
-                module = self._builtin[device] = Module(device, kernels)
+                module = Module(device, kernels)
+                self._module_variables(module, BUILTIN_GLOBALS)
+                self._builtin[device] = module
                 self._modules.add(module)
         return module
+
+    def module_global(self, module: Handle, name: str) -> tuple[int, int]:
+        """A module's variable (the built-in module's :data:`BUILTIN_GLOBALS`): its device
+        address and size; hipErrorNotFound when the module has none of that name."""
+        m = self._module(module)
+        found = m.globals.get(name)
+        if found is None:
+            raise fail(
+                _E.hipErrorNotFound,
+                f"no variable {name!r} in the module; it has {', '.join(m.globals) or 'none'}",
+            )
+        return found
 
     def function_params(self, function: Handle) -> list[tuple[int, int, bool]]:
         """The built-in kernel's parameters as its C signature lays them out."""
@@ -261,7 +290,10 @@ class EmulatorBackend(EmulatorCore):
             # teardown; a process that ends takes it along), as a spinning GPU kernel.
             spin_until_flag(view, op.values, lambda: self._closed)
             return
-        NUMPY_KERNELS[op.function.kernel.name](view, op.values, op.grid, op.block, op.shared_mem)
+        kernel, module = op.function.kernel, op.function.module
+        # A kernel's module variables follow its arguments (BuiltinKernel.reads).
+        values = (*op.values, *(module.globals[name][0] for name in kernel.reads))
+        NUMPY_KERNELS[kernel.name](view, values, op.grid, op.block, op.shared_mem)
 
     def launch(
         self,

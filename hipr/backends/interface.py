@@ -188,9 +188,25 @@ class Backend(Protocol):
         ...
 
     # --- modules and kernels ----------------------------------------------------------
-    def compile(self, source: str, name: str, options: Sequence[str]) -> bytes:
+    def compile(
+        self,
+        source: str,
+        name: str,
+        options: Sequence[str],
+        headers: Sequence[tuple[str, str]] = (),
+    ) -> bytes:
         """Compile HIP C++ source for the current device; a compile error raises
-        HipError (hipErrorInvalidSource) whose message carries the compiler log."""
+        HipError (hipErrorInvalidSource) whose message carries the compiler log.
+        ``headers`` are ``(include name, contents)`` pairs the source may ``#include``
+        (hiprtcCreateProgram's headers)."""
+        ...
+
+    def program_link(self, inputs: Sequence[tuple[int, bytes, str]]) -> tuple[bytes, str]:
+        """Link ``(hiprtcJITInputType, code, name)`` inputs (relocatable code of a
+        ``-fgpu-rdc`` compile, PTX, CUBINs, ...) for the current device with the runtime's
+        linker: (the loadable image, the linker's information log). A link error raises
+        HipError with ``rtc_result`` HIPRTC_ERROR_LINKING and the error log;
+        hipErrorNotSupported where the backend has no linker."""
         ...
 
     def module_load(self, image: bytes) -> Handle:

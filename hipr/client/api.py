@@ -278,18 +278,40 @@ class AsyncGpu:
         return Module(self, result["module"])
 
     async def compile_code(
-        self, source: str, name: str = "kernel.hip", options: list[str] | tuple[str, ...] = ()
+        self,
+        source: str,
+        name: str = "kernel.hip",
+        options: list[str] | tuple[str, ...] = (),
+        headers: dict[str, str] | None = None,
     ) -> bytes:
         """Compile HIP C++ source on the worker and return its code object, unloaded (for
         :meth:`module_load`, as hiprtc gives it); a compile error raises HipError whose
-        message carries the compiler's log."""
+        message carries the compiler's log. ``headers`` maps include names to contents
+        the source may ``#include`` (hiprtcCreateProgram's headers)."""
+        args: dict[str, Any] = {"source": source, "name": name, "options": list(options)}
+        if headers:
+            args["include_names"] = list(headers)
+            args["headers"] = list(headers.values())
         sink = _Collect()
-        await self._conn.request(
-            Opcode.PROGRAM_COMPILE,
-            {"source": source, "name": name, "options": list(options)},
-            sink=sink,
-        )
+        await self._conn.request(Opcode.PROGRAM_COMPILE, args, sink=sink)
         return sink.data()
+
+    async def link_code(self, inputs: list[tuple[int, bytes, str]]) -> tuple[bytes, str]:
+        """Link compiled device code on the worker (its runtime's linker: cuLink* on
+        NVIDIA, hiprtcLink* on AMD): ``(hiprtcJITInputType, code, name)`` inputs, such as
+        the code objects of ``-fgpu-rdc`` compiles. (the linked image for
+        :meth:`module_load`, the linker's log); a link error raises HipError with
+        ``rtc_result`` HIPRTC_ERROR_LINKING and the linker's error log."""
+        args = {
+            "kinds": [int(kind) for kind, _, _ in inputs],
+            "sizes": [len(code) for _, code, _ in inputs],
+            "names": [name for _, _, name in inputs],
+        }
+        sink = _Collect()
+        reply, _ = await self._conn.request(
+            Opcode.PROGRAM_LINK, args, b"".join(bytes(code) for _, code, _ in inputs), sink=sink
+        )
+        return sink.data(), str(reply.get("log", ""))
 
     async def module_load(self, image: Buffer) -> Module:
         """Load a code object (HSACO on AMD, CUBIN or PTX on NVIDIA). One of at least

@@ -624,6 +624,13 @@ class AsyncMultiGpu:
         (load it on any worker with :meth:`module_load`)."""
         return bytes(await self._do("compile_code", source, *a, **kw))
 
+    async def link_code(self, inputs: Any, **kw: Any) -> tuple[bytes, str]:
+        """Link compiled device code on the current device's worker: (the image, the
+        linker's log); load the image on that worker's kind of GPU with
+        :meth:`module_load`."""
+        image, log = await self._do("link_code", inputs, **kw)
+        return bytes(image), str(log)
+
     async def module_load(self, image: Any, **kw: Any) -> AsyncWorkerHandle:
         """Load a code object on the current device's worker."""
         result: AsyncWorkerHandle = await self._do("module_load", image, **kw)

@@ -1,11 +1,13 @@
 """hip-python's ``hiprtc`` functions: run-time compilation on the worker.
 
-A program is kept here until ``hiprtcCompileProgram`` sends its source (headers inlined)
-and options to the worker, which compiles it with its backend's compiler (hiprtc on AMD,
+A program is kept here until ``hiprtcCompileProgram`` sends its source, headers and
+options to the worker, which compiles it with its backend's compiler (hiprtc on AMD,
 NVRTC with a HIP prelude on NVIDIA) and sends the code object back; ``hiprtcGetCode``
-hands it out for ``hipModuleLoadData``. Options written for AMD that name an AMD target
-(``--offload-arch=gfx942``) are dropped on an NVIDIA worker, which compiles for its own
-device, so a program that passes its device's ``gcnArchName`` back compiles on either.
+hands it out for ``hipModuleLoadData``; ``hiprtcLink*`` link such code objects (from
+``-fgpu-rdc`` compiles) on the worker with its runtime's linker. Options written for AMD
+that name an AMD target (``--offload-arch=gfx942``) are dropped on an NVIDIA worker,
+which compiles for its own device, so a program that passes its device's ``gcnArchName``
+back compiles on either.
 """
 
 from __future__ import annotations
@@ -86,31 +88,6 @@ def _program(prog: Any) -> hiprtcProgram:
     )
 
 
-_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]([^>"]+)[>"][^\n]*$', re.M)
-
-
-def _inline_headers(source: str, headers: dict[str, str]) -> str:
-    """The source with ``#include``s of the program's own headers replaced by their text
-    (the wire carries one source), each header once."""
-    if not headers:
-        return source
-    seen: set[str] = set()
-
-    def expand(text: str) -> str:
-        def one(match: re.Match[str]) -> str:
-            name = match.group(1)
-            if name not in headers:
-                return match.group(0)
-            if name in seen:
-                return ""
-            seen.add(name)
-            return f"// begin {name}\n{expand(headers[name])}\n// end {name}"
-
-        return _INCLUDE.sub(one, text)
-
-    return expand(source)
-
-
 _AMD_TARGET = re.compile(r"^(--offload-arch|--amdgpu-target|-mcpu)=gfx", re.I)
 
 
@@ -151,8 +128,9 @@ def hiprtcCompileProgram(prog: Any, numOptions: int = 0, options: Any = None) ->
     opts = _options(list(options or [])[: int(numOptions)], backend)
     program.code, program.log = None, ""
     try:
+        # The headers travel beside the source; the worker's compiler includes them.
         program.code = gpu.compile_code(
-            _inline_headers(program.source, program.headers), program.name, opts
+            program.source, program.name, opts, headers=program.headers or None
         )
     except HipError as exc:
         # The compiler's log follows the first line of the message (see rtc_error).
@@ -209,6 +187,124 @@ def hiprtcGetErrorString(result: Any) -> tuple[Any, ...]:
 def hiprtcVersion() -> tuple[Any, ...]:
     """(result, major, minor) of the hiprtc API the facade follows."""
     return HIPRTC_SUCCESS, VERSION[0], VERSION[1]
+
+
+@_api
+def hiprtcGetBitcodeSize(prog: Any) -> tuple[Any, ...]:
+    """(result, bytes of the code a ``-fgpu-rdc`` compile gives for linking: LLVM bitcode
+    on an AMD worker, a relocatable CUBIN (or PTX) on an NVIDIA one, as hiprtc there)."""
+    return HIPRTC_SUCCESS, len(_compiled(prog))
+
+
+@_api
+def hiprtcGetBitcode(prog: Any, bitcode: Any) -> tuple[Any, ...]:
+    """Write that code into ``bitcode`` (a bytearray of its size)."""
+    _fill(bitcode, _compiled(prog))
+    return (HIPRTC_SUCCESS,)
+
+
+class hiprtcLinkState:  # hip-python's name (its class is ihiprtcLinkState)
+    """A link in progress: the inputs added so far, linked on the worker by
+    ``hiprtcLinkComplete``, which keeps the image here until ``hiprtcLinkDestroy``."""
+
+    def __init__(self) -> None:
+        self.inputs: list[tuple[int, bytes, str]] = []
+        self.image: bytes | None = None
+        self.log = ""
+        self.destroyed = False
+
+    def __repr__(self) -> str:
+        return f"<hiprtcLinkState of {len(self.inputs)} inputs>"
+
+
+def _link(state: Any) -> hiprtcLinkState:
+    if isinstance(state, hiprtcLinkState) and not state.destroyed:
+        return state
+    raise invalid_value(f"expected a live hiprtcLinkState, got {state!r}")
+
+
+def _input(state: Any, input_type: Any, data: bytes, name: Any) -> None:
+    link = _link(state)
+    kind = int(input_type)
+    if kind not in _LINK_KINDS:
+        raise invalid_value(f"input type {kind} is not a hiprtcJITInputType the worker links")
+    if not data:
+        raise invalid_value("a link input cannot be empty")
+    link.inputs.append((kind, data, _text(name) if name else f"input{len(link.inputs)}"))
+
+
+#: hiprtcJITInputType values the worker links (PROGRAM_LINK's kinds).
+_LINK_KINDS = frozenset({0, 1, 2, 3, 4, 5, 100, 101, 102})
+
+
+@_api
+def hiprtcLinkCreate(
+    num_options: int = 0, option_ptr: Any = None, option_vals_pptr: Any = None
+) -> tuple[Any, ...]:
+    """(result, link state). Options are the worker's linker's to choose (none are sent)."""
+    return HIPRTC_SUCCESS, hiprtcLinkState()
+
+
+@_api
+def hiprtcLinkAddData(
+    hip_link_state: Any,
+    input_type: Any,
+    image: Any,
+    image_size: int,
+    name: Any = None,
+    num_options: int = 0,
+    options_ptr: Any = None,
+    option_values: Any = None,
+) -> tuple[Any, ...]:
+    """Add ``image_size`` bytes of ``image`` (bytes, a bytearray from hiprtcGetBitcode or
+    hiprtcGetCode) as an input of type ``input_type`` (hiprtcJITInputType)."""
+    try:
+        view = memoryview(image).cast("B")
+    except TypeError:
+        raise invalid_value(f"{type(image).__name__} is not a buffer") from None
+    if not 0 < int(image_size) <= view.nbytes:
+        raise invalid_value(f"image_size {image_size} is not within the {view.nbytes}-byte image")
+    _input(hip_link_state, input_type, bytes(view[: int(image_size)]), name)
+    return (HIPRTC_SUCCESS,)
+
+
+@_api
+def hiprtcLinkAddFile(
+    hip_link_state: Any,
+    input_type: Any,
+    file_path: Any,
+    num_options: int = 0,
+    options_ptr: Any = None,
+    option_values: Any = None,
+) -> tuple[Any, ...]:
+    """Add a file of this machine (read here; its bytes go to the worker)."""
+    path = _text(file_path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise invalid_value(f"cannot read {path}: {exc.strerror}") from None
+    _input(hip_link_state, input_type, data, path.rsplit("/", 1)[-1])
+    return (HIPRTC_SUCCESS,)
+
+
+@_api
+def hiprtcLinkComplete(hip_link_state: Any) -> tuple[Any, ...]:
+    """(result, the linked image as bytes for hipModuleLoadData, its size). A failed link
+    returns HIPRTC_ERROR_LINKING (the linker's log is in the error's message)."""
+    link = _link(hip_link_state)
+    if not link.inputs:
+        raise invalid_value("the link has no inputs")
+    link.image, link.log = session.gpu().link_code(list(link.inputs))
+    return HIPRTC_SUCCESS, link.image, len(link.image)
+
+
+@_api
+def hiprtcLinkDestroy(hip_link_state: Any) -> tuple[Any, ...]:
+    """Forget a link state and its image."""
+    link = _link(hip_link_state)
+    link.destroyed, link.inputs, link.image = True, [], None
+    return (HIPRTC_SUCCESS,)
 
 
 def _compiled(prog: Any) -> bytes:

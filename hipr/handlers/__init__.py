@@ -10,6 +10,7 @@ from hipr.handlers import (  # noqa: F401  (imported for their registrations)
     memory,
     module,
     module_globals,
+    program_link,
     session_ops,
     stream,
 )

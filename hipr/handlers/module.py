@@ -21,6 +21,7 @@ from hipr.handlers.context import (
     run_batch,
     run_ordered,
 )
+from hipr.handlers.program_link import program_headers
 from hipr.handlers.registry import LATER, answers_now, handler
 from hipr.protocol import messages as m
 from hipr.protocol.opcodes import OpcodeRange
@@ -84,11 +85,17 @@ async def module_compile(session: Session, request: Request) -> Any:
 
 @handler(m.ProgramCompile)
 async def program_compile(session: Session, request: Request) -> Any:
-    """``{source, name?, options?}`` -> ``{size}`` and the code object as bulk bytes (REPLY|MORE
-    chunks for a large one): compile HIP C++ on the worker without loading it, as hiprtc does.
-    The image loads with MODULE_LOAD. A compile error's message carries the compiler log."""
+    """``{source, name?, options?, headers?, include_names?}`` -> ``{size}`` and the code
+    object as bulk bytes (REPLY|MORE chunks for a large one): compile HIP C++ on the worker
+    without loading it, as hiprtc does; the program's own headers go to the compiler as
+    in-memory files. The image loads with MODULE_LOAD. A compile error's message carries
+    the compiler log."""
     source, name, options = _compile_args(request)
-    image = memoryview(await session.gpu(session.backend.compile, source, name, options))
+    compile_: Callable[..., Any] = session.backend.compile
+    if headers := program_headers(request):
+        # Only when given: a backend written before headers keeps working.
+        compile_ = partial(compile_, headers=headers)
+    image = memoryview(await session.gpu(compile_, source, name, options))
     # Whole chunks first, so no frame is larger than a copy's.
     while image.nbytes > CODE_CHUNK:
         await request.send_chunk(image[:CODE_CHUNK])

@@ -61,6 +61,8 @@ class BuiltinKernel:
     doc: str
     #: ``shared_mem`` must be at least this many bytes times ``block.x``.
     shared_bytes_per_thread: int = 0
+    #: The module's variables (:data:`BUILTIN_GLOBALS`) the kernel reads.
+    reads: tuple[str, ...] = ()
 
     @property
     def arg_kinds(self) -> tuple[ArgKind, ...]:
@@ -164,6 +166,14 @@ BUILTINS: dict[str, BuiltinKernel] = {
             "(float64 out; proves every argument width and alignment arrives intact)",
         ),
         BuiltinKernel(
+            "add_bias_f32",
+            (("x", "ptr"), ("n", "u64")),
+            "x[i] += hipr_builtin_bias for i < n: the module's `__device__ float` variable "
+            "(0 when loaded), set with hipMemcpyToSymbol / MODULE_GET_GLOBAL. The built-in "
+            "module is shared by the worker process's sessions, and so is this variable",
+            reads=("hipr_builtin_bias",),
+        ),
+        BuiltinKernel(
             "copy_from_address_u8",
             (("out", "ptr"), ("address", "u64"), ("n", "u64")),
             "out[i] = ((const uint8_t*)address)[i] for i < n: a raw read of an address "
@@ -172,6 +182,13 @@ BUILTINS: dict[str, BuiltinKernel] = {
             "poisons the context, on a GPU and on the emulator alike",
         ),
     )
+}
+
+
+#: The built-in module's variables: name -> (size in bytes, what it is). The emulator
+#: keeps them in its device memory as a GPU keeps a module's globals.
+BUILTIN_GLOBALS: dict[str, tuple[int, str]] = {
+    "hipr_builtin_bias": (4, "`__device__ float`, 0 when the module loads: what add_bias_f32 adds"),
 }
 
 
@@ -226,6 +243,8 @@ struct ProbeStruct { signed char a; double b; short c; };
   for (unsigned long long i = (unsigned long long)hipBlockIdx_x * hipBlockDim_x + hipThreadIdx_x; \
        i < (n); i += (unsigned long long)hipBlockDim_x * hipGridDim_x)
 
+__device__ float hipr_builtin_bias = 0.0f;
+
 extern "C" __global__ void fill_f32(float* out, float value, unsigned long long n) {
   HIPR_GRID_STRIDE(i, n) out[i] = value;
 }
@@ -254,6 +273,10 @@ extern "C" __global__ void reduce_sum_f32(float* out, const float* x, unsigned l
     __syncthreads();
   }
   if (hipThreadIdx_x == 0) atomicAdd(out, partial[0]);
+}
+
+extern "C" __global__ void add_bias_f32(float* x, unsigned long long n) {
+  HIPR_GRID_STRIDE(i, n) x[i] += hipr_builtin_bias;
 }
 
 extern "C" __global__ void copy_from_address_u8(unsigned char* out, unsigned long long address,

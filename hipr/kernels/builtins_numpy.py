@@ -145,7 +145,16 @@ def spin_until_flag(view: View, args: tuple[Any, ...], stopped: Callable[[], boo
     raise KernelFault("the context was torn down while the kernel ran")
 
 
+def _k_add_bias_f32(view: View, args: tuple[Any, ...], grid: Dim3, block: Dim3, shm: int) -> None:
+    # The module's variables come after the kernel's own arguments (BuiltinKernel.reads).
+    x_ptr, n, bias_ptr = args
+    if n:
+        x = view(x_ptr, np.float32, n)
+        np.add(x, view(bias_ptr, np.float32, 1)[0], out=x)
+
+
 NUMPY_KERNELS: Final[dict[str, KernelImpl]] = {
+    "add_bias_f32": _k_add_bias_f32,
     "fill_f32": _k_fill_f32,
     "scale_f32": _k_scale_f32,
     "axpy_f32": _k_axpy_f32,

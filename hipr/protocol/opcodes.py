@@ -91,6 +91,8 @@ class Opcode(IntEnum):
     #: A loaded module's global variable (address and size), for the CUDA proxy's
     #: cuModuleGetGlobal / cuLibraryGetGlobal; copies may then name it.
     MODULE_GET_GLOBAL = 0x050B
+    #: Link compiled device code (hiprtcLink* / cuLink*) into one loadable image.
+    PROGRAM_LINK = 0x050C
     LAUNCH_KERNEL = 0x0510
     #: Protocol 1.1: launches of one kernel configuration, one argument buffer each.
     LAUNCH_KERNELS = 0x0511

@@ -32,7 +32,16 @@ CORE_SOURCES = (
     "launch_extra.c",
     "module_send.c",
 )
-HIP_SOURCES = (*CORE_SOURCES, "hip_front.c", "hip_extras.c", "hipcc.c", "modules.c", "stubs.c")
+HIP_SOURCES = (
+    *CORE_SOURCES,
+    "hip_front.c",
+    "hip_extras.c",
+    "hipcc.c",
+    "modules.c",
+    "stubs.c",
+    "stream_devices.c",
+    "hip_symbols.c",
+)
 #: cborx.c again: its helpers are private to each library.
 RTC_SOURCES = ("hiprtc_front.c", "cborx.c")
 WARNINGS = ("-Wall", "-Wextra", "-Werror")

@@ -12,7 +12,7 @@ END = "<!-- END GENERATED: proxy coverage -->"
 
 #: Sources of each library's exported functions.
 _SERVED = {
-    "libamdhip64.so": ("hip_front.c", "hip_extras.c", "hipcc.c", "modules.c"),
+    "libamdhip64.so": ("hip_front.c", "hip_extras.c", "hipcc.c", "modules.c", "hip_symbols.c"),
     "libhiprtc.so": ("hiprtc_front.c",),
 }
 _API = re.compile(r"^API [^(]*?\b((?:hip|__hip)\w+)\(", re.M)

@@ -54,6 +54,7 @@ BACKEND_METHODS: tuple[str, ...] = (
     "event_query",
     "event_elapsed_ms",
     "compile",
+    "program_link",
     "module_load",
     "module_unload",
     "module_get_function",
@@ -327,9 +328,22 @@ class FaultBackend:
         return self._call("event_elapsed_ms", self.inner.event_elapsed_ms, start, end)
 
     # --- modules and kernels -----------------------------------------------------------------
-    def compile(self, source: str, name: str, options: Sequence[str]) -> bytes:
+    def compile(
+        self,
+        source: str,
+        name: str,
+        options: Sequence[str],
+        headers: Sequence[tuple[str, str]] = (),
+    ) -> bytes:
         """See :meth:`Backend.compile`."""
+        if headers:
+            return self._call("compile", self.inner.compile, source, name, options, headers)
         return self._call("compile", self.inner.compile, source, name, options)
+
+    def program_link(self, inputs: Sequence[tuple[int, bytes, str]]) -> tuple[bytes, str]:
+        """See :meth:`Backend.program_link`."""
+        result: tuple[bytes, str] = self._call("program_link", self.inner.program_link, inputs)
+        return result
 
     def module_load(self, image: bytes) -> Handle:
         """See :meth:`Backend.module_load`."""

@@ -656,14 +656,17 @@ class FuzzCampaign:
 def placed(options: FuzzOptions, backend: Backend) -> FuzzOptions:
     """``options`` with the devices and kernel policy settled for ``backend``: the good
     client on the asked device or the last one; fuzz sessions kept off it when there are
-    others; fuzzed kernels wild only on the emulator unless asked."""
+    others; fuzzed kernels wild only on the emulator, and only where the fuzz sessions
+    have a device of their own, unless asked."""
     count = backend.device_count()
     good = count - 1 if options.good_device is None else options.good_device
     if not 0 <= good < count:
         raise ValueError(f"the good client's device {good} does not exist ({count} visible)")
     kernel_faults = options.kernel_faults
     if kernel_faults is None:
-        kernel_faults = isinstance(backend, EmulatorBackend)
+        # A kernel fault is the whole device's (the emulator's as a GPU's): a wild kernel
+        # on the good client's device would fail the good client's calls too.
+        kernel_faults = isinstance(backend, EmulatorBackend) and count > 1
     return dataclasses.replace(
         options,
         good_device=good,

@@ -35,19 +35,41 @@ from hipr.worker.server import running_worker
 BACKEND = os.environ.get("HIPR_TEST_BACKEND", "emulator")
 _IMAGE = b"HIPR-EMULATED-CODE-OBJECT\0"
 HIPRTC_ERROR_COMPILATION = 6
+HIPRTC_ERROR_LINKING = 100
 
 
 class CompilingEmulator(emu.EmulatorBackend):
     """The emulator with a stand-in compiler for sources made of built-in kernels."""
 
-    def compile(self, source: str, name: str, options: Sequence[str]) -> bytes:
-        """``#error text`` fails as a compiler would, with a log; anything else "compiles"."""
+    def compile(
+        self,
+        source: str,
+        name: str,
+        options: Sequence[str],
+        headers: Sequence[tuple[str, str]] = (),
+    ) -> bytes:
+        """``#error text`` fails as a compiler would, with a log, and so does an
+        ``#include "name"`` of a header the program did not give; anything else
+        "compiles"."""
+        given = {n for n, _ in headers}
+        for missing in re.findall(r'^\s*#\s*include\s*"([^"]+)"', source, re.M):
+            if missing not in given:
+                log = f"{name}:1:10: fatal error: '{missing}' file not found"
+                raise rtc_error(HIPRTC_ERROR_COMPILATION, "hiprtcCompileProgram", log)
         failed = re.search(r"^\s*#error\s+(.*)$", source, re.M)
         if failed:
             line = source[: failed.start()].count("\n") + 1
             log = f'{name}:{line}:2: error: "{failed.group(1)}"'
             raise rtc_error(HIPRTC_ERROR_COMPILATION, "hiprtcCompileProgram", log)
         return _IMAGE + ",".join(options).encode()
+
+    def program_link(self, inputs: Sequence[tuple[int, bytes, str]]) -> tuple[bytes, str]:
+        """Images from :meth:`compile` link into one (which loads as they do); anything
+        else fails as a linker would."""
+        for _, code, name in inputs:
+            if not code.startswith(_IMAGE):
+                raise rtc_error(HIPRTC_ERROR_LINKING, "hiprtcLinkComplete", f"{name}: not code")
+        return _IMAGE + b"linked:" + b",".join(n.encode() for _, _, n in inputs), "2 inputs"
 
     def module_load(self, image: bytes) -> Module:
         """Images from :meth:`compile` load as a fresh module of the built-in kernels."""

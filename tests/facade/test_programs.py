@@ -228,7 +228,7 @@ def test_compile_error_carries_its_log(facade: FacadeTarget) -> None:
     )
 
 
-def test_headers_are_inlined(facade: FacadeTarget) -> None:
+def test_headers_travel_to_the_worker(facade: FacadeTarget) -> None:
     header = b"#define SCALE_ARG float a\n"
     source = KERNELS.replace(
         b"float a, unsigned long long n) {\n  for", b"SCALE_ARG, unsigned long long n) {\n  for", 1
@@ -237,6 +237,10 @@ def test_headers_are_inlined(facade: FacadeTarget) -> None:
     prog = hip_check(hiprtc.hiprtcCreateProgram(source, b"h.hip", 1, [header], [b"scale.h"]))
     hip_check(hiprtc.hiprtcCompileProgram(prog, 0, []))
     assert hip_check(hiprtc.hiprtcGetCodeSize(prog)) > 0  # type: ignore[operator]
+    # Without the header the worker's compiler cannot find it.
+    bare = hip_check(hiprtc.hiprtcCreateProgram(source, b"h.hip", 0, [], []))
+    failed = hiprtc.hiprtcCompileProgram(bare, 0, [])[0]
+    assert failed == hiprtc.hiprtcResult.HIPRTC_ERROR_COMPILATION
 
 
 def test_unsupported_call_inside_a_program_fails_with_its_name(facade: FacadeTarget) -> None:

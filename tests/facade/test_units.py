@@ -145,16 +145,16 @@ def test_unsupported_function_keeps_its_tuple_shape_and_names_itself() -> None:
         warnings.simplefilter("always")
         err, ptr = hip.hipExtMallocWithFlags(1024, 1)
         (err2,) = hip.hipDeviceReset()
-        err3, state = hiprtc.hiprtcLinkCreate(0, None, None)
+        err3, lowered = hiprtc.hiprtcGetLoweredName(None, b"kernel<int>")
     assert err == err2 == hip.hipError_t.hipErrorNotSupported and ptr is None
-    assert "hiprtcLinkCreate" in hip.last_error_message()
+    assert "hiprtcGetLoweredName" in hip.last_error_message()
     assert any("hipExtMallocWithFlags" in str(w.message) for w in caught)
     assert hip.hipPeekAtLastError() == (hip.hipError_t.hipErrorNotSupported,)
     assert hip.hipGetLastError() == (hip.hipError_t.hipErrorNotSupported,)
     assert hip.hipGetLastError() == (hip.hipError_t.hipSuccess,)
     assert "hipDeviceReset" not in hip.SUPPORTED and "hipMalloc" in hip.SUPPORTED
     assert "hiprtcCompileProgram" in hip.SUPPORTED
-    assert err3 == hip.hipError_t.hipErrorNotSupported and state is None
+    assert err3 == hip.hipError_t.hipErrorNotSupported and lowered is None
 
 
 def test_unsupported_struct_refuses_construction_and_unknown_names_raise() -> None:

@@ -37,8 +37,13 @@ def test_the_good_client_goes_where_the_worker_has_a_device() -> None:
 
 
 def test_fuzzed_kernels_stay_wild_only_where_faults_are_their_own() -> None:
-    assert placed(FuzzOptions(), EmulatorBackend()).kernel_faults is True
-    assert placed(FuzzOptions(kernel_faults=False), EmulatorBackend()).kernel_faults is False
+    two = EmulatorBackend(device_count=2)
+    assert placed(FuzzOptions(), two).kernel_faults is True
+    assert placed(FuzzOptions(kernel_faults=False), two).kernel_faults is False
+    # One device: a fuzzed kernel's fault would be the good client's too (it is the
+    # device's), so the kernels are tame unless asked.
+    assert placed(FuzzOptions(), EmulatorBackend()).kernel_faults is False
+    assert placed(FuzzOptions(kernel_faults=True), EmulatorBackend()).kernel_faults is True
 
 
 @pytest.mark.anyio

@@ -1,9 +1,9 @@
 """MODULE_GET_GLOBAL (0x050B): a loaded module's global variable, which the CUDA proxy's
 cuModuleGetGlobal / cuLibraryGetGlobal ask for (cuBLAS does at handle creation). The
-emulator has none (hipErrorNotSupported); a backend that has them gives the address and
-size, the session's copies may then name those bytes until the module is unloaded, and
-FREE refuses them. DEVICE_LIMIT (0x0107): cuCtxGetLimit's limit, read from the backend.
-A cuda worker answers both from its driver (scripts/cuda-gpu-check on the GPU host)."""
+emulator's built-in module has one, `hipr_builtin_bias` (no `flag`); a backend gives the
+address and size, the session's copies may then name those bytes until the module is
+unloaded, and FREE refuses them. DEVICE_LIMIT (0x0107): cuCtxGetLimit's limit, read from
+the backend. A cuda worker answers both from its driver (scripts/cuda-gpu-check on the GPU host)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ async def _refused(client: RawClient, opcode: int, args: Any, bulk: bytes = b"")
     return int(info.value.code)
 
 
-async def test_the_emulator_has_no_globals(anyio_backend: str) -> None:
+async def test_the_emulator_has_only_the_builtin_variable(anyio_backend: str) -> None:
     async with running_worker(
         WorkerConfig(resume_grace=0.0), EmulatorBackend(), ["tcp://127.0.0.1:0"]
     ) as worker:
@@ -51,7 +51,7 @@ async def test_the_emulator_has_no_globals(anyio_backend: str) -> None:
             module = (await client.call(Opcode.MODULE_BUILTIN, {"name": "fill_f32"}))["module"]
             args = {"module": module, "name": "flag"}
             code = await _refused(client, Opcode.MODULE_GET_GLOBAL, args)
-            assert code == HipErrorCode.hipErrorNotSupported
+            assert code == HipErrorCode.hipErrorNotFound
             code = await _refused(client, Opcode.MODULE_GET_GLOBAL, {"module": 999, "name": "x"})
             assert code == HipErrorCode.hipErrorInvalidHandle
             code = await _refused(client, Opcode.MODULE_GET_GLOBAL, {"module": module})

@@ -191,3 +191,36 @@ def test_opcodes_match_the_protocol() -> None:
     assert defined
     for name, value in defined.items():
         assert Opcode[name].value == int(value, 16), name
+
+
+def test_hiprtc_link_headers_globals_and_stream_devices_under_sanitizers(
+    proxy_libs: None, tmp_path: Path
+) -> None:
+    """libhiprtc.so's headers, bitcode and linking (the emulator refuses the compile and
+    the link, with its reason in the logs), hipModuleGetGlobal on the built-in module, and
+    each stream's device on a worker of two devices (tests/proxy/c/front_check.c)."""
+    from tests.proxy.conftest import start_worker, stop_worker
+
+    libs = tmp_path / "lib"
+    build(libs, sanitize=True)
+    program = tmp_path / "front_check"
+    cc(
+        [
+            *SANITIZE, *WARNINGS, "-std=c11", str(C_DIR / "front_check.c"), "-o", str(program),
+            f"-L{libs}", "-l:libamdhip64.so", "-l:libhiprtc.so", f"-Wl,-rpath,{libs}",
+            "-pthread",
+        ]
+    )  # fmt: skip
+    directory = tmp_path / "w"
+    directory.mkdir()
+    process, url = start_worker(directory, "[emulator]\ndevice_count = 2\n")
+    try:
+        env = dict(os.environ, HIPR_URL=url, **SANITIZER_ENV)
+        env.pop("FRONT_CHECK_GPU", None)
+        result = subprocess.run(
+            [str(program)], env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+    finally:
+        stop_worker(process)
+    assert_sanitizer_clean(result)
+    assert result.stdout.splitlines() == ["streams on 2 device(s): ok", "ok"]

@@ -45,10 +45,13 @@ from hipr.protocol.messages._memory_messages import (
 )
 from hipr.protocol.messages._module_messages import (
     CODE_CHUNK,
+    LINK_INPUT_KINDS,
     MAX_BATCH_LAUNCHES,
     MAX_FUNCTION_ATTRIBUTE,
+    MAX_HEADERS,
     MAX_KERNEL_ARGS_BYTES,
     MAX_KERNEL_NAME,
+    MAX_LINK_INPUTS,
     MAX_MODULE_BYTES,
     MAX_POINTER_ARGS,
     MAX_SHARED_MEMORY,
@@ -70,6 +73,7 @@ from hipr.protocol.messages._module_messages import (
     ModuleLoad,
     ModuleUnload,
     ProgramCompile,
+    ProgramLink,
 )
 from hipr.protocol.messages._schema import (
     MESSAGES,
@@ -109,11 +113,14 @@ from hipr.protocol.messages._stream_messages import (
 __all__ = [
     "CODE_CHUNK",
     "ERROR_REPLY",
+    "LINK_INPUT_KINDS",
     "MAX_BATCH_LAUNCHES",
     "MAX_DEVICE_LIMIT",
     "MAX_FUNCTION_ATTRIBUTE",
+    "MAX_HEADERS",
     "MAX_KERNEL_ARGS_BYTES",
     "MAX_KERNEL_NAME",
+    "MAX_LINK_INPUTS",
     "MAX_MODULE_BYTES",
     "MAX_PIECES",
     "MAX_PIECES_BYTES",
@@ -177,6 +184,7 @@ __all__ = [
     "NodeOf",
     "Ping",
     "ProgramCompile",
+    "ProgramLink",
     "Resume",
     "SetDevice",
     "StreamBeginCapture",

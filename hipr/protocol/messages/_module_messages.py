@@ -33,6 +33,14 @@ OCCUPANCY_QUERIES = (
 )
 #: Reply chunk of a code object (PROGRAM_COMPILE), as for device-to-host copies.
 CODE_CHUNK = 4 << 20
+#: Headers one PROGRAM_COMPILE may carry.
+MAX_HEADERS = 256
+#: Inputs one PROGRAM_LINK may link.
+MAX_LINK_INPUTS = 256
+#: hiprtcJITInputType (hipJitInputType) values PROGRAM_LINK takes: CUBIN 0, PTX 1,
+#: FATBINARY 2, OBJECT 3, LIBRARY 4, NVVM 5; LLVM bitcode 100, bundled bitcode 101, archives
+#: of bundled bitcode 102. CUjitInputType numbers the first six alike.
+LINK_INPUT_KINDS = (0, 1, 2, 3, 4, 5, 100, 101, 102)
 
 
 @fields_of
@@ -195,6 +203,65 @@ class ProgramCompile(Compile, Message):
     """Compile HIP C++ on the worker without loading it, as hiprtc does; the code object
     loads with MODULE_LOAD. A compile error's message carries the compiler log."""
 
+    headers = field(
+        "[text]",
+        "the contents of headers the source includes by name (hiprtcCreateProgram's "
+        "`headers`), given to the compiler as in-memory files",
+        required=False,
+        default="none",
+        range=f"at most {MAX_HEADERS} items, at most {MAX_SOURCE} characters in all",
+    )
+    include_names = field(
+        "[text]",
+        'the name each of `headers` is included as (`#include "name"`), one per header',
+        required=False,
+        default="none",
+        range="as many items as `headers`, of at most 1024 characters each",
+    )
+
+
+@message(
+    Opcode.PROGRAM_LINK,
+    reply=(
+        Out("size", "size", "the linked image's length in bytes", unit="bytes"),
+        Out("log", "text", "the linker's information log (may be empty)"),
+    ),
+    streams_request=True,
+    request_bulk="the inputs, one after another in the order of `kinds` and `sizes`: in "
+    "this frame after the CBOR map and, past one frame, in DATA frames that follow (at most "
+    f"{MAX_MODULE_BYTES} bytes in all)",
+    reply_bulk="the linked image (loads with MODULE_LOAD); one larger than 4 MiB comes as "
+    "REPLY|MORE frames (no CBOR part) before the final REPLY frame",
+)
+class ProgramLink(Message):
+    """Link compiled device code into one image, as hiprtcLinkCreate/AddData/Complete
+    (AMD) and cuLinkCreate/AddData/Complete (NVIDIA) do: relocatable code from a
+    compile with `-fgpu-rdc` (PROGRAM_COMPILE), PTX, CUBINs, fat binaries, libraries. On a
+    cuda worker an LLVM bitcode kind is taken as the NVIDIA code it holds (hiprtc on
+    NVIDIA returns a CUBIN or PTX for it), read from its first bytes. A link error is
+    hipErrorInvalidSource with `rtc_result` 100 (HIPRTC_ERROR_LINKING) in its details and
+    the linker's error log in its message; hipErrorNotSupported on a backend without a
+    linker (the emulator)."""
+
+    kinds = field(
+        "[uint]",
+        "each input's hiprtcJITInputType",
+        range=f"1 to {MAX_LINK_INPUTS} items, each one of {', '.join(map(str, LINK_INPUT_KINDS))}",
+    )
+    sizes = field(
+        "[uint]",
+        "each input's length in the request's bulk bytes",
+        unit="bytes",
+        range="one per item of `kinds`, each at least 1",
+    )
+    names = field(
+        "[text]",
+        "each input's name, in the linker's messages",
+        required=False,
+        default="`input<i>`",
+        range="none or one per item of `kinds`, of at most 1024 characters each",
+    )
+
 
 @message(
     Opcode.FUNCTION_PARAMS,
@@ -296,8 +363,9 @@ class ModuleGetGlobal(Message):
     """A global variable (`__device__` / `__constant__`) of a loaded module, as
     cuModuleGetGlobal gives it. Copies and kernel pointer arguments of the session may
     then name its bytes, as an allocation's, until the module is unloaded; it is never
-    freed (FREE refuses it). hipErrorNotFound when the module has no such variable;
-    hipErrorNotSupported on a backend that cannot tell (hip and the emulator for now)."""
+    freed (FREE refuses it). hipErrorNotFound when the module has no such variable. The
+    emulator's built-in module has one (`hipr_builtin_bias`, docs/kernels.md); the
+    built-in module is shared by the worker process's sessions, and so are its variables."""
 
     module = field("handle", "the module")
     name = field("text", "the variable's (mangled) name", range="at most 1024 characters")

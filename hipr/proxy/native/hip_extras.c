@@ -292,11 +292,10 @@ API hipError_t hipStreamGetPriority(hipStream_t stream, int *priority) {
     return hipSuccess;
 }
 
-/* As hipGetStreamDeviceId: the calling thread's current device. */
+/* The device the stream was created on (the null stream: the current device's). */
 API hipError_t hipStreamGetDevice(hipStream_t stream, int *device) {
-    (void)stream;
     if (!device) return ret(hipErrorInvalidValue);
-    *device = hipr_front_device();
+    if (hipr_stream_device(stream, device)) return ret(hipErrorInvalidHandle);
     return hipSuccess;
 }
 
@@ -624,11 +623,11 @@ API hipChannelFormatDesc hipCreateChannelDesc(int x, int y, int z, int w, int f)
     return (hipChannelFormatDesc){x, y, z, w, f};
 }
 
-/* The calling thread's current device: the proxy does not keep each stream's device
- * (right for the one-device sessions workers serve today). */
+/* As hipStreamGetDevice; -1 for a stream this session did not create, as HIP answers
+ * an invalid stream. */
 API int hipGetStreamDeviceId(hipStream_t stream) {
-    (void)stream;
-    return hipr_front_device();
+    int device;
+    return hipr_stream_device(stream, &device) ? -1 : device;
 }
 
 /* HIP's tracing ids are not carried: every id reads as unknown. */

@@ -480,6 +480,7 @@ API hipError_t hipStreamCreate(hipStream_t *stream) {
     uint64_t h = 0;
     hipError_t rc = create(OP_STREAM_CREATE, "stream", &h);
     *stream = rc == hipSuccess ? (hipStream_t)(uintptr_t)h : NULL;
+    if (rc == hipSuccess) hipr_stream_note(*stream, tl_device);
     return ret(rc);
 }
 
@@ -504,6 +505,7 @@ API hipError_t hipDeviceGetStreamPriorityRange(int *least, int *greatest) {
 API hipError_t hipStreamDestroy(hipStream_t stream) {
     if (!stream) return ret(hipErrorInvalidHandle);
     hipr_capture_forget(stream);
+    hipr_stream_forget(stream);
     return ret(on_handle(OP_STREAM_DESTROY, "stream", (uint64_t)(uintptr_t)stream, 0));
 }
 

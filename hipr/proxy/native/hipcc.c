@@ -90,16 +90,62 @@ API void __hipRegisterFunction(void **modules, const void *host_function, char *
     pthread_mutex_unlock(&reg_lock);
 }
 
-/* Device variables (__device__, __constant__) need their module loaded to be found: not
- * served yet; accepted so that static initialisation goes on. */
-HIPR_EXPORT void __hipRegisterVar(void **modules, void *var, char *host_var, char *device_var, int ext,
+/* A device variable (__device__, __constant__): hipcc passes its host shadow's address,
+ * which the symbol calls (hipMemcpyToSymbol, ...) are given. Found on the worker
+ * (hipModuleGetGlobal) at its first use, after its code object is loaded. */
+struct var {
+    const void *host;
+    char *name;
+    size_t size;
+    struct fatbin *fatbin;
+    void *ptr; /* the device address, once looked up */
+    size_t dev_size;
+    struct var *next;
+};
+static struct var *vars;
+
+API void __hipRegisterVar(void **modules, void *var, char *host_var, char *device_var, int ext,
                           size_t size, int constant, int global) {
-    (void)modules, (void)var, (void)host_var, (void)device_var, (void)ext, (void)size;
-    (void)constant, (void)global;
-    static int warned;
-    hipr_warn_once("__hipRegisterVar: device variables of hipcc programs are not served by "
-                   "the hipr proxy yet",
-                   &warned);
+    (void)host_var, (void)ext, (void)constant, (void)global;
+    if (!modules || !var || !device_var) return;
+    struct var *v = calloc(1, sizeof *v);
+    char *name = strdup(device_var);
+    if (!v || !name) {
+        free(v);
+        free(name);
+        return;
+    }
+    v->host = var;
+    v->name = name;
+    v->size = size;
+    v->fatbin = (struct fatbin *)modules;
+    pthread_mutex_lock(&reg_lock);
+    v->next = vars;
+    vars = v;
+    pthread_mutex_unlock(&reg_lock);
+}
+
+hipError_t hipModuleGetGlobal(void **ptr, size_t *bytes, hipModule_t module, const char *name);
+
+hipError_t hipr_symbol_lookup(const void *symbol, void **ptr, size_t *size) {
+    hipError_t rc = hipErrorInvalidSymbol;
+    pthread_mutex_lock(&reg_lock);
+    struct var *v = vars;
+    while (v && v->host != symbol) v = v->next;
+    if (v && v->ptr) {
+        rc = hipSuccess;
+    } else if (v) {
+        struct fatbin *f = v->fatbin;
+        rc = f->module ? hipSuccess : hipModuleLoadData(&f->module, f->binary);
+        if (rc == hipSuccess) rc = hipModuleGetGlobal(&v->ptr, &v->dev_size, f->module, v->name);
+        if (rc == hipErrorNotFound) rc = hipErrorInvalidSymbol;
+    }
+    if (rc == hipSuccess) {
+        *ptr = v->ptr;
+        *size = v->dev_size;
+    }
+    pthread_mutex_unlock(&reg_lock);
+    return rc;
 }
 
 /* Frees what registration took; the module, if one was loaded, is the session's and
@@ -116,6 +162,16 @@ API void __hipUnregisterFatBinary(void **modules) {
             free(gone);
         } else {
             k = &(*k)->next;
+        }
+    }
+    for (struct var **v = &vars; *v;) {
+        if ((*v)->fatbin == f) {
+            struct var *gone = *v;
+            *v = gone->next;
+            free(gone->name);
+            free(gone);
+        } else {
+            v = &(*v)->next;
         }
     }
     for (struct fatbin **p = &fatbins; *p; p = &(*p)->next)
@@ -210,6 +266,7 @@ static void forget_loaded(void) {
         f->module = NULL;
     }
     for (struct kernel *k = kernels; k; k = k->next) k->function = NULL;
+    for (struct var *v = vars; v; v = v->next) v->ptr = NULL;
 }
 
 __attribute__((constructor(102))) static void hipcc_init(void) {

@@ -1,6 +1,8 @@
 /* hiprtc over the proxy: programs are kept here; hiprtcCompileProgram compiles on the
- * worker (PROGRAM_COMPILE) and keeps the code object and the log. The session is
- * libamdhip64.so's (this library links against it). */
+ * worker (PROGRAM_COMPILE, with the program's own headers) and keeps the code object and
+ * the log. Link states are kept here too: hiprtcLinkComplete sends every input in one
+ * PROGRAM_LINK, linked by the worker's runtime (cuLink* on a cuda worker, hiprtcLink* on
+ * a hip one). The session is libamdhip64.so's (this library links against it). */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +34,8 @@ struct hipr_program {
     char *source, *name, *log;
     uint8_t *code;
     size_t code_len;
+    int n_headers;
+    char **headers, **include_names;
 };
 typedef struct hipr_program *hiprtcProgram;
 
@@ -63,8 +67,27 @@ API hiprtcResult hiprtcVersion(int *major, int *minor) {
     return HIPRTC_SUCCESS;
 }
 
+static void free_strings(char **list, int n) {
+    if (!list) return;
+    for (int i = 0; i < n; i++) free(list[i]);
+    free(list);
+}
+
+/* A copy of n strings, or NULL (out of memory). */
+static char **copy_strings(const char **list, int n) {
+    char **out = calloc((size_t)n, sizeof *out);
+    for (int i = 0; out && i < n; i++)
+        if (!(out[i] = strdup(list[i]))) {
+            free_strings(out, n);
+            out = NULL;
+        }
+    return out;
+}
+
 static void free_program(struct hipr_program *p) {
     if (!p) return;
+    free_strings(p->headers, p->n_headers);
+    free_strings(p->include_names, p->n_headers);
     free(p->source);
     free(p->name);
     free(p->log);
@@ -75,21 +98,23 @@ static void free_program(struct hipr_program *p) {
 API hiprtcResult hiprtcCreateProgram(hiprtcProgram *prog, const char *src, const char *name,
                                      int num_headers, const char **headers,
                                      const char **include_names) {
-    (void)headers;
-    (void)include_names;
     if (!prog || !src || num_headers < 0) return HIPRTC_ERROR_INVALID_INPUT;
     if (num_headers > 0) {
-        static int warned;
-        hipr_warn_once("hiprtcCreateProgram: headers given by the program are not sent to "
-                       "the worker yet",
-                       &warned);
-        return HIPRTC_ERROR_INVALID_INPUT;
+        if (!headers || !include_names) return HIPRTC_ERROR_INVALID_INPUT;
+        for (int i = 0; i < num_headers; i++)
+            if (!headers[i] || !include_names[i] || !include_names[i][0])
+                return HIPRTC_ERROR_INVALID_INPUT;
     }
     struct hipr_program *p = calloc(1, sizeof *p);
     if (!p) return HIPRTC_ERROR_OUT_OF_MEMORY;
     p->source = strdup(src);
     p->name = strdup(name ? name : "kernel.hip");
-    if (!p->source || !p->name) {
+    if (num_headers > 0) {
+        p->n_headers = num_headers;
+        p->headers = copy_strings(headers, num_headers);
+        p->include_names = copy_strings(include_names, num_headers);
+    }
+    if (!p->source || !p->name || (num_headers > 0 && (!p->headers || !p->include_names))) {
         free_program(p);
         return HIPRTC_ERROR_OUT_OF_MEMORY;
     }
@@ -115,6 +140,18 @@ static int is_amd_target(const char *opt) {
     for (size_t i = 0; i < sizeof prefixes / sizeof *prefixes; i++)
         if (strncasecmp(opt, prefixes[i], strlen(prefixes[i])) == 0) return 1;
     return 0;
+}
+
+/* A CBOR array of n strings, or NULL (out of memory). */
+static cbor_item_t *string_list(const char *const *items, size_t n) {
+    cbor_item_t *list = cbor_new_definite_array(n);
+    for (size_t i = 0; list && i < n; i++) {
+        cbor_item_t *s = cbor_build_string(items[i]);
+        int ok = s && cbor_array_push(list, s);
+        if (s) cbor_decref(&s);
+        if (!ok) cbor_decref(&list);
+    }
+    return list;
 }
 
 /* The hiprtcResult of a failed compile, as hipr.hiprtc gives it: the worker's own when its
@@ -149,11 +186,26 @@ API hiprtcResult hiprtcCompileProgram(hiprtcProgram prog, int num_options, const
             return options[i] ? HIPRTC_ERROR_OUT_OF_MEMORY : HIPRTC_ERROR_INVALID_OPTION;
         }
     }
+    cbor_item_t *headers = NULL, *names = NULL;
+    if (prog->n_headers) {
+        headers = string_list((const char *const *)prog->headers, (size_t)prog->n_headers);
+        names = string_list((const char *const *)prog->include_names, (size_t)prog->n_headers);
+        if (!headers || !names) {
+            if (headers) cbor_decref(&headers);
+            if (names) cbor_decref(&names);
+            cbor_decref(&list);
+            return HIPRTC_ERROR_OUT_OF_MEMORY;
+        }
+    }
     hipr_map m;
-    hipr_map_init(&m, 3);
+    hipr_map_init(&m, 5);
     hipr_map_str(&m, "source", prog->source, strlen(prog->source));
     hipr_map_str(&m, "name", prog->name, strlen(prog->name));
     hipr_map_item(&m, "options", list);
+    if (headers) {
+        hipr_map_item(&m, "headers", headers);
+        hipr_map_item(&m, "include_names", names);
+    }
     hipr_reply r;
     int rc = hipr_call(HIPR_ANY_DEVICE, OP_PROGRAM_COMPILE, &m, NULL, 0, NULL, 0, &r);
     free(prog->code);
@@ -203,10 +255,225 @@ API hiprtcResult hiprtcGetCode(hiprtcProgram prog, char *code) {
     return HIPRTC_SUCCESS;
 }
 
-/* hiprtc functions hip-python loads that are not served yet (name expressions, bitcode,
- * linking): each exists, names itself once on stderr and returns
- * HIPRTC_ERROR_INTERNAL_ERROR. No parameters are declared, which the x86-64 and AArch64
- * calling conventions allow for a function that reads none of its arguments. */
+/* --- bitcode: what a -fgpu-rdc compile gives to link ---------------------------------- */
+
+/* The program's code as the worker's compiler gave it: with -fgpu-rdc, relocatable code
+ * for hiprtcLinkAddData (a hip worker's LLVM bitcode; a cuda worker's relocatable CUBIN,
+ * or PTX for a virtual architecture, as hiprtc on NVIDIA gives nvrtc's code here). */
+API hiprtcResult hiprtcGetBitcodeSize(hiprtcProgram prog, size_t *size) {
+    if (!prog || !size) return HIPRTC_ERROR_INVALID_INPUT;
+    if (!prog->code) return HIPRTC_ERROR_INVALID_PROGRAM;
+    *size = prog->code_len;
+    return HIPRTC_SUCCESS;
+}
+
+API hiprtcResult hiprtcGetBitcode(hiprtcProgram prog, char *bitcode) {
+    if (!prog || !bitcode) return HIPRTC_ERROR_INVALID_INPUT;
+    if (!prog->code) return HIPRTC_ERROR_INVALID_PROGRAM;
+    memcpy(bitcode, prog->code, prog->code_len);
+    return HIPRTC_SUCCESS;
+}
+
+/* --- linking ------------------------------------------------------------------------- */
+
+/* hipJitOption values the link state reads (numbered as CUjit_option). */
+enum {
+    JIT_INFO_LOG_BUFFER = 3,
+    JIT_INFO_LOG_BUFFER_SIZE_BYTES = 4,
+    JIT_ERROR_LOG_BUFFER = 5,
+    JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6,
+};
+/* hiprtcJITInputType values the worker links (PROGRAM_LINK's `kinds`). */
+static int known_input(int kind) { return (kind >= 0 && kind <= 5) || (kind >= 100 && kind <= 102); }
+
+#define MAX_LINK_INPUTS 256
+
+struct link_input {
+    int kind;
+    uint8_t *data;
+    size_t len;
+    char *name;
+};
+
+struct hipr_link {
+    struct link_input in[MAX_LINK_INPUTS];
+    size_t n;
+    char *info_log, *error_log; /* the program's buffers (hipJitOption), or NULL */
+    size_t info_size, error_size;
+    uint8_t *out; /* hiprtcLinkComplete's image, owned until hiprtcLinkDestroy */
+    size_t out_len;
+};
+typedef struct hipr_link *hiprtcLinkState;
+
+/* Log option values are passed by value in the pointer slot, as CUDA's are. */
+static void read_options(struct hipr_link *l, unsigned n, const int *keys, void **values) {
+    if (!keys || !values) return;
+    for (unsigned i = 0; i < n; i++) {
+        switch (keys[i]) {
+        case JIT_INFO_LOG_BUFFER: l->info_log = values[i]; break;
+        case JIT_INFO_LOG_BUFFER_SIZE_BYTES: l->info_size = (size_t)(uintptr_t)values[i]; break;
+        case JIT_ERROR_LOG_BUFFER: l->error_log = values[i]; break;
+        case JIT_ERROR_LOG_BUFFER_SIZE_BYTES: l->error_size = (size_t)(uintptr_t)values[i]; break;
+        default: break; /* optimisation and target options: the worker's linker decides */
+        }
+    }
+}
+
+static void write_log(char *buf, size_t size, const char *text) {
+    if (!buf || !size) return;
+    size_t n = strlen(text);
+    if (n >= size) n = size - 1;
+    memcpy(buf, text, n);
+    buf[n] = 0;
+}
+
+API hiprtcResult hiprtcLinkCreate(unsigned int num_options, int *options, void **values,
+                                  hiprtcLinkState *state) {
+    if (!state || (num_options && (!options || !values))) return HIPRTC_ERROR_INVALID_INPUT;
+    struct hipr_link *l = calloc(1, sizeof *l);
+    if (!l) return HIPRTC_ERROR_OUT_OF_MEMORY;
+    read_options(l, num_options, options, values);
+    *state = l;
+    return HIPRTC_SUCCESS;
+}
+
+static hiprtcResult add_input(struct hipr_link *l, int kind, const void *data, size_t len,
+                              const char *name) {
+    if (!known_input(kind) || !data || !len) return HIPRTC_ERROR_INVALID_INPUT;
+    if (l->n == MAX_LINK_INPUTS) return HIPRTC_ERROR_INVALID_INPUT;
+    struct link_input *in = &l->in[l->n];
+    in->data = malloc(len);
+    in->name = strdup(name && name[0] ? name : "input");
+    if (!in->data || !in->name) {
+        free(in->data);
+        free(in->name);
+        return HIPRTC_ERROR_OUT_OF_MEMORY;
+    }
+    memcpy(in->data, data, len);
+    in->len = len;
+    in->kind = kind;
+    l->n++;
+    return HIPRTC_SUCCESS;
+}
+
+API hiprtcResult hiprtcLinkAddData(hiprtcLinkState state, int input_type, void *image,
+                                   size_t image_size, const char *name, unsigned int num_options,
+                                   int *options, void **values) {
+    (void)num_options, (void)options, (void)values;
+    if (!state) return HIPRTC_ERROR_INVALID_INPUT;
+    return add_input(state, input_type, image, image_size, name);
+}
+
+/* The file is the program's, on this machine: its bytes go to the worker. */
+API hiprtcResult hiprtcLinkAddFile(hiprtcLinkState state, int input_type, const char *path,
+                                   unsigned int num_options, int *options, void **values) {
+    (void)num_options, (void)options, (void)values;
+    if (!state || !path) return HIPRTC_ERROR_INVALID_INPUT;
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return HIPRTC_ERROR_INVALID_INPUT;
+    uint8_t *buf = NULL;
+    size_t len = 0, cap = 0;
+    hiprtcResult rc = HIPRTC_SUCCESS;
+    for (;;) {
+        if (len == cap) {
+            cap = cap ? cap * 2 : 1 << 16;
+            uint8_t *more = realloc(buf, cap);
+            if (!more) {
+                rc = HIPRTC_ERROR_OUT_OF_MEMORY;
+                break;
+            }
+            buf = more;
+        }
+        size_t k = fread(buf + len, 1, cap - len, fp);
+        len += k;
+        if (k == 0) break;
+    }
+    if (rc == HIPRTC_SUCCESS && ferror(fp)) rc = HIPRTC_ERROR_INVALID_INPUT;
+    fclose(fp);
+    if (rc == HIPRTC_SUCCESS) {
+        const char *base = strrchr(path, '/');
+        rc = add_input(state, input_type, buf, len, base ? base + 1 : path);
+    }
+    free(buf);
+    return rc;
+}
+
+API hiprtcResult hiprtcLinkComplete(hiprtcLinkState state, void **bin_out, size_t *size_out) {
+    if (!state || !bin_out || !state->n) return HIPRTC_ERROR_INVALID_INPUT;
+    struct hipr_link *l = state;
+    size_t total = 0;
+    for (size_t i = 0; i < l->n; i++) total += l->in[i].len;
+    uint8_t *bulk = malloc(total);
+    uint64_t kinds[MAX_LINK_INPUTS], sizes[MAX_LINK_INPUTS];
+    const char *names[MAX_LINK_INPUTS];
+    if (!bulk) return HIPRTC_ERROR_OUT_OF_MEMORY;
+    size_t at = 0;
+    for (size_t i = 0; i < l->n; i++) {
+        memcpy(bulk + at, l->in[i].data, l->in[i].len);
+        at += l->in[i].len;
+        kinds[i] = (uint64_t)l->in[i].kind;
+        sizes[i] = l->in[i].len;
+        names[i] = l->in[i].name;
+    }
+    cbor_item_t *name_list = string_list(names, l->n);
+    if (!name_list) {
+        free(bulk);
+        return HIPRTC_ERROR_OUT_OF_MEMORY;
+    }
+    hipr_map m;
+    hipr_map_init(&m, 3);
+    hipr_map_u64_list(&m, "kinds", kinds, l->n);
+    hipr_map_u64_list(&m, "sizes", sizes, l->n);
+    hipr_map_item(&m, "names", name_list);
+    hipr_reply r;
+    int rc = hipr_call(HIPR_ANY_DEVICE, OP_PROGRAM_LINK, &m, bulk, total, NULL, 0, &r);
+    free(bulk);
+    hiprtcResult result = HIPRTC_SUCCESS;
+    if (rc == HIPR_SUCCESS) {
+        free(l->out);
+        l->out = r.bulk;
+        l->out_len = r.bulk_len;
+        r.bulk = NULL;
+        char info[4096] = "";
+        hipr_cbor_text(r.map, "log", info, sizeof info);
+        write_log(l->info_log, l->info_size, info);
+        write_log(l->error_log, l->error_size, "");
+        *bin_out = l->out;
+        if (size_out) *size_out = l->out_len;
+    } else {
+        /* The message is a first line, then the linker's error log where it gave one. */
+        const char *nl = strchr(r.message, '\n');
+        write_log(l->error_log, l->error_size, nl && nl[1] ? nl + 1 : r.message);
+        if (rc == HIPR_OUT_OF_MEMORY) result = HIPRTC_ERROR_OUT_OF_MEMORY;
+        else if (rc == HIPR_NOT_SUPPORTED || rc == HIPR_NO_DEVICE) result = HIPRTC_ERROR_INTERNAL_ERROR;
+        else if (rc == HIPR_INVALID_VALUE) result = HIPRTC_ERROR_INVALID_INPUT;
+        else result = HIPRTC_ERROR_LINKING;
+        if (rc == HIPR_NOT_SUPPORTED) {
+            static int warned;
+            hipr_warn_once("hiprtcLinkComplete: the worker cannot link (the emulator has no "
+                           "device linker)",
+                           &warned);
+        }
+    }
+    hipr_reply_free(&r);
+    return result;
+}
+
+API hiprtcResult hiprtcLinkDestroy(hiprtcLinkState state) {
+    if (!state) return HIPRTC_ERROR_INVALID_INPUT;
+    for (size_t i = 0; i < state->n; i++) {
+        free(state->in[i].data);
+        free(state->in[i].name);
+    }
+    free(state->out);
+    free(state);
+    return HIPRTC_SUCCESS;
+}
+
+/* hiprtc functions hip-python loads that are not served yet (name expressions): each
+ * exists, names itself once on stderr and returns HIPRTC_ERROR_INTERNAL_ERROR. No
+ * parameters are declared, which the x86-64 and AArch64 calling conventions allow for a
+ * function that reads none of its arguments. */
 #define RTC_STUB(name)                                                                  \
     HIPR_EXPORT hiprtcResult name(void) {                                               \
         static int warned;                                                              \
@@ -218,10 +485,3 @@ API hiprtcResult hiprtcGetCode(hiprtcProgram prog, char *code) {
 
 RTC_STUB(hiprtcAddNameExpression)
 RTC_STUB(hiprtcGetLoweredName)
-RTC_STUB(hiprtcGetBitcode)
-RTC_STUB(hiprtcGetBitcodeSize)
-RTC_STUB(hiprtcLinkCreate)
-RTC_STUB(hiprtcLinkAddFile)
-RTC_STUB(hiprtcLinkAddData)
-RTC_STUB(hiprtcLinkComplete)
-RTC_STUB(hiprtcLinkDestroy)

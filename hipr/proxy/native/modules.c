@@ -192,6 +192,13 @@ API hipError_t hipModuleGetFunction(hipFunction_t *function, hipModule_t module,
     return hipSuccess;
 }
 
+hipError_t hipr_module_wire(hipModule_t module, uint64_t *id, int *builtin) {
+    if (!module) return hipErrorInvalidHandle;
+    *id = module->id;
+    *builtin = module->builtin;
+    return hipSuccess;
+}
+
 API hipError_t hipModuleUnload(hipModule_t module) {
     if (!module) return hipr_front_ret(hipErrorInvalidHandle);
     hipError_t rc = hipSuccess;

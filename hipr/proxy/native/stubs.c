@@ -23,8 +23,6 @@ STUB(hipMallocPitch, (void **ptr, size_t *pitch, size_t width, size_t height))
 STUB(hipMemcpy2D, (void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
                    size_t height, hipMemcpyKind kind))
 STUB(hipMemcpyPeer, (void *dst, int dst_device, const void *src, int src_device, size_t n))
-STUB(hipMemcpyToSymbol, (const void *symbol, const void *src, size_t n, size_t offset,
-                         hipMemcpyKind kind))
 STUB(hipDeviceEnablePeerAccess, (int peer, unsigned int flags))
 STUB(hipDeviceReset, (void))
 STUB(hipFuncGetAttributes, (void *attr, const void *func))
@@ -32,7 +30,6 @@ STUB(hipFuncGetAttribute, (int *value, int attrib, hipFunction_t func))
 STUB(hipModuleLaunchCooperativeKernel, (hipFunction_t f, unsigned gx, unsigned gy, unsigned gz,
                                         unsigned bx, unsigned by, unsigned bz, unsigned shared,
                                         hipStream_t stream, void **params))
-STUB(hipModuleGetGlobal, (void **ptr, size_t *bytes, hipModule_t module, const char *name))
 
 /* The rest, generated: no parameters are declared, which the x86-64 and AArch64 calling
  * conventions allow for a function that reads none of its arguments. */

@@ -5,7 +5,10 @@
  * `kernel<<<...>>>(args)` is written out as hipcc lowers it (__hipPushCallConfiguration,
  * then the stub: __hipPopCallConfiguration and hipLaunchKernel). The wrapped code object
  * is HIPCC_CHECK_IMAGE (a file: a cubin on a cuda worker) or the worker's built-in kernels
- * ("hipr:builtin", any worker). Also: ROCm 5's property struct, host allocations, pointer
+ * ("hipr:builtin", any worker). A device variable, `hipr_builtin_bias` (a float the
+ * built-in module and the GPU check's CUBIN both have, read by add_bias_f32), is
+ * registered as hipcc registers one (__hipRegisterVar, its host shadow's address) and
+ * reached through the symbol calls. Also: ROCm 5's property struct, host allocations, pointer
  * attributes, stream flags, stream capture into a graph, hipExtModuleLaunchKernel.
  * Prints "ok"; run under ASan/UBSan by tests/proxy/test_native_c.py. */
 #define _GNU_SOURCE
@@ -34,6 +37,14 @@ void **__hipRegisterFatBinary(const void *);
 void __hipRegisterFunction(void **, const void *, char *, const char *, unsigned int, void *,
                            void *, void *, void *, int *);
 void __hipUnregisterFatBinary(void **);
+void __hipRegisterVar(void **, void *, char *, char *, int, size_t, int, int);
+hipError_t hipMemcpyToSymbol(const void *, const void *, size_t, size_t, int);
+hipError_t hipMemcpyFromSymbol(void *, const void *, size_t, size_t, int);
+hipError_t hipMemcpyToSymbolAsync(const void *, const void *, size_t, size_t, int, hipStream_t);
+hipError_t hipMemcpyFromSymbolAsync(void *, const void *, size_t, size_t, int, hipStream_t);
+hipError_t hipGetSymbolAddress(void **, const void *);
+hipError_t hipGetSymbolSize(size_t *, const void *);
+hipError_t hipModuleGetGlobal(void **, size_t *, hipModule_t, const char *);
 hipError_t __hipPushCallConfiguration(dim3, dim3, size_t, hipStream_t);
 hipError_t __hipPopCallConfiguration(dim3 *, dim3 *, size_t *, hipStream_t *);
 hipError_t hipLaunchKernel(const void *, dim3, dim3, void **, size_t, hipStream_t);
@@ -125,6 +136,20 @@ static void scale_f32(float *x, float factor, uint64_t n) {
     CHECK(hipLaunchKernel((const void *)scale_f32, grid, block, args, shared, stream));
 }
 
+static void add_bias_f32(float *x, uint64_t n) {
+    void *args[] = {&x, &n};
+    dim3 grid, block;
+    size_t shared;
+    hipStream_t stream;
+    CHECK(__hipPopCallConfiguration(&grid, &block, &shared, &stream));
+    CHECK(hipLaunchKernel((const void *)add_bias_f32, grid, block, args, shared, stream));
+}
+
+/* The host shadow of `__device__ float hipr_builtin_bias`: hipcc gives the symbol calls
+ * its address; its own value is never read. */
+static float hipr_builtin_bias;
+static float not_a_variable;
+
 static void not_registered(void) {}
 
 static void unregister(void) {
@@ -156,6 +181,10 @@ __attribute__((constructor)) static void register_kernels(void) {
                           (unsigned)-1, NULL, NULL, NULL, NULL, NULL);
     __hipRegisterFunction(fatbin_handle, (const void *)scale_f32, "scale_f32", "scale_f32",
                           (unsigned)-1, NULL, NULL, NULL, NULL, NULL);
+    __hipRegisterFunction(fatbin_handle, (const void *)add_bias_f32, "add_bias_f32",
+                          "add_bias_f32", (unsigned)-1, NULL, NULL, NULL, NULL, NULL);
+    __hipRegisterVar(fatbin_handle, &hipr_builtin_bias, "hipr_builtin_bias",
+                     "hipr_builtin_bias", 0, sizeof hipr_builtin_bias, 0, 0);
     atexit(unregister);
 }
 
@@ -199,6 +228,43 @@ int main(void) {
     LAUNCH(scale_f32, N / 256, 256, NULL, d, 4.0f, N);
     CHECK(hipMemcpy(host, d, sizeof host, D2H));
     EXPECT(host[0] == 6.0f && host[N - 1] == 6.0f);
+
+    /* a device variable through its host shadow (__hipRegisterVar) */
+    size_t var_size = 0;
+    void *var_ptr = NULL;
+    CHECK(hipGetSymbolSize(&var_size, &hipr_builtin_bias));
+    CHECK(hipGetSymbolAddress(&var_ptr, &hipr_builtin_bias));
+    EXPECT(var_size == sizeof(float) && var_ptr != NULL);
+    float bias = 0.5f, bias_back = 0;
+    CHECK(hipMemcpyToSymbol(&hipr_builtin_bias, &bias, sizeof bias, 0, H2D));
+    LAUNCH(add_bias_f32, N / 256, 256, NULL, d, N);
+    CHECK(hipMemcpy(host, d, sizeof host, D2H));
+    EXPECT(host[0] == 6.5f && host[N - 1] == 6.5f);
+    CHECK(hipMemcpyFromSymbol(&bias_back, &hipr_builtin_bias, sizeof bias_back, 0, D2H));
+    EXPECT(bias_back == 0.5f);
+    /* hipMemcpyDefault: a host source; a device source (an allocation of this session) */
+    bias = -6.5f;
+    CHECK(hipMemcpy(d + 1, &bias, sizeof bias, H2D));
+    CHECK(hipMemcpyToSymbol(&hipr_builtin_bias, d + 1, sizeof bias, 0, 4));
+    CHECK(hipMemcpyFromSymbol(d + 2, &hipr_builtin_bias, sizeof bias, 0, 4));
+    LAUNCH(add_bias_f32, N / 256, 256, NULL, d, N);
+    CHECK(hipMemcpy(host, d, sizeof host, D2H));
+    EXPECT(host[0] == 0.0f && host[2] == -13.0f && host[N - 1] == 0.0f);
+    /* the async forms, and the variable's bytes as the module's global */
+    uint16_t half = 0x3f80, half_back = 0; /* the high half of 1.0f */
+    bias = 0;
+    CHECK(hipMemcpyToSymbolAsync(&hipr_builtin_bias, &bias, sizeof bias, 0, H2D, NULL));
+    CHECK(hipMemcpyToSymbolAsync(&hipr_builtin_bias, &half, 2, 2, H2D, NULL));
+    CHECK(hipMemcpyFromSymbolAsync(&half_back, &hipr_builtin_bias, 2, 2, D2H, NULL));
+    CHECK(hipDeviceSynchronize());
+    CHECK(hipMemcpyFromSymbol(&bias_back, &hipr_builtin_bias, sizeof bias_back, 0, 4));
+    EXPECT(half_back == 0x3f80 && bias_back == 1.0f);
+    /* refusals: past the variable's end, a wrong direction, an address no variable has */
+    EXPECT(hipMemcpyToSymbol(&hipr_builtin_bias, &bias, sizeof bias, 1, H2D) == 1);
+    EXPECT(hipMemcpyToSymbol(&hipr_builtin_bias, &bias, sizeof bias, 0, D2H) == 21);
+    EXPECT(hipMemcpyFromSymbol(&bias, &not_a_variable, sizeof bias, 0, D2H) == 13);
+    EXPECT(hipGetSymbolAddress(&var_ptr, &not_a_variable) == 13);
+    EXPECT(hipGetLastError() == 13);
 
     /* a stub with no pushed configuration, a function nobody registered */
     dim3 g, b;
@@ -322,6 +388,17 @@ int main(void) {
     CHECK(hipModuleLoadData(&mod, image_file ? image_file : "hipr:builtin"));
     CHECK(hipModuleGetFunction(&fill, mod, "fill_f32"));
     EXPECT(fill && strcmp(hipKernelNameRef(fill), "fill_f32") == 0);
+    void *global = NULL;
+    size_t global_size = 0;
+    CHECK(hipModuleGetGlobal(&global, &global_size, mod, "hipr_builtin_bias"));
+    CHECK(hipGetSymbolAddress(&var_ptr, &hipr_builtin_bias));
+    EXPECT(global_size == sizeof(float) && global != NULL);
+    /* the same variable where the module is hipcc's own (the built-in module, one per
+     * device, or the same CUBIN loaded twice, which has its own copy) */
+    EXPECT(image_file ? global != var_ptr : global == var_ptr);
+    CHECK(hipModuleGetGlobal(NULL, &global_size, mod, "hipr_builtin_bias"));
+    EXPECT(hipModuleGetGlobal(&global, NULL, mod, "no_such_variable") == 500);
+    hipGetLastError();
     CHECK(hipEventCreate(&e0));
     CHECK(hipEventCreate(&e1));
     float seven = 7.0f;
