@@ -26,6 +26,15 @@ async def module_get_global(session: Session, request: Request) -> Any:
     assert module_id is not None
     name = request.args.text(m.ModuleGetGlobal.name, max_length=1024)
     entry = session.modules.get(module_id)
+    if entry.shared and session.other_tenants_share_context:
+        # The built-in module is loaded once per device for every session of the
+        # process: its variables would carry one tenant's writes to another's kernels.
+        raise HipError(
+            HipErrorCode.hipErrorNotSupported,
+            f"{name!r} is a variable of the worker's built-in module, which tenants "
+            "sharing this worker's GPU context would share; the worker must keep tenants "
+            'apart (isolation = "process") to serve it',
+        )
     call = getattr(session.backend, "module_global", None)
     if call is None:
         raise HipError(

@@ -79,8 +79,13 @@ class Session:
         gate: QuotaGate | None = None,
         observer: WorkerObserver | None = None,
         busy_poll: BusyPoll | None = None,
+        other_tenants_share_context: bool = False,
     ) -> None:
         self.id = secrets.token_hex(8)
+        #: Whether sessions of other tenants run in this process's GPU context
+        #: (``isolation = "none"`` with several tenants): what the worker's shared
+        #: modules hold is then visible to all of them.
+        self.other_tenants_share_context = other_tenants_share_context
         self.tenant = tenant
         self.gate = gate or QuotaGate(tenant, Quotas, lambda: [self], TenantState())
         self.observer: WorkerObserver = observer or NullObserver()

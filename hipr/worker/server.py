@@ -337,6 +337,7 @@ class Worker:
             gate=gate,
             observer=self.observer,
             busy_poll=self.busy_poll,
+            other_tenants_share_context=self.shared_tenants > 0,
         )
         self.sessions[session.id] = session
         self.observer.session_opened(tenant.name)

@@ -17,6 +17,7 @@ from hipr.backends.emulator import EmulatorBackend
 from hipr.errors import HipErrorCode as E
 from hipr.kernels.kernel_args import pack_args
 from hipr.protocol import Flags, FrameDecoder, Opcode, encode_frame
+from hipr.testing.harness import RawClient
 from hipr.transports import connect
 from hipr.worker.config import ConfigError, WorkerConfig
 from hipr.worker.server import Worker, running_worker
@@ -367,3 +368,25 @@ async def test_each_call_of_a_batch_counts_against_the_request_rate(
     assert 0 < admitted <= 51
     assert (done[:admitted] == 1.0).all() and (done[admitted:] == 0.0).all()
     assert f"{kind} {admitted + 1} to 200 of {opcode.name} were refused" in str(refused.value)
+
+
+async def test_builtin_module_variables_are_refused_where_tenants_share_a_context(
+    tenant_worker: tuple[Worker, EmulatorBackend],
+) -> None:
+    """The built-in module is loaded once for every session of the process: with two
+    tenants in one GPU context, its variable would carry one tenant's writes into the
+    other's kernels, so MODULE_GET_GLOBAL refuses it and says what keeps tenants apart."""
+    worker, _ = tenant_worker
+    client = await RawClient.open(worker.bound_urls[0], ALICE)
+    try:
+        got = await client.call(Opcode.MODULE_BUILTIN, {"name": "add_bias_f32"})
+        with pytest.raises(hipr.HipError) as refused:
+            await client.call(
+                Opcode.MODULE_GET_GLOBAL, {"module": got["module"], "name": "hipr_builtin_bias"}
+            )
+        assert refused.value.code == E.hipErrorNotSupported
+        assert 'isolation = "process"' in refused.value.message
+        # The session serves on.
+        assert (await client.call(Opcode.MALLOC, {"size": 16}))["ptr"]
+    finally:
+        await client.aclose()
