@@ -223,18 +223,25 @@ static int send_direct(const direct *d) {
  * answered into a thread asleep in poll(), and on a virtual machine waking a thread that
  * slept for milliseconds costs tens of µs before the caller runs again (a local CUDA
  * program does not pay it: cudaDeviceScheduleAuto spins through the whole wait where
- * cores are to spare). So learn how long each kind of synchronize takes, sleep through
- * most of the next one (woken at once should the reply come early) and poll from
- * FORECAST_MARGIN before its expected end until FORECAST_MARGIN after it. The polling
- * costs at most 2 * FORECAST_MARGIN_MAX (0.5 ms) of CPU per wait beyond the spin, never
- * a core for the whole wait; HIPR_FORECAST=0 turns it off, and it is off where the proxy
- * does not spin (HIPR_SPIN_US=0, or fewer than 4 usable CPUs). Under `lock`. */
+ * cores are to spare). So learn how long each kind of synchronize takes and poll until
+ * a margin (an eighth of the wait, at most FORECAST_MARGIN_MAX) after its expected end,
+ * then block as before. A wait expected to last up to FORECAST_SPIN_MAX is polled from
+ * its start, as CUDA's default does locally: a core for at most 10 ms + 0.25 ms per wait.
+ * A longer one (or any, with HIPR_FORECAST=nap) sleeps until the margin before its
+ * expected end (woken at once should the reply come early), as the Python client does:
+ * at most 0.5 ms of polling per wait. HIPR_FORECAST=0 turns it off, and it is off where
+ * the proxy does not spin (HIPR_SPIN_US=0, or fewer than 4 usable CPUs). Under `lock`. */
 #define FORECAST_MARGIN_MAX 250e-6
 /* Longer waits are not forecast: a wake-up's tens of µs are nothing beside them. */
 #define FORECAST_MAX 0.5
 enum { FC_DEVICE, FC_STREAM, FC_EVENT, FC_KINDS };
+/* Expected waits up to this long are polled through from the start instead of napped
+ * (HIPR_FORECAST=nap: never): on the H200 host a nap cost a 4096^2 matmul ~0.1 ms more than
+ * polling through its 2.7 ms wait (docs/gpu-runs/2026-11-26-h200-cuda-proxy-matmul.txt), the
+ * work after a wait running slower on a core that slept. */
+#define FORECAST_SPIN_MAX 10e-3
 static double forecast_expected[FC_KINDS]; /* seconds; 0: nothing learnt */
-static int forecast_on;
+static int forecast_on, forecast_nap_only;
 /* The wait under way (one at a time: the lock is held across it). */
 static struct {
     int active;
@@ -258,6 +265,7 @@ static void forecast_plan(uint16_t opcode, double started) {
     double expected = forecast_expected[k];
     double margin = expected / 8 < FORECAST_MARGIN_MAX ? expected / 8 : FORECAST_MARGIN_MAX;
     W.nap_until = started + expected - margin;
+    if (!forecast_nap_only && expected <= FORECAST_SPIN_MAX) W.nap_until = started;
     W.poll_until = started + expected + margin;
     W.active = 1;
 }
@@ -884,6 +892,7 @@ static int connect_locked(void) {
     {
         const char *f = getenv("HIPR_FORECAST");
         forecast_on = S.spin_s > 0 && !(f && strcmp(f, "0") == 0);
+        forecast_nap_only = f && strcmp(f, "nap") == 0;
     }
     S.reconnect_s = env_number("HIPR_RECONNECT_TIMEOUT", 60.0);
     S.reconnect_attempts = S.reconnect_s > 0 ? (int)env_number("HIPR_RECONNECT_ATTEMPTS", 10) : 0;
