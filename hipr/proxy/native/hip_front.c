@@ -171,12 +171,18 @@ API hipError_t hipGetDeviceCount(int *count) {
     return ret(rc);
 }
 
+/* Set once any thread selects a device other than 0 (every thread starts on 0): a stream
+ * or event may then belong to a device other than the caller's, whose idleness says
+ * nothing of it, so their synchronizes are no longer answered without the network. */
+static int sync_other_device;
+
 API hipError_t hipSetDevice(int device) {
     int n;
     hipError_t rc = device_count(&n);
     if (rc) return ret(rc);
     if (device < 0 || device >= n) return ret(hipErrorInvalidDevice);
     tl_device = device;
+    if (device != 0) __atomic_store_n(&sync_other_device, 1, __ATOMIC_RELAXED);
     return hipSuccess;
 }
 
@@ -475,8 +481,9 @@ static hipError_t on_handle(uint16_t opcode, const char *key, uint64_t handle, i
  * error. A stream or event handle must still be one the worker knows: the front keeps no
  * table of them, so a handle is answered here only once the worker has answered a
  * synchronize or query of it (it is live), until it is destroyed (a destroy is work, so
- * the next such call goes to the worker again, and the handle is forgotten here).
- * Forgotten in a forked child, whose session is new. */
+ * the next such call goes to the worker again, and the handle is forgotten here), and
+ * only while every thread has kept to device 0 (sync_other_device). Forgotten in a forked
+ * child, whose session is new. */
 #define SYNC_KNOWN 64
 static pthread_mutex_t sync_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct {
@@ -508,6 +515,7 @@ static int sync_find_locked(uint16_t kind, uint64_t handle) {
 static int sync_local(uint16_t opcode, uint64_t handle) {
     if (!hipr_idle(tl_device)) return 0;
     if (!handle) return 1;
+    if (__atomic_load_n(&sync_other_device, __ATOMIC_RELAXED)) return 0;
     pthread_mutex_lock(&sync_lock);
     int known = sync_find_locked(handle_kind(opcode), handle) >= 0;
     pthread_mutex_unlock(&sync_lock);

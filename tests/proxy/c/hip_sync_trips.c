@@ -124,6 +124,22 @@ int main(void) {
     TRIPS(hipDeviceSynchronize(), 0, 1);
     TRIPS(hipStreamSynchronize(NULL), 0, 0);
 
+    /* Once a thread has selected another device, a stream may belong to a device other
+     * than the caller's: known handles go to the worker again; the device's own
+     * synchronize and its null stream still need not. (The test's worker has 2 devices.) */
+    hipStream_t s2 = NULL;
+    TRIPS(hipStreamCreate(&s2), 0, 1);
+    TRIPS(hipStreamSynchronize(s2), 0, 1);
+    TRIPS(hipStreamSynchronize(s2), 0, 0);
+    CHECK(hipSetDevice(1));
+    CHECK(hipSetDevice(0));
+    TRIPS(hipDeviceSynchronize(), 0, 0);
+    TRIPS(hipStreamSynchronize(NULL), 0, 0);
+    TRIPS(hipStreamSynchronize(s2), 0, 1);
+    TRIPS(hipStreamQuery(s2), 0, 1);
+    CHECK(hipStreamDestroy(s2));
+    CHECK(hipDeviceSynchronize());
+
     if (failures) return 1;
     puts("ok");
     return 0;
