@@ -137,8 +137,12 @@ def run_bench(bench: Path, env: dict[str, str], mib: int, module: str | None) ->
     return figures
 
 
-def run_torch(python: str, env: dict[str, str], mib: int) -> dict[str, object]:
+def run_torch(
+    python: str, env: dict[str, str], mib: int, only: str | None = None
+) -> dict[str, object]:
     cmd = [python, str(HERE / "torch_ops.py"), "--mib", str(mib)]
+    if only:
+        cmd += ["--only", only]
     try:
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     except subprocess.TimeoutExpired:
@@ -214,6 +218,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before", type=Path, help="an older proxy build's libcuda folder")
     parser.add_argument("--trace-log", type=Path, help="a folder for the traced runs' stderr")
     parser.add_argument("--no-torch", action="store_true", help="the C benchmark only")
+    parser.add_argument(
+        "--extra", action="append", default=[], metavar="LABEL:VAR=VALUE[,VAR=VALUE]",
+        help="one more proxied PyTorch run with this environment added (e.g. "
+        "spin:HIPR_SPIN_US=5000), measuring the figures --extra-only names",
+    )  # fmt: skip
+    parser.add_argument("--extra-only", default="matmul,tiny", help="figures of --extra runs")
     args = parser.parse_args(argv)
     lib = proxy_dir()
     size = args.mib * MIB
@@ -307,6 +317,19 @@ def report(args: argparse.Namespace, lib: Path, size: int, bench: Path | None,
     mm, lmm = num(p.get("matmul_4096_ms")), num(loc.get("matmul_4096_ms"))
     row("matmul 4096^2, ms", "matmul_4096_ms", "<= 1.1x local",
         ok("matmul_4096_ms", mm is not None and lmm is not None and mm <= 1.1 * lmm))  # fmt: skip
+    spread = ", ".join(
+        f"{label} {run.get('matmul_4096_p10_p90_ms')}" for label, run in torch_runs.items()
+    )
+    print(f"matmul 4096^2 p10-p90 ms (same repeats): {spread}")
+    for extra in args.extra:
+        label, _, assignments = extra.partition(":")
+        env_extra = dict(a.split("=", 1) for a in assignments.split(",") if "=" in a)
+        run = run_torch(args.python, proxied_env(url, lib, **env_extra), args.mib, args.extra_only)
+        got = {k: v for k, v in run.items() if k not in ("device", "libcuda")}
+        ratio = ""
+        if (v := num(run.get("matmul_4096_ms"))) is not None and lmm:
+            ratio = f" (matmul {v / lmm:.2f}x local)"
+        print(f"variant {label} ({assignments}): {json.dumps(got)}{ratio}")
     if args.trace:
         for label, where in libs:
             env = proxied_env(url, where, HIPR_PROXY_TRACE="1")

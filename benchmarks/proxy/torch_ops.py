@@ -2,8 +2,10 @@
 CUDA proxy and locally (a JSON object a line on stdout, each figure as it is measured, so
 that a process that dies later keeps them). ``--steps N`` runs each workload N times
 between ``== step`` lines on stderr instead, for a traced run (HIPR_PROXY_TRACE=1) whose
-driver calls torch_compare counts per op. Needs only PyTorch and a CUDA device (real or
-through the proxy); a figure that fails says why and the others still run."""
+driver calls torch_compare counts per op (the 4096^2 matmul's steady state included).
+``--only a,b`` measures only the figures whose names start with a or b. Needs only PyTorch
+and a CUDA device (real or through the proxy); a figure that fails says why and the others
+still run."""
 
 from __future__ import annotations
 
@@ -27,13 +29,24 @@ def _median_time(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def figures(mib: int) -> dict[str, object]:
+#: The 4096^2 matmul: warm-up runs (cuBLAS's first call loads and tunes), then timed ones.
+MATMUL_WARMUP = 5
+MATMUL_REPEATS = 30
+
+
+def figures(mib: int, only: set[str] | None = None) -> dict[str, object]:
     """Each figure a median of its timed repeats, after a warm-up (which also faults the
-    host pages in: the first write of a fresh 256 MiB buffer costs as much as the copy)."""
+    host pages in: the first write of a fresh 256 MiB buffer costs as much as the copy).
+    ``only``: the figures whose names start with one of these (all when None)."""
     out: dict[str, object] = {}
     sync = torch.cuda.synchronize
 
-    def timed(name: str, fn: Callable[[], float]) -> None:
+    def wanted(name: str) -> bool:
+        return only is None or any(name.startswith(o) for o in only)
+
+    def timed(name: str, fn: Callable[[], object]) -> None:
+        if not wanted(name):
+            return
         try:
             out[name] = fn()
         except Exception as exc:
@@ -73,12 +86,18 @@ def figures(mib: int) -> dict[str, object]:
     timed("op_of_1000_us", many)
     timed("item_us", item)
     size = mib * MIB
+    if not any(wanted(k) for k in ("h2d_", "d2h_")):
+        size = 0
     try:
+        if not size:
+            raise LookupError("copies not asked for")
         host = torch.full((size,), 7, dtype=torch.uint8)
         back = torch.zeros(size, dtype=torch.uint8)
         pinned = torch.full((size,), 9, dtype=torch.uint8).pin_memory()
         pinned_back = torch.zeros(size, dtype=torch.uint8).pin_memory()
         dev = torch.empty(size, dtype=torch.uint8, device="cuda")
+    except LookupError:
+        pass
     except Exception as exc:
         out["copies"] = f"FAILED {type(exc).__name__}: {exc}"[:300]
     else:
@@ -96,12 +115,29 @@ def figures(mib: int) -> dict[str, object]:
             out["copies"] = "FAILED: a copy came back wrong"
         del host, back, pinned, pinned_back, dev
 
+    matmul_times: list[float] = []
+
     def matmul() -> float:
         a = torch.randn(4096, 4096, device="cuda")
         (a @ a).sum().item()
-        return _median_time(lambda: ((a @ a), sync()), 5) * 1e3
+        for _ in range(MATMUL_WARMUP):
+            a @ a
+            sync()
+        for _ in range(MATMUL_REPEATS):
+            start = time.perf_counter()
+            a @ a
+            sync()
+            matmul_times.append(time.perf_counter() - start)
+        return statistics.median(matmul_times) * 1e3
 
     timed("matmul_4096_ms", matmul)
+    if matmul_times:
+        # The spread of the same repeats: tenth and ninetieth percentiles (ms).
+        deciles = statistics.quantiles(matmul_times, n=10)
+        timed(
+            "matmul_4096_p10_p90_ms",
+            lambda: [round(deciles[0] * 1e3, 3), round(deciles[-1] * 1e3, 3)],
+        )
     return out
 
 
@@ -122,6 +158,7 @@ def steps(n: int, mib: int) -> None:
     pinned.copy_(dev, non_blocking=True)
     sync()
     a = torch.randn(512, 512, device="cuda")
+    big = torch.randn(4096, 4096, device="cuda")
 
     def mark(name: str, reps: int) -> None:
         print(f"== {name} x{reps}", file=sys.stderr, flush=True)
@@ -144,6 +181,10 @@ def steps(n: int, mib: int) -> None:
          lambda: (pinned.copy_(dev, non_blocking=True), sync()), 2, 2),
         # Last, and cold: cuBLAS's first use may end the process.
         ("matmul 512 + synchronize", lambda: (a @ a, sync()), 2, 2),
+        # Steady state: a 4096^2 matmul after warm-up runs (cuBLAS made its handle,
+        # workspace and choices), as torch_compare's timed matmul repeats it.
+        ("matmul 4096 warm-up", lambda: (big @ big, sync()), 3, 3),
+        ("matmul 4096 + synchronize, steady", lambda: (big @ big, sync()), n, n),
     ]  # fmt: skip
     for name, fn, calls, per in work:
         mark(name, per)
@@ -165,7 +206,10 @@ def main() -> None:
     with open("/proc/self/maps") as f:
         libcuda = sorted({ln.split()[-1] for ln in f if "libcuda.so" in ln})
     print(json.dumps({"device": torch.cuda.get_device_name(0), "libcuda": libcuda}), flush=True)
-    figures(mib)
+    only = None
+    if "--only" in sys.argv:
+        only = set(sys.argv[sys.argv.index("--only") + 1].split(","))
+    figures(mib, only)
 
 
 if __name__ == "__main__":

@@ -71,14 +71,14 @@ class BusyPoll:
         finally:
             self._spinning = False
 
-    async def wait_until(self, done: Callable[[], bool]) -> bool:
-        """Ask ``done`` between loop passes for up to ``seconds``: True once it says so;
-        False when time ran out or a GPU thread got busy (the caller then blocks on the
-        session's GPU thread, as without spinning). ``done`` may raise (a failed
-        kernel), as a synchronize would."""
+    async def wait_until(self, done: Callable[[], bool], window: float = 0.0) -> bool:
+        """Ask ``done`` between loop passes for up to ``seconds`` (or ``window``, a
+        forecast wait, where longer): True once it says so; False when time ran out or a
+        GPU thread got busy (the caller then blocks on the session's GPU thread, as
+        without spinning). ``done`` may raise (a failed kernel), as a synchronize would."""
         if not self.seconds:
             return False
-        deadline = time.perf_counter() + self.seconds
+        deadline = time.perf_counter() + max(self.seconds, window)
         while not done():
             if time.perf_counter() >= deadline:
                 self.gave_up = "window"

@@ -36,6 +36,7 @@ from hipr.sessions.resources import (
     HandleTable,
     ModuleEntry,
 )
+from hipr.sessions.sync_forecast import SyncForecast
 
 T = TypeVar("T")
 #: Which backend and device the event-loop thread has current, for inline calls.
@@ -122,6 +123,8 @@ class Session:
         self._gpu = GpuThread(name=f"hipr-gpu-{self.id}")
         #: The worker's busy polling: a synchronize may wait by polling (spin_wait).
         self._busy_poll = busy_poll or BusyPoll(0.0, lambda: False)
+        #: The expected wait of this session's device synchronizes (polled through).
+        self.sync_forecast = SyncForecast(self._busy_poll.seconds)
         #: Backend calls that never wait for the GPU (run inline when the thread is idle).
         self._inline_calls: frozenset[str] = getattr(backend, "inline_calls", frozenset())
         #: Backend calls that run inline only for some arguments (a small kernel).
@@ -254,7 +257,7 @@ class Session:
         tell, time ran out, or a GPU thread needs the loop's interpreter lock)."""
         if getattr(self.backend, "work_done", None) is None:
             return False
-        return await self._busy_poll.wait_until(self.work_done)
+        return await self._busy_poll.wait_until(self.work_done, self.sync_forecast.window())
 
     async def spin_until_settled(self, query: Callable[..., bool], *args: Any) -> bool:
         """:meth:`spin_until_done` for a stream or event query (:meth:`settled`)."""

@@ -217,9 +217,87 @@ static int send_direct(const direct *d) {
     return 0;
 }
 
+/* --- the wait forecast ---------------------------------------------------------------
+ * As the Python sync client's (hipr/client/wait_forecast.py): a synchronize that outlasts
+ * the spin (a kernel of milliseconds: cuBLAS's 4096^2 SGEMM takes ~2.7 ms) is otherwise
+ * answered into a thread asleep in poll(), and on a virtual machine waking a thread that
+ * slept for milliseconds costs tens of µs before the caller runs again (a local CUDA
+ * program does not pay it: cudaDeviceScheduleAuto spins through the whole wait where
+ * cores are to spare). So learn how long each kind of synchronize takes and poll until
+ * a margin (an eighth of the wait, at most FORECAST_MARGIN_MAX) after its expected end,
+ * then block as before. A wait expected to last up to FORECAST_SPIN_MAX is polled from
+ * its start, as CUDA's default does locally: a core for at most 10 ms + 0.25 ms per wait.
+ * A longer one (or any, with HIPR_FORECAST=nap) sleeps until the margin before its
+ * expected end (woken at once should the reply come early), as the Python client does:
+ * at most 0.5 ms of polling per wait. HIPR_FORECAST=0 turns it off, and it is off where
+ * the proxy does not spin (HIPR_SPIN_US=0, or fewer than 4 usable CPUs). Under `lock`. */
+#define FORECAST_MARGIN_MAX 250e-6
+/* Longer waits are not forecast: a wake-up's tens of µs are nothing beside them. */
+#define FORECAST_MAX 0.5
+enum { FC_DEVICE, FC_STREAM, FC_EVENT, FC_KINDS };
+/* Expected waits up to this long are polled through from the start instead of napped
+ * (HIPR_FORECAST=nap: never): on the H200 host a nap cost a 4096^2 matmul ~0.1 ms more than
+ * polling through its 2.7 ms wait (docs/gpu-runs/2026-11-26-h200-cuda-proxy-matmul.txt), the
+ * work after a wait running slower on a core that slept. */
+#define FORECAST_SPIN_MAX 10e-3
+static double forecast_expected[FC_KINDS]; /* seconds; 0: nothing learnt */
+static int forecast_on, forecast_nap_only;
+/* The wait under way (one at a time: the lock is held across it). */
+static struct {
+    int active;
+    double nap_until, poll_until;
+} W;
+
+static int forecast_kind(uint16_t opcode) {
+    switch (opcode) {
+    case OP_DEVICE_SYNCHRONIZE: return FC_DEVICE;
+    case OP_STREAM_SYNCHRONIZE: return FC_STREAM;
+    case OP_EVENT_SYNCHRONIZE: return FC_EVENT;
+    default: return -1;
+    }
+}
+
+/* Plan the wait for a request of `opcode` sent at `started`. */
+static void forecast_plan(uint16_t opcode, double started) {
+    int k = forecast_kind(opcode);
+    W.active = 0;
+    if (!forecast_on || k < 0 || forecast_expected[k] <= 0) return;
+    double expected = forecast_expected[k];
+    double margin = expected / 8 < FORECAST_MARGIN_MAX ? expected / 8 : FORECAST_MARGIN_MAX;
+    W.nap_until = started + expected - margin;
+    if (!forecast_nap_only && expected <= FORECAST_SPIN_MAX) W.nap_until = started;
+    W.poll_until = started + expected + margin;
+    W.active = 1;
+}
+
+/* A wait of `opcode` took `seconds` from sending to having its reply. */
+static void forecast_record(uint16_t opcode, double seconds) {
+    int k = forecast_kind(opcode);
+    W.active = 0;
+    if (!forecast_on || k < 0) return;
+    if (!(seconds > S.spin_s && seconds <= FORECAST_MAX)) {
+        /* Caught by the spin, or too long to matter: forget, so that a program whose
+         * synchronizes became quick stops napping at once. */
+        forecast_expected[k] = 0;
+        return;
+    }
+    double before = forecast_expected[k];
+    /* Half the weight on the newest: a step that changed length is followed within a few
+     * waits, and one outlier moves the estimate only half way. */
+    forecast_expected[k] = before > 0 ? (before + seconds) / 2 : seconds;
+}
+
+static long spin_recv(uint8_t *p, size_t room, double until) {
+    long n;
+    do n = hipr_link_recv_nowait(S.link, p, room);
+    while (n == -2 && now_s() < until);
+    return n;
+}
+
 /* Received bytes into the wire's input (no copy), spinning briefly before blocking as
  * the Python sync client does: a reply that comes within the spin is seen without the
- * kernel waking a sleeping thread. */
+ * kernel waking a sleeping thread. A forecast wait (W) naps, then polls around its
+ * expected end, then blocks. */
 static int read_more_at_most(int spin, size_t limit) {
     size_t room;
     uint8_t *p = hipr_wire_space(&S.wire, RECV_CHUNK, &room);
@@ -227,9 +305,20 @@ static int read_more_at_most(int spin, size_t limit) {
     if (limit && room > limit) room = limit;
     long n = -2;
     if (spin && S.spin_s > 0) {
-        double until = now_s() + S.spin_s;
-        do n = hipr_link_recv_nowait(S.link, p, room);
-        while (n == -2 && now_s() < until);
+        n = spin_recv(p, room, now_s() + S.spin_s);
+        while (n == -2 && W.active) {
+            double now = now_s();
+            if (now < W.nap_until) {
+                /* Bytes that come during the nap end it (the plan stays for the next
+                 * read, should they not be the reply). */
+                int ready = hipr_link_nap(S.link, W.nap_until - now);
+                if (ready < 0) return link_down(strerror(errno));
+                n = hipr_link_recv_nowait(S.link, p, room);
+                continue;
+            }
+            if (now < W.poll_until) n = spin_recv(p, room, W.poll_until);
+            if (n == -2) W.active = 0; /* the forecast missed: block as without it */
+        }
     }
     if (n == -2) {
         int ready = hipr_link_wait_readable(S.link, (int)(S.silent_limit_s * 1000));
@@ -800,6 +889,11 @@ static int connect_locked(void) {
     /* As the Python sync client: spin ~200 us for a reply where cores are to spare
      * (hipr/cpus.py's auto_spin_wait); HIPR_SPIN_US sets it (0: block at once). */
     S.spin_s = env_number("HIPR_SPIN_US", usable_cpus() >= 4 ? 200.0 : 0.0) * 1e-6;
+    {
+        const char *f = getenv("HIPR_FORECAST");
+        forecast_on = S.spin_s > 0 && !(f && strcmp(f, "0") == 0);
+        forecast_nap_only = f && strcmp(f, "nap") == 0;
+    }
     S.reconnect_s = env_number("HIPR_RECONNECT_TIMEOUT", 60.0);
     S.reconnect_attempts = S.reconnect_s > 0 ? (int)env_number("HIPR_RECONNECT_ATTEMPTS", 10) : 0;
     if (!S.wire_ready) {
@@ -907,7 +1001,11 @@ int hipr_call(int device, uint16_t opcode, hipr_map *args, const void *bulk, siz
     if (rc == HIPR_SUCCESS) rc = use_device(device);
     if (rc == HIPR_SUCCESS) {
         if (!leaves_no_work(opcode)) work_seq++;
+        double started = now_s();
+        forecast_plan(opcode, started);
         rc = call_locked(opcode, 0, cbor, len, bulk, bulk_len, sink, sink_size, r);
+        if (rc == HIPR_SUCCESS) forecast_record(opcode, now_s() - started);
+        W.active = 0;
         /* The lock was held throughout: no other thread's work went out meanwhile. */
         if (rc == HIPR_SUCCESS && opcode == OP_DEVICE_SYNCHRONIZE && device >= 0) {
             idle_seq = work_seq;

@@ -23,6 +23,28 @@
 /* The worker's built-in kernels (hipr.kernels.builtins), as for the HIP front. */
 #define BUILTIN_IMAGE "hipr:builtin"
 
+/* What a loaded function's attributes and occupancy read as: they cannot change while
+ * nothing is set on the function (cuFuncSetAttribute, which empties this cache), so the
+ * worker's answers are kept and a library asking again (cuBLAS asks
+ * cuOccupancyMaxActiveClusters and function attributes around its launches) costs no
+ * round trip. Only successful answers are kept; under hipr_cu_lock. */
+#define ATTR_MAX 64
+#define OCC_SLOTS 16
+struct occ_key {
+    uint64_t query; /* which cuOccupancy* question (enum occ_query) */
+    uint64_t grid[3], block[3], cluster[3];
+    int64_t block_size, smem, num_blocks, limit;
+    uint64_t flags, have_cluster;
+};
+struct fn_cache {
+    uint64_t attr_known; /* bit a: attr[a] holds attribute a's value */
+    int attr[ATTR_MAX + 1];
+    struct occ_key occ[OCC_SLOTS];
+    int64_t occ_value[OCC_SLOTS], occ_second[OCC_SLOTS];
+    unsigned occ_used, occ_next; /* filled slots; the next to replace (round robin) */
+};
+enum occ_query { OCC_ACTIVE_BLOCKS = 1, OCC_DYNAMIC_SMEM, OCC_BLOCK_SIZE, OCC_CLUSTERS };
+
 struct hipr_cu_function {
     uint64_t id;
     int device;
@@ -33,6 +55,7 @@ struct hipr_cu_function {
     size_t args_size;
     struct hipr_cu_module *module;
     struct hipr_cu_function *next;
+    struct fn_cache cache;
     char name[]; /* C++ kernels' mangled names run to thousands of characters */
 };
 
@@ -460,7 +483,18 @@ API CUresult cuFuncGetModule(CUmodule *m, CUfunction f) {
 static CUresult function_attribute(CUfunction f, int attrib, const int *set, int *value) {
     if (!hipr_cu_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
     if (!f || !function_live(f)) return CUDA_ERROR_INVALID_HANDLE;
-    if (attrib < 0 || attrib > 64) return CUDA_ERROR_INVALID_VALUE;
+    if (attrib < 0 || attrib > ATTR_MAX) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&hipr_cu_lock);
+    if (set) {
+        /* A setting may change other attributes and the occupancy: forget them all,
+         * whether the worker takes it or not. */
+        memset(&f->cache, 0, sizeof f->cache);
+    } else if (f->cache.attr_known >> attrib & 1) {
+        if (value) *value = f->cache.attr[attrib];
+        pthread_mutex_unlock(&hipr_cu_lock);
+        return CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&hipr_cu_lock);
     hipr_map m;
     hipr_map_init(&m, set ? 3 : 2);
     hipr_map_u64(&m, "function", f->id);
@@ -479,7 +513,38 @@ static CUresult function_attribute(CUfunction f, int attrib, const int *set, int
     hipr_reply_free(&r);
     if (hip) return hipr_cu_error(hip);
     if (value) *value = (int)v;
+    if (!set) {
+        pthread_mutex_lock(&hipr_cu_lock);
+        f->cache.attr[attrib] = (int)v;
+        f->cache.attr_known |= (uint64_t)1 << attrib;
+        pthread_mutex_unlock(&hipr_cu_lock);
+    }
     return CUDA_SUCCESS;
+}
+
+/* The cached answer to `key` (1), or 0. */
+static int occ_cached(CUfunction f, const struct occ_key *key, int64_t *value, int64_t *second) {
+    int hit = 0;
+    pthread_mutex_lock(&hipr_cu_lock);
+    for (unsigned i = 0; i < f->cache.occ_used && !hit; i++) {
+        if (memcmp(&f->cache.occ[i], key, sizeof *key) == 0) {
+            *value = f->cache.occ_value[i];
+            if (second) *second = f->cache.occ_second[i];
+            hit = 1;
+        }
+    }
+    pthread_mutex_unlock(&hipr_cu_lock);
+    return hit;
+}
+
+static void occ_keep(CUfunction f, const struct occ_key *key, int64_t value, int64_t second) {
+    pthread_mutex_lock(&hipr_cu_lock);
+    struct fn_cache *c = &f->cache;
+    unsigned i = c->occ_used < OCC_SLOTS ? c->occ_used++ : c->occ_next++ % OCC_SLOTS;
+    c->occ[i] = *key;
+    c->occ_value[i] = value;
+    c->occ_second[i] = second;
+    pthread_mutex_unlock(&hipr_cu_lock);
 }
 
 API CUresult cuFuncGetAttribute(int *value, int attrib, CUfunction f) {
@@ -542,6 +607,17 @@ static CUresult occupancy(CUfunction f, const char *query, int64_t block_size, i
     if (!f || !function_live(f)) return CUDA_ERROR_INVALID_HANDLE;
     if (block_size < 0 || smem < 0 || num_blocks < 0 || limit < 0 || smem > INT32_MAX)
         return CUDA_ERROR_INVALID_VALUE;
+    struct occ_key key;
+    memset(&key, 0, sizeof key); /* compared with memcmp: no stray padding bytes */
+    key.query = strcmp(query, "max_active_blocks") == 0        ? OCC_ACTIVE_BLOCKS
+                : strcmp(query, "available_dynamic_smem") == 0 ? OCC_DYNAMIC_SMEM
+                                                               : OCC_BLOCK_SIZE;
+    key.block_size = block_size;
+    key.smem = smem;
+    key.num_blocks = num_blocks;
+    key.limit = limit;
+    key.flags = flags;
+    if (occ_cached(f, &key, value, second)) return CUDA_SUCCESS;
     hipr_map m;
     hipr_map_init(&m, 7);
     hipr_map_u64(&m, "function", f->id);
@@ -560,6 +636,7 @@ static CUresult occupancy(CUfunction f, const char *query, int64_t block_size, i
         if (bad) hip = HIPR_UNKNOWN;
     }
     hipr_reply_free(&r);
+    if (hip == 0) occ_keep(f, &key, *value, second ? *second : 0);
     return hipr_cu_error(hip);
 }
 
@@ -644,6 +721,19 @@ API CUresult cuOccupancyMaxActiveClusters(int *clusters, CUfunction f, const CUl
     if (!f || !function_live(f)) return CUDA_ERROR_INVALID_HANDLE;
     const uint64_t grid[3] = {config->gridDimX, config->gridDimY, config->gridDimZ};
     const uint64_t block[3] = {config->blockDimX, config->blockDimY, config->blockDimZ};
+    struct occ_key key;
+    memset(&key, 0, sizeof key);
+    key.query = OCC_CLUSTERS;
+    memcpy(key.grid, grid, sizeof grid);
+    memcpy(key.block, block, sizeof block);
+    memcpy(key.cluster, cluster, sizeof cluster);
+    key.have_cluster = (uint64_t)have_cluster;
+    key.smem = (int64_t)config->sharedMemBytes;
+    int64_t cached = 0;
+    if (occ_cached(f, &key, &cached, NULL)) {
+        *clusters = (int)cached;
+        return CUDA_SUCCESS;
+    }
     hipr_map m;
     hipr_map_init(&m, 6);
     hipr_map_u64(&m, "function", f->id);
@@ -658,6 +748,7 @@ API CUresult cuOccupancyMaxActiveClusters(int *clusters, CUfunction f, const CUl
     if (hip == 0 && hipr_cbor_int(r.map, "value", &v)) hip = HIPR_UNKNOWN;
     hipr_reply_free(&r);
     if (hip) return hipr_cu_error(hip);
+    occ_keep(f, &key, v, 0);
     *clusters = (int)v;
     return CUDA_SUCCESS;
 }

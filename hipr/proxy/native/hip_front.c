@@ -171,12 +171,18 @@ API hipError_t hipGetDeviceCount(int *count) {
     return ret(rc);
 }
 
+/* Set once any thread selects a device other than 0 (every thread starts on 0): a stream
+ * or event may then belong to a device other than the caller's, whose idleness says
+ * nothing of it, so their synchronizes are no longer answered without the network. */
+static int sync_other_device;
+
 API hipError_t hipSetDevice(int device) {
     int n;
     hipError_t rc = device_count(&n);
     if (rc) return ret(rc);
     if (device < 0 || device >= n) return ret(hipErrorInvalidDevice);
     tl_device = device;
+    if (device != 0) __atomic_store_n(&sync_other_device, 1, __ATOMIC_RELAXED);
     return hipSuccess;
 }
 
@@ -220,12 +226,6 @@ API hipError_t hipDeviceGetAttribute(int *value, hipDeviceAttribute_t attr, int 
     return ret(hipErrorInvalidValue);
 }
 
-API hipError_t hipDeviceSynchronize(void) {
-    hipr_reply r;
-    hipError_t rc = hipr_call(tl_device, OP_DEVICE_SYNCHRONIZE, NULL, NULL, 0, NULL, 0, &r);
-    hipr_reply_free(&r);
-    return ret(rc);
-}
 
 API hipError_t hipMemGetInfo(size_t *free_bytes, size_t *total) {
     if (!free_bytes || !total) return ret(hipErrorInvalidValue);
@@ -475,6 +475,84 @@ static hipError_t on_handle(uint16_t opcode, const char *key, uint64_t handle, i
     return rc;
 }
 
+/* --- synchronizes answered without the network -----------------------------------------
+ * As the CUDA front's: when a device synchronize succeeded and nothing was asked of any
+ * device since (hipr_idle), a synchronize or query would wait for nothing and report no
+ * error. A stream or event handle must still be one the worker knows: the front keeps no
+ * table of them, so a handle is answered here only once the worker has answered a
+ * synchronize or query of it (it is live), until it is destroyed (a destroy is work, so
+ * the next such call goes to the worker again, and the handle is forgotten here), and
+ * only while every thread has kept to device 0 (sync_other_device). Forgotten in a forked
+ * child, whose session is new. */
+#define SYNC_KNOWN 64
+static pthread_mutex_t sync_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    uint16_t kind; /* OP_STREAM_CREATE or OP_EVENT_CREATE; 0: free */
+    uint64_t handle;
+} sync_known[SYNC_KNOWN];
+static unsigned sync_next;
+
+static void sync_forget_all(void) { memset(sync_known, 0, sizeof sync_known); }
+
+__attribute__((constructor(103))) static void sync_guard(void) {
+    hipr_fork_guard(&sync_lock, sync_forget_all);
+}
+
+static uint16_t handle_kind(uint16_t opcode) {
+    return opcode == OP_STREAM_SYNCHRONIZE || opcode == OP_STREAM_QUERY ||
+                   opcode == OP_STREAM_DESTROY
+               ? OP_STREAM_CREATE
+               : OP_EVENT_CREATE;
+}
+
+static int sync_find_locked(uint16_t kind, uint64_t handle) {
+    for (int i = 0; i < SYNC_KNOWN; i++)
+        if (sync_known[i].kind == kind && sync_known[i].handle == handle) return i;
+    return -1;
+}
+
+/* 1: `handle` (0: the null stream) of `opcode`'s kind may be answered here now. */
+static int sync_local(uint16_t opcode, uint64_t handle) {
+    if (!hipr_idle(tl_device)) return 0;
+    if (!handle) return 1;
+    if (__atomic_load_n(&sync_other_device, __ATOMIC_RELAXED)) return 0;
+    pthread_mutex_lock(&sync_lock);
+    int known = sync_find_locked(handle_kind(opcode), handle) >= 0;
+    pthread_mutex_unlock(&sync_lock);
+    return known;
+}
+
+/* The worker answered a synchronize or query of `handle` (live), or it was destroyed. */
+static void sync_note(uint16_t opcode, uint64_t handle, int live) {
+    if (!handle) return;
+    uint16_t kind = handle_kind(opcode);
+    pthread_mutex_lock(&sync_lock);
+    int i = sync_find_locked(kind, handle);
+    if (!live && i >= 0) sync_known[i].kind = 0;
+    if (live && i < 0) {
+        i = (int)(sync_next++ % SYNC_KNOWN);
+        sync_known[i].kind = kind;
+        sync_known[i].handle = handle;
+    }
+    pthread_mutex_unlock(&sync_lock);
+}
+
+/* A synchronize or query of a stream or event, or there without the network. */
+static hipError_t sync_handle(uint16_t opcode, const char *key, uint64_t handle) {
+    if (sync_local(opcode, handle)) return hipSuccess;
+    hipError_t rc = on_handle(opcode, key, handle, 1);
+    if (rc == hipSuccess || rc == hipErrorNotReady) sync_note(opcode, handle, 1);
+    return rc;
+}
+
+API hipError_t hipDeviceSynchronize(void) {
+    if (hipr_idle(tl_device)) return hipSuccess;
+    hipr_reply r;
+    hipError_t rc = hipr_call(tl_device, OP_DEVICE_SYNCHRONIZE, NULL, NULL, 0, NULL, 0, &r);
+    hipr_reply_free(&r);
+    return ret(rc);
+}
+
 API hipError_t hipStreamCreate(hipStream_t *stream) {
     if (!stream) return ret(hipErrorInvalidValue);
     uint64_t h = 0;
@@ -506,15 +584,16 @@ API hipError_t hipStreamDestroy(hipStream_t stream) {
     if (!stream) return ret(hipErrorInvalidHandle);
     hipr_capture_forget(stream);
     hipr_stream_forget(stream);
+    sync_note(OP_STREAM_DESTROY, (uint64_t)(uintptr_t)stream, 0);
     return ret(on_handle(OP_STREAM_DESTROY, "stream", (uint64_t)(uintptr_t)stream, 0));
 }
 
 API hipError_t hipStreamSynchronize(hipStream_t stream) {
-    return ret(on_handle(OP_STREAM_SYNCHRONIZE, "stream", (uint64_t)(uintptr_t)stream, 1));
+    return ret(sync_handle(OP_STREAM_SYNCHRONIZE, "stream", (uint64_t)(uintptr_t)stream));
 }
 
 API hipError_t hipStreamQuery(hipStream_t stream) {
-    return ret(on_handle(OP_STREAM_QUERY, "stream", (uint64_t)(uintptr_t)stream, 1));
+    return ret(sync_handle(OP_STREAM_QUERY, "stream", (uint64_t)(uintptr_t)stream));
 }
 
 API hipError_t hipStreamWaitEvent(hipStream_t stream, hipEvent_t event, unsigned int flags) {
@@ -552,16 +631,17 @@ API hipError_t hipEventRecord(hipEvent_t event, hipStream_t stream) {
 
 API hipError_t hipEventSynchronize(hipEvent_t event) {
     if (!event) return ret(hipErrorInvalidHandle);
-    return ret(on_handle(OP_EVENT_SYNCHRONIZE, "event", (uint64_t)(uintptr_t)event, 1));
+    return ret(sync_handle(OP_EVENT_SYNCHRONIZE, "event", (uint64_t)(uintptr_t)event));
 }
 
 API hipError_t hipEventQuery(hipEvent_t event) {
     if (!event) return ret(hipErrorInvalidHandle);
-    return ret(on_handle(OP_EVENT_QUERY, "event", (uint64_t)(uintptr_t)event, 1));
+    return ret(sync_handle(OP_EVENT_QUERY, "event", (uint64_t)(uintptr_t)event));
 }
 
 API hipError_t hipEventDestroy(hipEvent_t event) {
     if (!event) return ret(hipErrorInvalidHandle);
+    sync_note(OP_EVENT_SYNCHRONIZE, (uint64_t)(uintptr_t)event, 0);
     return ret(on_handle(OP_EVENT_DESTROY, "event", (uint64_t)(uintptr_t)event, 0));
 }
 

@@ -1138,6 +1138,16 @@ int hipr_link_wait_readable(hipr_link *l, int timeout_ms) {
     }
 }
 
+int hipr_link_nap(hipr_link *l, double seconds) {
+    if (l->ssl && SSL_pending(l->ssl) > 0) return 1;
+    if (seconds <= 0) return 0;
+    struct pollfd p = {.fd = l->fd, .events = POLLIN};
+    struct timespec t = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    int rc = ppoll(&p, 1, &t, NULL);
+    if (rc < 0) return errno == EINTR ? 0 : -1;
+    return rc > 0;
+}
+
 void hipr_link_set_send_timeout(hipr_link *l, double seconds) {
     struct timeval tv = {0, 0};
     if (seconds > 0) {
