@@ -619,12 +619,35 @@ static void reset_reply(hipr_reply *r) {
 
 /* Send what waits (and `d`, a request straight from the caller's memory), then wait for
  * the reply to `id`; across dropped links until the session is lost. */
-/* Work asked of the devices so far (each fire-and-forget request, launch, and request
- * that may leave work running once answered bumps it), and its value when a
- * DEVICE_SYNCHRONIZE of idle_device last succeeded: while the two are equal, that device
- * has nothing left to do and no error can be pending (hipr_idle). Under `lock`. */
-static uint64_t work_seq = 1, idle_seq;
-static int idle_device = -1;
+/* Work asked of the devices (each fire-and-forget request, launch, and request that may
+ * leave work running once answered is one): its count so far, and per device its value
+ * at that device's last work and at its last successful DEVICE_SYNCHRONIZE. While every
+ * device's last synchronize came after its last work, nothing runs anywhere in the
+ * session and no error can be pending (hipr_idle). Per device, because a synchronize of
+ * one device says nothing of another's work queued before it. Under `lock`. */
+#define IDLE_DEVICES 64
+static uint64_t work_seq;
+static uint64_t device_work[IDLE_DEVICES], device_synced[IDLE_DEVICES];
+static int untracked_work; /* work on a device past IDLE_DEVICES: never idle again */
+
+/* After use_device: the work goes to the session's device on the worker. */
+static void note_work(void) {
+    work_seq++;
+    int device = S.worker_device;
+    if (device >= 0 && device < IDLE_DEVICES) device_work[device] = work_seq;
+    else untracked_work = 1;
+}
+
+static void note_synced(int device) {
+    if (device >= 0 && device < IDLE_DEVICES) device_synced[device] = work_seq;
+}
+
+static void forget_work(void) {
+    work_seq = 0;
+    memset(device_work, 0, sizeof device_work);
+    memset(device_synced, 0, sizeof device_synced);
+    untracked_work = 0;
+}
 
 /* Served by cuda workers (the CUDA front's files name them too). */
 #define OP_DEVICE_LIMIT_ 0x0107
@@ -649,8 +672,11 @@ static int leaves_no_work(uint16_t opcode) {
 }
 
 int hipr_idle(int device) {
+    (void)device; /* a stream's or event's device is not always the caller's: ask all */
     pthread_mutex_lock(&lock);
-    int idle = S.state == S_READY && device >= 0 && idle_device == device && idle_seq == work_seq;
+    int idle = S.state == S_READY && !untracked_work;
+    for (int d = 0; idle && d < IDLE_DEVICES; d++)
+        if (device_work[d] > device_synced[d]) idle = 0;
     pthread_mutex_unlock(&lock);
     return idle;
 }
@@ -906,7 +932,7 @@ static int connect_locked(void) {
     S.heartbeat_s = 5.0;
     S.silent_limit_s = 15.0;
     S.worker_device = 0;
-    idle_device = -1; /* a new session (a forked child's) knows nothing yet */
+    forget_work(); /* a new session (a forked child's) has asked nothing yet */
     S.session_id[0] = S.resume_token[0] = '\0';
     S.closing = 0;
     char err[1000];
@@ -1000,17 +1026,14 @@ int hipr_call(int device, uint16_t opcode, hipr_map *args, const void *bulk, siz
     rc = ready_locked();
     if (rc == HIPR_SUCCESS) rc = use_device(device);
     if (rc == HIPR_SUCCESS) {
-        if (!leaves_no_work(opcode)) work_seq++;
+        if (!leaves_no_work(opcode)) note_work();
         double started = now_s();
         forecast_plan(opcode, started);
         rc = call_locked(opcode, 0, cbor, len, bulk, bulk_len, sink, sink_size, r);
         if (rc == HIPR_SUCCESS) forecast_record(opcode, now_s() - started);
         W.active = 0;
         /* The lock was held throughout: no other thread's work went out meanwhile. */
-        if (rc == HIPR_SUCCESS && opcode == OP_DEVICE_SYNCHRONIZE && device >= 0) {
-            idle_seq = work_seq;
-            idle_device = device;
-        }
+        if (rc == HIPR_SUCCESS && opcode == OP_DEVICE_SYNCHRONIZE) note_synced(S.worker_device);
     } else if (S.state != S_READY)
         set_message(r, "no session with the worker at %.400s", S.url);
     pthread_mutex_unlock(&lock);
@@ -1026,7 +1049,7 @@ int hipr_notify(int device, uint16_t opcode, hipr_map *args, const void *bulk, s
     pthread_mutex_lock(&lock);
     rc = ready_locked();
     if (rc == HIPR_SUCCESS) rc = use_device(device);
-    work_seq++;
+    note_work();
     if (rc == HIPR_SUCCESS && bulk_len >= DIRECT_BYTES) {
         /* Too large to copy into the log: sent from the caller's buffer, and waited for
          * (the buffer is the caller's again when this returns). */
@@ -1049,9 +1072,9 @@ int hipr_notify(int device, uint16_t opcode, hipr_map *args, const void *bulk, s
 int hipr_launch(int device, const hipr_launch_config *config, const void *args, size_t len) {
     if (len > 4096 || config->n_ptrs > 256) return HIPR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
-    work_seq++;
     int rc = ready_locked();
     if (rc == HIPR_SUCCESS) rc = use_device(device);
+    note_work();
     if (rc == HIPR_SUCCESS) {
         int same = B.count && B.count < BATCH_MAX && B.used + len <= BATCH_BYTES &&
                    memcmp(&B.config, config, offsetof(hipr_launch_config, ptrs)) == 0 &&

@@ -140,6 +140,26 @@ int main(void) {
     CHECK(hipStreamDestroy(s2));
     CHECK(hipDeviceSynchronize());
 
+    /* Work queued on device 1, then device 0 synchronized: that says nothing of device 1,
+     * so no synchronize is answered locally until device 1's own has come back. */
+    void *q1 = NULL;
+    CHECK(hipSetDevice(1));
+    CHECK(hipMalloc(&q1, 4096));
+    TRIPS(hipMemset(q1, 3, 4096), 0, 0);
+    CHECK(hipSetDevice(0));
+    TRIPS(hipDeviceSynchronize(), 0, 2); /* and the switch to device 0 */
+    TRIPS(hipDeviceSynchronize(), 0, 1);
+    TRIPS(hipStreamSynchronize(NULL), 0, 1);
+    CHECK(hipSetDevice(1));
+    TRIPS(hipDeviceSynchronize(), 0, 2); /* and the switch to device 1 */
+    TRIPS(hipDeviceSynchronize(), 0, 0);
+    CHECK(hipSetDevice(0));
+    TRIPS(hipDeviceSynchronize(), 0, 0);
+    CHECK(hipSetDevice(1));
+    CHECK(hipFree(q1));
+    CHECK(hipDeviceSynchronize());
+    CHECK(hipSetDevice(0));
+
     if (failures) return 1;
     puts("ok");
     return 0;
