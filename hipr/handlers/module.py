@@ -21,6 +21,7 @@ from hipr.handlers.context import (
     run_batch,
     run_ordered,
 )
+from hipr.handlers.device_wait import wait_for_device
 from hipr.handlers.registry import LATER, answers_now, handler
 from hipr.protocol import messages as m
 from hipr.protocol.opcodes import OpcodeRange
@@ -45,6 +46,7 @@ _ARGS = m.LaunchKernel.args
 _STREAM = m.LaunchKernel.stream
 _BATCH_ARGS = m.LaunchKernels.args
 _BATCH_STREAM = m.LaunchKernels.stream
+_SYNCHRONIZE = m.LaunchKernel.synchronize
 
 
 def _add_module(session: Session, handle: Any, *, shared: bool) -> int:
@@ -303,9 +305,47 @@ def _named(what: str | Callable[[], str]) -> str:
 @handler(m.LaunchKernel)
 async def launch_kernel(session: Session, request: Request) -> Any:
     """``{function, grid, block, shared_mem?, stream?, args, ptrs}``: launch a kernel.
-    ``args`` is the C-aligned argument buffer; ``ptrs`` the offsets of its pointers."""
+    ``args`` is the C-aligned argument buffer; ``ptrs`` the offsets of its pointers.
+    With ``synchronize`` (protocol 1.3), the launch then its DEVICE_SYNCHRONIZE."""
+    if _synchronizes(request):
+
+        def launch() -> None:
+            call = _launch_call(session, request)
+            post_ordered(session, request, session.backend.launch, *call)
+
+        await _launched_then_waited(session, request, launch)
+        return {}
     await run_ordered(session, request, session.backend.launch, *_launch_call(session, request))
     return {}
+
+
+def _synchronizes(request: Request) -> bool:
+    """The launch's ``synchronize`` (protocol 1.3), checked: a request that asks for no
+    reply cannot be waited for, and is refused."""
+    if not request.args.flag(_SYNCHRONIZE):
+        return False
+    if request.no_reply:
+        raise invalid_value(
+            f"{request.name}: 'synchronize' asks for a reply; it cannot be sent with NO_REPLY"
+        )
+    return True
+
+
+async def _launched_then_waited(
+    session: Session, request: Request, launch: Callable[[], None]
+) -> None:
+    """A launch request with ``synchronize``, as its two requests would have run: the
+    launches go out as fire-and-forget ones do (``launch``: a refusal or failure is kept
+    as this request's deferred error, behind any earlier one), the synchronize spends
+    one more request of max_request_rate, then waits as DEVICE_SYNCHRONIZE does. The
+    connection reports the kept error after the wait (``asks_to_wait``)."""
+    try:
+        launch()
+    except HipError as exc:
+        session.defer_error(exc, request.name, request.request_id)
+    if not session.gate.try_admit():
+        raise session.gate.over_rate(f" (the synchronize of {request.name} was refused)")
+    await wait_for_device(session, request)
 
 
 def _launch_call(session: Session, request: Request) -> tuple[Any, ...]:
@@ -319,8 +359,8 @@ def _launch_call(session: Session, request: Request) -> tuple[Any, ...]:
 def launch_kernel_now(session: Session, request: Request) -> Any:
     """A lone fire-and-forget launch, issued from the worker's I/O callback (inline when
     the backend allows, else queued on the session's GPU thread)."""
-    if not request.no_reply:
-        return LATER
+    if not request.no_reply or request.args.has(_SYNCHRONIZE):
+        return LATER  # the executor refuses ``synchronize`` with NO_REPLY
     post_ordered(session, request, session.backend.launch, *_launch_call(session, request))
     return {}
 
@@ -380,7 +420,20 @@ async def launch_kernels(session: Session, request: Request) -> Any:
     tenant's max_request_rate: each launch counts as one request) or fails does not stop
     the others; the first refusal, else the first failure, is the request's error,
     naming the launch. All of them go to the session's GPU thread in one hand-off,
-    where a burst of LAUNCH_KERNEL frames pays one a launch."""
+    where a burst of LAUNCH_KERNEL frames pays one a launch. With ``synchronize``
+    (protocol 1.3), the launches then their DEVICE_SYNCHRONIZE."""
+    if _synchronizes(request):
+
+        def launch() -> None:
+            batch = _Batch(session, request)
+            call = batch.run(session, request)
+            if call is not None:
+                post_ordered(session, request, *call)
+            if batch.refused is not None:
+                raise batch.refused
+
+        await _launched_then_waited(session, request, launch)
+        return {}
     batch = _Batch(session, request)
     await run_batch(session, request, batch.run(session, request), batch.refused)
     return {}
@@ -389,8 +442,8 @@ async def launch_kernels(session: Session, request: Request) -> Any:
 @answers_now(m.LaunchKernels)
 def launch_kernels_now(session: Session, request: Request) -> Any:
     """A fire-and-forget batch of launches issued from the worker's I/O callback."""
-    if not request.no_reply:
-        return LATER
+    if not request.no_reply or request.args.has(_SYNCHRONIZE):
+        return LATER  # the executor refuses ``synchronize`` with NO_REPLY
     batch = _Batch(session, request)
     call = batch.run(session, request)
     if call is not None:

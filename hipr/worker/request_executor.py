@@ -23,6 +23,7 @@ import anyio
 from hipr.errors import HipError, HipErrorCode, ProtocolError
 from hipr.handlers.args import Args
 from hipr.handlers.context import Reply, Request
+from hipr.handlers.device_wait import asks_to_wait
 from hipr.handlers.registry import LATER, HandlerRegistry
 from hipr.observability.observer import WorkerObserver
 from hipr.protocol.codec import Frame, FrameDecoder, encode_frame, encode_frame_parts
@@ -53,6 +54,8 @@ _NOT_SYNCHRONISING = frozenset({Opcode.PING, Opcode.GOODBYE, Opcode.BARRIER})
 _SETTLED_BY_WAITING = frozenset(
     {Opcode.DEVICE_SYNCHRONIZE, Opcode.STREAM_SYNCHRONIZE, Opcode.EVENT_SYNCHRONIZE}
 )
+#: Launches: sent for a reply, the executor runs them (``synchronize`` may wait).
+_LAUNCHES = frozenset({Opcode.LAUNCH_KERNEL, Opcode.LAUNCH_KERNELS})
 #: Requests that do not report the earlier fire-and-forget errors before they run.
 _REPORTS_NOTHING_EARLIER = _NOT_SYNCHRONISING | _SETTLED_BY_WAITING
 
@@ -196,6 +199,11 @@ class RequestExecutor:
         error: HipError | None = None
         result: Any = None
         started = time.perf_counter()
+        # It waits for the session's earlier work itself (a synchronize, a launch with
+        # ``synchronize``): the earlier fire-and-forget error is reported after it ran.
+        waited = not no_reply and (
+            opcode in _SETTLED_BY_WAITING or asks_to_wait(opcode, no_reply, frame.args)
+        )
         if 0 < request_id <= session.last_executed_id and await answer_resent(
             session, frame, request, self._writer
         ):
@@ -221,6 +229,7 @@ class RequestExecutor:
         elif (
             not no_reply
             and opcode not in _REPORTS_NOTHING_EARLIER
+            and not waited
             and (deferred := await session.settled_deferred_error())
         ):
             error = _reported(deferred, "this request did not run")
@@ -237,7 +246,7 @@ class RequestExecutor:
                 error = self._handler_failed(exc, name)
         if request.more:
             await request.drain()
-        error = self._settle(session, opcode, name, request_id, no_reply, error, started)
+        error = self._settle(session, waited, name, request_id, no_reply, error, started)
         answered = self._answered_early
         if answered is not None:
             self._answered_early = None
@@ -297,7 +306,10 @@ class RequestExecutor:
             or frame.error is not None
             or (no_reply and not spec.fire_and_forget)
             or 0 < request_id <= session.last_executed_id
+            or (not no_reply and opcode in _LAUNCHES)
         ):
+            # (A launch awaiting its reply is the executor's: with ``synchronize`` it
+            # waits for the device, which may take a GPU-thread wait.)
             return False
         # A reply-awaiting request first reports the fire-and-forget errors before it,
         # once those calls have run (else the executor waits for them).
@@ -346,7 +358,8 @@ class RequestExecutor:
             return False
         if not burst:
             session.flush_posts()  # what it queued on the GPU thread starts now
-        error = self._settle(session, opcode, name, request_id, no_reply, error, started)
+        waited = not no_reply and opcode in _SETTLED_BY_WAITING
+        error = self._settle(session, waited, name, request_id, no_reply, error, started)
         if no_reply:
             return True
         data = self._reply_data(session, frame, error, result)
@@ -373,7 +386,7 @@ class RequestExecutor:
     def _settle(
         self,
         session: Session,
-        opcode: int,
+        waited: bool,
         name: str,
         request_id: int,
         no_reply: bool,
@@ -382,13 +395,19 @@ class RequestExecutor:
     ) -> HipError | None:
         """A request's bookkeeping once it ran: its final error (an earlier fire-and-forget
         failure that its synchronisation reports comes first), noted as run, counted,
-        logged; a fire-and-forget request's error is kept for the next synchronising one."""
-        if opcode in _SETTLED_BY_WAITING and not no_reply:
+        logged; a fire-and-forget request's error is kept for the next synchronising one.
+        ``waited``: the request waited for the session's earlier work itself (a
+        synchronize, a launch with ``synchronize``)."""
+        if waited:
             # Its wait ran after every earlier call: their error, if any, is known now
             # and comes first (a GPU reports the earliest failure at a synchronisation).
             late = session.take_deferred_error()
             if late is not None:
-                error = _reported(late, "reported at this synchronisation")
+                error = (
+                    late.error  # a launch of this very request (``synchronize``)
+                    if late.request_id == request_id
+                    else _reported(late, "reported at this synchronisation")
+                )
         if request_id:
             session.last_executed_id = request_id
         observer = self.worker.observer
