@@ -6,8 +6,9 @@ Builds a worker connection in this process over an in-memory transport (the loop
 stream's protocol and a transport that keeps no bytes), opens a session, and feeds the
 connection's I/O callback the frames a client sends, back to back: a null
 ``synchronize()``; a lone fire-and-forget 1-thread ``fill_f32`` launch; such a launch
-and a ``synchronize()`` in one read (``hipr bench``'s launch + synchronize row); a
-batch of 64 launches in one LAUNCH_KERNELS frame (the ``1,000 launches`` row's unit).
+and a ``synchronize()`` in one read (``hipr bench``'s launch + synchronize row); the
+same as one request (protocol 1.3's LAUNCH_KERNEL with ``synchronize``, what the native
+proxy sends for a launch then ``hipDeviceSynchronize``); a batch of 64 launches in one LAUNCH_KERNELS frame (the ``1,000 launches`` row's unit).
 It prints the microseconds each costs the worker: decoding, checks, the backend's
 calls, bookkeeping and the reply's encoding, all on the event loop's thread as in push
 mode (asyncio; uvloop where installed). What it leaves out (the wake-ups and syscalls
@@ -202,6 +203,12 @@ async def _measure(backend_name: str, count: int, profile: int) -> list[str]:
             first = encode_frame(Opcode.LAUNCH_KERNEL, link.request_id(), Flags.NO_REPLY, launch)
             return first + sync_frames()
 
+        fused = {**launch, "synchronize": True}
+
+        def fused_frame() -> bytes:
+            # Protocol 1.3: the launch and its synchronize as one request.
+            return encode_frame(Opcode.LAUNCH_KERNEL, link.request_id(), Flags.NONE, fused)
+
         def launch_frame() -> bytes:
             return encode_frame(Opcode.LAUNCH_KERNEL, link.request_id(), Flags.NO_REPLY, launch)
 
@@ -228,6 +235,7 @@ async def _measure(backend_name: str, count: int, profile: int) -> list[str]:
             ("null synchronize", sync_frames, count, 1),
             ("1-thread launch alone (fire-and-forget, no reply)", launch_frame, count, 1),
             ("1-thread launch + synchronize", pair_frames, count, 1),
+            ("1-thread launch with synchronize (one request, 1.3)", fused_frame, count, 1),
             (
                 f"{BATCH} launches in one frame + synchronize, per launch",
                 batch_frames,

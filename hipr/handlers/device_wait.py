@@ -12,7 +12,21 @@ from hipr.protocol import messages as m
 from hipr.protocol.opcodes import Opcode
 from hipr.sessions.state import Session
 
-__all__ = ["asks_to_wait", "wait_for_device"]
+__all__ = ["WAITING", "asks_to_wait", "finish_waiting", "wait_for_device"]
+
+
+class _Waiting:
+    """The type of :data:`WAITING`."""
+
+    def __repr__(self) -> str:
+        return "WAITING"
+
+
+#: Returned by a ``now`` variant that did its request's work up to a device wait that
+#: did not end at once (a launch with ``synchronize`` whose kernel still runs): the
+#: executor then finishes that request with :func:`wait_for_device` alone, never
+#: running its work again.
+WAITING: Any = _Waiting()
 
 #: The launches that may carry ``synchronize``.
 _LAUNCHES = frozenset({Opcode.LAUNCH_KERNEL, Opcode.LAUNCH_KERNELS})
@@ -27,6 +41,13 @@ async def wait_for_device(session: Session, request: Request) -> None:
     earlier fire-and-forget error must be reported instead)."""
     if not session.work_done() and not await session.spin_until_done():
         await session.gpu(session.backend.synchronize, then=request.answer_on_gpu_thread())
+
+
+async def finish_waiting(session: Session, request: Request) -> Any:
+    """The rest of a request whose ``now`` variant returned :data:`WAITING`: its wait,
+    then its reply ``{}``."""
+    await wait_for_device(session, request)
+    return {}
 
 
 def asks_to_wait(opcode: int, no_reply: bool, args: Any) -> bool:

@@ -21,7 +21,7 @@ from hipr.handlers.context import (
     run_batch,
     run_ordered,
 )
-from hipr.handlers.device_wait import wait_for_device
+from hipr.handlers.device_wait import WAITING, wait_for_device
 from hipr.handlers.registry import LATER, answers_now, handler
 from hipr.protocol import messages as m
 from hipr.protocol.opcodes import OpcodeRange
@@ -334,18 +334,31 @@ def _synchronizes(request: Request) -> bool:
 async def _launched_then_waited(
     session: Session, request: Request, launch: Callable[[], None]
 ) -> None:
-    """A launch request with ``synchronize``, as its two requests would have run: the
-    launches go out as fire-and-forget ones do (``launch``: a refusal or failure is kept
-    as this request's deferred error, behind any earlier one), the synchronize spends
-    one more request of max_request_rate, then waits as DEVICE_SYNCHRONIZE does. The
-    connection reports the kept error after the wait (``asks_to_wait``)."""
+    """A launch request with ``synchronize``, as its two requests would have run
+    (:func:`_launched`), then the wait of DEVICE_SYNCHRONIZE. The connection reports the
+    kept error after the wait (``asks_to_wait``)."""
+    _launched(session, request, launch)
+    await wait_for_device(session, request)
+
+
+def _launched_then_done_now(session: Session, request: Request, launch: Callable[[], None]) -> Any:
+    """:func:`_launched_then_waited` from the I/O callback: ``{}`` when the work is done
+    at once (the synchronize's own look), else WAITING: the executor does the wait."""
+    _launched(session, request, launch)
+    session.flush_posts()  # a launch queued on the GPU thread starts now
+    return {} if session.work_done() else WAITING
+
+
+def _launched(session: Session, request: Request, launch: Callable[[], None]) -> None:
+    """The launches go out as fire-and-forget ones do (``launch``: a refusal or failure
+    is kept as this request's deferred error, behind any earlier one); the synchronize
+    spends one more request of max_request_rate."""
     try:
         launch()
     except HipError as exc:
         session.defer_error(exc, request.name, request.request_id)
     if not session.gate.try_admit():
         raise session.gate.over_rate(f" (the synchronize of {request.name} was refused)")
-    await wait_for_device(session, request)
 
 
 def _launch_call(session: Session, request: Request) -> tuple[Any, ...]:
@@ -358,8 +371,18 @@ def _launch_call(session: Session, request: Request) -> tuple[Any, ...]:
 @answers_now(m.LaunchKernel)
 def launch_kernel_now(session: Session, request: Request) -> Any:
     """A lone fire-and-forget launch, issued from the worker's I/O callback (inline when
-    the backend allows, else queued on the session's GPU thread)."""
-    if not request.no_reply or request.args.has(_SYNCHRONIZE):
+    the backend allows, else queued on the session's GPU thread); with ``synchronize``,
+    the launch then its synchronize's wait, when the work is done at once."""
+    if not request.no_reply:
+        if request.args.flag(_SYNCHRONIZE):
+
+            def launch() -> None:
+                call = _launch_call(session, request)
+                post_ordered(session, request, session.backend.launch, *call)
+
+            return _launched_then_done_now(session, request, launch)
+        return LATER
+    if request.args.has(_SYNCHRONIZE):
         return LATER  # the executor refuses ``synchronize`` with NO_REPLY
     post_ordered(session, request, session.backend.launch, *_launch_call(session, request))
     return {}
@@ -423,16 +446,7 @@ async def launch_kernels(session: Session, request: Request) -> Any:
     where a burst of LAUNCH_KERNEL frames pays one a launch. With ``synchronize``
     (protocol 1.3), the launches then their DEVICE_SYNCHRONIZE."""
     if _synchronizes(request):
-
-        def launch() -> None:
-            batch = _Batch(session, request)
-            call = batch.run(session, request)
-            if call is not None:
-                post_ordered(session, request, *call)
-            if batch.refused is not None:
-                raise batch.refused
-
-        await _launched_then_waited(session, request, launch)
+        await _launched_then_waited(session, request, partial(_post_batch, session, request))
         return {}
     batch = _Batch(session, request)
     await run_batch(session, request, batch.run(session, request), batch.refused)
@@ -441,16 +455,26 @@ async def launch_kernels(session: Session, request: Request) -> Any:
 
 @answers_now(m.LaunchKernels)
 def launch_kernels_now(session: Session, request: Request) -> Any:
-    """A fire-and-forget batch of launches issued from the worker's I/O callback."""
-    if not request.no_reply or request.args.has(_SYNCHRONIZE):
+    """A fire-and-forget batch of launches issued from the worker's I/O callback; with
+    ``synchronize``, the launches then their synchronize's wait, when done at once."""
+    if not request.no_reply:
+        if request.args.flag(_SYNCHRONIZE):
+            return _launched_then_done_now(session, request, partial(_post_batch, session, request))
+        return LATER
+    if request.args.has(_SYNCHRONIZE):
         return LATER  # the executor refuses ``synchronize`` with NO_REPLY
+    _post_batch(session, request)
+    return {}
+
+
+def _post_batch(session: Session, request: Request) -> None:
+    """A batch's admitted launches posted as fire-and-forget; its first refusal raised."""
     batch = _Batch(session, request)
     call = batch.run(session, request)
     if call is not None:
         post_ordered(session, request, *call)
     if batch.refused is not None:
         raise batch.refused
-    return {}
 
 
 def _launch_each(

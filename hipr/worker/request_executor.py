@@ -23,7 +23,7 @@ import anyio
 from hipr.errors import HipError, HipErrorCode, ProtocolError
 from hipr.handlers.args import Args
 from hipr.handlers.context import Reply, Request
-from hipr.handlers.device_wait import asks_to_wait
+from hipr.handlers.device_wait import WAITING, asks_to_wait, finish_waiting
 from hipr.handlers.registry import LATER, HandlerRegistry
 from hipr.observability.observer import WorkerObserver
 from hipr.protocol.codec import Frame, FrameDecoder, encode_frame, encode_frame_parts
@@ -111,6 +111,9 @@ class RequestExecutor:
         #: (request id, reply bytes) of a reply the session's GPU thread sent itself
         #: (``answer_from_gpu_thread``); written by that thread, taken by the executor.
         self._answered_early: tuple[int, bytes] | None = None
+        #: The request id whose work the I/O callback did, up to a device wait that it
+        #: left to the executor (a ``now`` variant's WAITING); 0 when none.
+        self._launched_now = 0
         # Read once: a log line per request only when someone asked for debug logs.
         self._log_requests = logging.getLogger("hipr.connection").isEnabledFor(logging.DEBUG)
 
@@ -204,11 +207,18 @@ class RequestExecutor:
         waited = not no_reply and (
             opcode in _SETTLED_BY_WAITING or asks_to_wait(opcode, no_reply, frame.args)
         )
-        if 0 < request_id <= session.last_executed_id and await answer_resent(
+        # The I/O callback ran its work and left its wait here: only the wait is left
+        # (its checks, rate and launches are done; nothing of it may run twice).
+        launched = request_id != 0 and request_id == self._launched_now
+        if launched:
+            self._launched_now = 0
+        elif 0 < request_id <= session.last_executed_id and await answer_resent(
             session, frame, request, self._writer
         ):
             return True
-        if opcode == Opcode.DATA:
+        if launched:
+            pass
+        elif opcode == Opcode.DATA:
             raise Closing(
                 ProtocolError(
                     message=f"DATA frame of request {frame.request_id} does not continue a request"
@@ -237,7 +247,9 @@ class RequestExecutor:
             assert spec is not None
             try:
                 request.args = Args(frame.args, name)
-                result = await spec.fn(session, request)
+                result = await (
+                    finish_waiting(session, request) if launched else spec.fn(session, request)
+                )
             except HipError as exc:
                 error = exc
             except (Closing, LinkLost, anyio.BrokenResourceError, anyio.ClosedResourceError):
@@ -290,6 +302,8 @@ class RequestExecutor:
         push = self._reader.push
         if spec is None or spec.now is None or push is None:
             return False
+        if frame.request_id == self._launched_now:
+            return False  # its work was done here already (a held frame offered again)
         session = self.session
         header = frame.header
         flags = int(header.flags)
@@ -306,14 +320,18 @@ class RequestExecutor:
             or frame.error is not None
             or (no_reply and not spec.fire_and_forget)
             or 0 < request_id <= session.last_executed_id
-            or (not no_reply and opcode in _LAUNCHES)
         ):
-            # (A launch awaiting its reply is the executor's: with ``synchronize`` it
-            # waits for the device, which may take a GPU-thread wait.)
             return False
+        # A launch awaiting its reply is the executor's, unless it asks to be waited for
+        # (``synchronize``): that one waits for the earlier work as a synchronize does.
+        waits = False
+        if not no_reply and opcode in _LAUNCHES:
+            if not asks_to_wait(opcode, no_reply, frame.args):
+                return False
+            waits = True
         # A reply-awaiting request first reports the fire-and-forget errors before it,
         # once those calls have run (else the executor waits for them).
-        reports_earlier = not no_reply and opcode not in _REPORTS_NOTHING_EARLIER
+        reports_earlier = not no_reply and opcode not in _REPORTS_NOTHING_EARLIER and not waits
         if reports_earlier and not session.settled_now():
             return False
         decoder = self._decoder
@@ -356,9 +374,13 @@ class RequestExecutor:
             if charged:
                 session.gate.refund()  # the executor charges it when it runs it
             return False
+        if result is WAITING:
+            # Launched here; the wait goes to the executor, which runs nothing else of it.
+            self._launched_now = request_id
+            return False
         if not burst:
             session.flush_posts()  # what it queued on the GPU thread starts now
-        waited = not no_reply and opcode in _SETTLED_BY_WAITING
+        waited = waits or (not no_reply and opcode in _SETTLED_BY_WAITING)
         error = self._settle(session, waited, name, request_id, no_reply, error, started)
         if no_reply:
             return True
