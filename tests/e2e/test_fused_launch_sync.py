@@ -181,3 +181,26 @@ async def test_fused_replies_are_those_of_the_two_requests_inline_or_not(
     monkeypatch.setattr(request_executor.RequestExecutor, "answer_now", lambda self, frame: False)
     assert await _outcomes(raw_session, fused=True) == fused
     assert _as_one_request(await _outcomes(raw_session, fused=False)) == fused
+
+
+async def test_a_fused_request_whose_kernel_still_runs_is_launched_once(
+    raw_session: RawSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The I/O callback launches, finds the work not done and leaves the wait to the
+    executor (WAITING), which must not launch again; the same through the executor."""
+    from hipr.sessions.state import Session
+
+    y, x, function = await _axpy(raw_session)
+    monkeypatch.setattr(Session, "work_done", lambda self: False)
+    for rounds in (1, 2, 3):
+        fused = raw_session.frame(Opcode.LAUNCH_KERNEL, _args(function, y, x, synchronize=True))
+        assert await raw_session.replies(fused, 1) == [{}]
+        assert await _y(raw_session, y) == float(rounds)
+    bad = raw_session.frame(Opcode.LAUNCH_KERNEL, _args(function, 0x10, x, synchronize=True))
+    with pytest.raises(HipError, match="not inside an allocation") as caught:
+        await raw_session.replies(bad, 1)
+    assert "earlier" not in str(caught.value)
+    monkeypatch.setattr(request_executor.RequestExecutor, "answer_now", lambda self, frame: False)
+    fused = raw_session.frame(Opcode.LAUNCH_KERNEL, _args(function, y, x, synchronize=True))
+    assert await raw_session.replies(fused, 1) == [{}]
+    assert await _y(raw_session, y) == 4.0
