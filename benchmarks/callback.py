@@ -17,8 +17,8 @@ round trip's time goes.
 
 A request the I/O callback cannot answer (a synchronize whose kernel is still running)
 goes to the executor task as it would in a worker; the loop then runs until the reply
-is there, and the run counts how many did. With ``--profile N``, the launch +
-synchronize pairs run once more under cProfile and the N functions with the most own
+is there, and the run counts how many did. With ``--profile N``, the launches with
+``synchronize`` run once more under cProfile and the N functions with the most own
 time are printed.
 """
 
@@ -250,7 +250,7 @@ async def _measure(backend_name: str, count: int, profile: int) -> list[str]:
             note = f"   ({waited} of {rounds} waited for the executor)" if waited else ""
             lines.append(f"  {name:<55} {micros / per:8.2f}{note}")
         if profile:
-            datas = [pair_frames() for _ in range(count)]
+            datas = [fused_frame() for _ in range(count)]
             profiler = cProfile.Profile()
             profiler.enable()
             for data in datas:
@@ -259,7 +259,9 @@ async def _measure(backend_name: str, count: int, profile: int) -> list[str]:
             profiler.disable()
             text = io.StringIO()
             pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(profile)
-            lines.append(f"launch + synchronize pairs under cProfile, top {profile} by own time")
+            lines.append(
+                f"launches with synchronize (one request) under cProfile, top {profile} by own time"
+            )
             lines.append(text.getvalue())
     finally:
         await link.close()

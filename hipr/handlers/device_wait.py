@@ -58,6 +58,6 @@ def asks_to_wait(opcode: int, no_reply: bool, args: Any) -> bool:
     return (
         opcode in _LAUNCHES
         and not no_reply
-        and isinstance(args, Mapping)
+        and (type(args) is dict or isinstance(args, Mapping))
         and args.get(_SYNCHRONIZE) is True
     )
