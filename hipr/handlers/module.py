@@ -308,12 +308,7 @@ async def launch_kernel(session: Session, request: Request) -> Any:
     ``args`` is the C-aligned argument buffer; ``ptrs`` the offsets of its pointers.
     With ``synchronize`` (protocol 1.3), the launch then its DEVICE_SYNCHRONIZE."""
     if _synchronizes(request):
-
-        def launch() -> None:
-            call = _launch_call(session, request)
-            post_ordered(session, request, session.backend.launch, *call)
-
-        await _launched_then_waited(session, request, launch)
+        await _launched_then_waited(session, request, partial(_post_launch, session, request))
         return {}
     await run_ordered(session, request, session.backend.launch, *_launch_call(session, request))
     return {}
@@ -375,17 +370,19 @@ def launch_kernel_now(session: Session, request: Request) -> Any:
     the launch then its synchronize's wait, when the work is done at once."""
     if not request.no_reply:
         if request.args.flag(_SYNCHRONIZE):
-
-            def launch() -> None:
-                call = _launch_call(session, request)
-                post_ordered(session, request, session.backend.launch, *call)
-
-            return _launched_then_done_now(session, request, launch)
+            return _launched_then_done_now(
+                session, request, partial(_post_launch, session, request)
+            )
         return LATER
     if request.args.has(_SYNCHRONIZE):
         return LATER  # the executor refuses ``synchronize`` with NO_REPLY
-    post_ordered(session, request, session.backend.launch, *_launch_call(session, request))
+    _post_launch(session, request)
     return {}
+
+
+def _post_launch(session: Session, request: Request) -> None:
+    """The launch, checked and posted as fire-and-forget."""
+    post_ordered(session, request, session.backend.launch, *_launch_call(session, request))
 
 
 MAX_BATCH_LAUNCHES = m.MAX_BATCH_LAUNCHES
