@@ -204,3 +204,10 @@ async def test_a_fused_request_whose_kernel_still_runs_is_launched_once(
     fused = raw_session.frame(Opcode.LAUNCH_KERNEL, _args(function, y, x, synchronize=True))
     assert await raw_session.replies(fused, 1) == [{}]
     assert await _y(raw_session, y) == 4.0
+
+
+@pytest.mark.parametrize("mode", ["pair", "fused"])
+def test_the_instruction_count_driver_runs_both_forms(mode: str) -> None:
+    from benchmarks import launch_sync_count
+
+    assert launch_sync_count.main([mode, "3"]) == 0
