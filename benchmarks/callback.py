@@ -6,8 +6,9 @@ Builds a worker connection in this process over an in-memory transport (the loop
 stream's protocol and a transport that keeps no bytes), opens a session, and feeds the
 connection's I/O callback the frames a client sends, back to back: a null
 ``synchronize()``; a lone fire-and-forget 1-thread ``fill_f32`` launch; such a launch
-and a ``synchronize()`` in one read (``hipr bench``'s launch + synchronize row); a
-batch of 64 launches in one LAUNCH_KERNELS frame (the ``1,000 launches`` row's unit).
+and a ``synchronize()`` in one read (``hipr bench``'s launch + synchronize row); the
+same as one request (protocol 1.3's LAUNCH_KERNEL with ``synchronize``, what the native
+proxy sends for a launch then ``hipDeviceSynchronize``); a batch of 64 launches in one LAUNCH_KERNELS frame (the ``1,000 launches`` row's unit).
 It prints the microseconds each costs the worker: decoding, checks, the backend's
 calls, bookkeeping and the reply's encoding, all on the event loop's thread as in push
 mode (asyncio; uvloop where installed). What it leaves out (the wake-ups and syscalls
@@ -16,8 +17,8 @@ round trip's time goes.
 
 A request the I/O callback cannot answer (a synchronize whose kernel is still running)
 goes to the executor task as it would in a worker; the loop then runs until the reply
-is there, and the run counts how many did. With ``--profile N``, the launch +
-synchronize pairs run once more under cProfile and the N functions with the most own
+is there, and the run counts how many did. With ``--profile N``, the launches with
+``synchronize`` run once more under cProfile and the N functions with the most own
 time are printed.
 """
 
@@ -202,6 +203,12 @@ async def _measure(backend_name: str, count: int, profile: int) -> list[str]:
             first = encode_frame(Opcode.LAUNCH_KERNEL, link.request_id(), Flags.NO_REPLY, launch)
             return first + sync_frames()
 
+        fused = {**launch, "synchronize": True}
+
+        def fused_frame() -> bytes:
+            # Protocol 1.3: the launch and its synchronize as one request.
+            return encode_frame(Opcode.LAUNCH_KERNEL, link.request_id(), Flags.NONE, fused)
+
         def launch_frame() -> bytes:
             return encode_frame(Opcode.LAUNCH_KERNEL, link.request_id(), Flags.NO_REPLY, launch)
 
@@ -228,6 +235,7 @@ async def _measure(backend_name: str, count: int, profile: int) -> list[str]:
             ("null synchronize", sync_frames, count, 1),
             ("1-thread launch alone (fire-and-forget, no reply)", launch_frame, count, 1),
             ("1-thread launch + synchronize", pair_frames, count, 1),
+            ("1-thread launch with synchronize (one request, 1.3)", fused_frame, count, 1),
             (
                 f"{BATCH} launches in one frame + synchronize, per launch",
                 batch_frames,
@@ -242,7 +250,7 @@ async def _measure(backend_name: str, count: int, profile: int) -> list[str]:
             note = f"   ({waited} of {rounds} waited for the executor)" if waited else ""
             lines.append(f"  {name:<55} {micros / per:8.2f}{note}")
         if profile:
-            datas = [pair_frames() for _ in range(count)]
+            datas = [fused_frame() for _ in range(count)]
             profiler = cProfile.Profile()
             profiler.enable()
             for data in datas:
@@ -251,7 +259,9 @@ async def _measure(backend_name: str, count: int, profile: int) -> list[str]:
             profiler.disable()
             text = io.StringIO()
             pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(profile)
-            lines.append(f"launch + synchronize pairs under cProfile, top {profile} by own time")
+            lines.append(
+                f"launches with synchronize (one request) under cProfile, top {profile} by own time"
+            )
             lines.append(text.getvalue())
     finally:
         await link.close()

@@ -3,7 +3,9 @@
 ``python -m benchmarks.proxy.ab --bench ./proxy_bench --worker base:/tmp/hipr-old --worker new:.``
 
 Starts one worker per source tree named (``NAME:TREE``: that checkout's ``hipr`` runs
-it, on a unix socket, with ``--backend``), then runs rounds: in each round the
+it, on a unix socket, with ``--backend``; ``NAME:TREE:BENCH`` runs that worker's rounds
+with its own ``proxy_bench``, e.g. one linked to that tree's proxy libraries, where the
+trees' proxies differ too), then runs rounds: in each round the
 blocking-socket floors (echo, and the copy size streamed each way, in a server process
 of its own: ``hipr.bench.floors``) and ``proxy_bench`` against every worker, in an order
 that rotates from round to round, so that a shared host's drift hits all alike (on the
@@ -78,8 +80,8 @@ def _bench(bench: Path, sock: Path, mib: int) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     """``python -m benchmarks.proxy.ab``; see the module doc."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.proxy.ab", description=__doc__)
-    parser.add_argument("--bench", required=True, type=Path, help="proxy_bench, built")
-    parser.add_argument("--worker", action="append", required=True, metavar="NAME:TREE")
+    parser.add_argument("--bench", type=Path, help="proxy_bench, built (for every worker)")
+    parser.add_argument("--worker", action="append", required=True, metavar="NAME:TREE[:BENCH]")
     parser.add_argument("--backend", default="cuda")
     parser.add_argument("--mib", type=int, default=256, help="copy size (MiB)")
     parser.add_argument("--rounds", type=int, default=4)
@@ -87,7 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
     size = options.mib * MIB
     directory = Path(tempfile.mkdtemp(prefix="hab-"))
-    named = [spec.split(":", 1) for spec in options.worker]
+    named = [spec.split(":", 2)[:2] for spec in options.worker]
+    benches = {
+        parts[0]: Path(parts[2]) if len(parts) > 2 else options.bench
+        for parts in (spec.split(":", 2) for spec in options.worker)
+    }
+    if None in benches.values():
+        parser.error("name a --bench, or one per worker (NAME:TREE:BENCH)")
     workers = {
         name: _start_worker(Path(tree).resolve(), directory / f"{name}.sock", options.backend,
                             directory / f"{name}.log")
@@ -116,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in order:
                 pid = workers[name].pid
                 cpu = _cpu_seconds(pid)
-                figures = _bench(options.bench, directory / f"{name}.sock", options.mib)
+                figures = _bench(benches[name], directory / f"{name}.sock", options.mib)
                 figures["worker_cpu_s"] = _cpu_seconds(pid) - cpu
                 record[name] = figures
             rounds.append(record)

@@ -63,8 +63,9 @@ def _intro() -> list[str]:
         "client of another major version with a `version` error naming both. Minor "
         "versions add requests: a client sends one only to a worker whose HELLO reply "
         "names a minor that has it (1.1: LAUNCH_KERNELS, MEMCPY_HTOD_MANY; 1.2: MODULE_LOAD "
-        "by `sha256` alone), and sends their older forms (LAUNCH_KERNEL, MEMCPY_HTOD, "
-        "MODULE_LOAD with the code object's bytes) to an older worker.",
+        "by `sha256` alone; 1.3: LAUNCH_KERNEL and LAUNCH_KERNELS with `synchronize`), and "
+        "sends their older forms (LAUNCH_KERNEL, MEMCPY_HTOD, MODULE_LOAD with the code "
+        "object's bytes, a launch then DEVICE_SYNCHRONIZE) to an older worker.",
         "",
         "A client opens a byte stream to the worker (TCP, TLS, a Unix socket or SSH: "
         "docs/transports.md), sends HELLO (or RESUME), then requests; the worker answers "

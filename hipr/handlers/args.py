@@ -98,6 +98,13 @@ class Args:
         """A device address (u64)."""
         return self.integer(key, low=0, high=U64_MAX)
 
+    def flag(self, key: str) -> bool:
+        """A boolean; absent or null means false. Integers are not booleans."""
+        value = self._map.get(key)
+        if value is None or type(value) is bool:
+            return bool(value)
+        raise self._fail(key, "true or false", value)
+
     def handle(self, key: str, *, optional: bool = False) -> int | None:
         """A per-session handle id; 0 or absent means none when ``optional``."""
         value = self._map.get(key)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from hipr.errors import HipError, HipErrorCode
 from hipr.handlers.context import Request
+from hipr.handlers.device_wait import wait_for_device
 from hipr.handlers.registry import LATER, answers_now, handler
 from hipr.protocol import messages as m
 from hipr.protocol.opcodes import OpcodeRange
@@ -73,10 +73,7 @@ def device_properties_now(session: Session, request: Request) -> Any:
 async def device_synchronize(session: Session, request: Request) -> Any:
     """Wait for all work on the current device (answered at once, without a GPU-thread
     round trip, when the backend can tell that the session's work is done)."""
-    started = time.perf_counter()
-    if not session.work_done() and not await session.spin_until_done():
-        await session.gpu(session.backend.synchronize, then=request.answer_on_gpu_thread())
-    session.sync_forecast.record(time.perf_counter() - started)
+    await wait_for_device(session, request)
     return {}
 
 

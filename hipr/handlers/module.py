@@ -21,6 +21,7 @@ from hipr.handlers.context import (
     run_batch,
     run_ordered,
 )
+from hipr.handlers.device_wait import WAITING, wait_for_device
 from hipr.handlers.program_link import program_headers
 from hipr.handlers.registry import LATER, answers_now, handler
 from hipr.protocol import messages as m
@@ -46,6 +47,7 @@ _ARGS = m.LaunchKernel.args
 _STREAM = m.LaunchKernel.stream
 _BATCH_ARGS = m.LaunchKernels.args
 _BATCH_STREAM = m.LaunchKernels.stream
+_SYNCHRONIZE = m.LaunchKernel.synchronize
 
 
 def _add_module(session: Session, handle: Any, *, shared: bool) -> int:
@@ -310,9 +312,55 @@ def _named(what: str | Callable[[], str]) -> str:
 @handler(m.LaunchKernel)
 async def launch_kernel(session: Session, request: Request) -> Any:
     """``{function, grid, block, shared_mem?, stream?, args, ptrs}``: launch a kernel.
-    ``args`` is the C-aligned argument buffer; ``ptrs`` the offsets of its pointers."""
+    ``args`` is the C-aligned argument buffer; ``ptrs`` the offsets of its pointers.
+    With ``synchronize`` (protocol 1.3), the launch then its DEVICE_SYNCHRONIZE."""
+    if _synchronizes(request):
+        await _launched_then_waited(session, request, partial(_post_launch, session, request))
+        return {}
     await run_ordered(session, request, session.backend.launch, *_launch_call(session, request))
     return {}
+
+
+def _synchronizes(request: Request) -> bool:
+    """The launch's ``synchronize`` (protocol 1.3), checked: a request that asks for no
+    reply cannot be waited for, and is refused."""
+    if not request.args.flag(_SYNCHRONIZE):
+        return False
+    if request.no_reply:
+        raise invalid_value(
+            f"{request.name}: 'synchronize' asks for a reply; it cannot be sent with NO_REPLY"
+        )
+    return True
+
+
+async def _launched_then_waited(
+    session: Session, request: Request, launch: Callable[[], None]
+) -> None:
+    """A launch request with ``synchronize``, as its two requests would have run
+    (:func:`_launched`), then the wait of DEVICE_SYNCHRONIZE. The connection reports the
+    kept error after the wait (``asks_to_wait``)."""
+    _launched(session, request, launch)
+    await wait_for_device(session, request)
+
+
+def _launched_then_done_now(session: Session, request: Request, launch: Callable[[], None]) -> Any:
+    """:func:`_launched_then_waited` from the I/O callback: ``{}`` when the work is done
+    at once (the synchronize's own look), else WAITING: the executor does the wait."""
+    _launched(session, request, launch)
+    session.flush_posts()  # a launch queued on the GPU thread starts now
+    return {} if session.work_done() else WAITING
+
+
+def _launched(session: Session, request: Request, launch: Callable[[], None]) -> None:
+    """The launches go out as fire-and-forget ones do (``launch``: a refusal or failure
+    is kept as this request's deferred error, behind any earlier one); the synchronize
+    spends one more request of max_request_rate."""
+    try:
+        launch()
+    except HipError as exc:
+        session.defer_error(exc, request.name, request.request_id)
+    if not session.gate.try_admit():
+        raise session.gate.over_rate(f" (the synchronize of {request.name} was refused)")
 
 
 def _launch_call(session: Session, request: Request) -> tuple[Any, ...]:
@@ -325,11 +373,23 @@ def _launch_call(session: Session, request: Request) -> tuple[Any, ...]:
 @answers_now(m.LaunchKernel)
 def launch_kernel_now(session: Session, request: Request) -> Any:
     """A lone fire-and-forget launch, issued from the worker's I/O callback (inline when
-    the backend allows, else queued on the session's GPU thread)."""
+    the backend allows, else queued on the session's GPU thread); with ``synchronize``,
+    the launch then its synchronize's wait, when the work is done at once."""
     if not request.no_reply:
+        if request.args.flag(_SYNCHRONIZE):
+            return _launched_then_done_now(
+                session, request, partial(_post_launch, session, request)
+            )
         return LATER
-    post_ordered(session, request, session.backend.launch, *_launch_call(session, request))
+    if request.args.has(_SYNCHRONIZE):
+        return LATER  # the executor refuses ``synchronize`` with NO_REPLY
+    _post_launch(session, request)
     return {}
+
+
+def _post_launch(session: Session, request: Request) -> None:
+    """The launch, checked and posted as fire-and-forget."""
+    post_ordered(session, request, session.backend.launch, *_launch_call(session, request))
 
 
 MAX_BATCH_LAUNCHES = m.MAX_BATCH_LAUNCHES
@@ -387,7 +447,11 @@ async def launch_kernels(session: Session, request: Request) -> Any:
     tenant's max_request_rate: each launch counts as one request) or fails does not stop
     the others; the first refusal, else the first failure, is the request's error,
     naming the launch. All of them go to the session's GPU thread in one hand-off,
-    where a burst of LAUNCH_KERNEL frames pays one a launch."""
+    where a burst of LAUNCH_KERNEL frames pays one a launch. With ``synchronize``
+    (protocol 1.3), the launches then their DEVICE_SYNCHRONIZE."""
+    if _synchronizes(request):
+        await _launched_then_waited(session, request, partial(_post_batch, session, request))
+        return {}
     batch = _Batch(session, request)
     await run_batch(session, request, batch.run(session, request), batch.refused)
     return {}
@@ -395,16 +459,26 @@ async def launch_kernels(session: Session, request: Request) -> Any:
 
 @answers_now(m.LaunchKernels)
 def launch_kernels_now(session: Session, request: Request) -> Any:
-    """A fire-and-forget batch of launches issued from the worker's I/O callback."""
+    """A fire-and-forget batch of launches issued from the worker's I/O callback; with
+    ``synchronize``, the launches then their synchronize's wait, when done at once."""
     if not request.no_reply:
+        if request.args.flag(_SYNCHRONIZE):
+            return _launched_then_done_now(session, request, partial(_post_batch, session, request))
         return LATER
+    if request.args.has(_SYNCHRONIZE):
+        return LATER  # the executor refuses ``synchronize`` with NO_REPLY
+    _post_batch(session, request)
+    return {}
+
+
+def _post_batch(session: Session, request: Request) -> None:
+    """A batch's admitted launches posted as fire-and-forget; its first refusal raised."""
     batch = _Batch(session, request)
     call = batch.run(session, request)
     if call is not None:
         post_ordered(session, request, *call)
     if batch.refused is not None:
         raise batch.refused
-    return {}
 
 
 def _launch_each(

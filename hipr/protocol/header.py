@@ -15,7 +15,7 @@ PROTOCOL_MAJOR = 1
 #: 1.2: MODULE_LOAD by content hash (its `sha256` field): a client offers the hash of a
 #: code object the worker may hold for its tenant, and sends the bytes only when told
 #: `held: false`. A client offers hashes only to a worker that answered HELLO with 1.2.
-PROTOCOL_MINOR = 2
+PROTOCOL_MINOR = 3
 #: Major in the high byte, minor in the low byte, as AMD's C HIP Remote did (0x0100).
 PROTOCOL_VERSION = (PROTOCOL_MAJOR << 8) | PROTOCOL_MINOR
 

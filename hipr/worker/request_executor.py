@@ -23,6 +23,7 @@ import anyio
 from hipr.errors import HipError, HipErrorCode, ProtocolError
 from hipr.handlers.args import Args
 from hipr.handlers.context import Reply, Request
+from hipr.handlers.device_wait import WAITING, asks_to_wait, finish_waiting
 from hipr.handlers.registry import LATER, HandlerRegistry
 from hipr.observability.observer import WorkerObserver
 from hipr.protocol.codec import Frame, FrameDecoder, encode_frame, encode_frame_parts
@@ -53,6 +54,8 @@ _NOT_SYNCHRONISING = frozenset({Opcode.PING, Opcode.GOODBYE, Opcode.BARRIER})
 _SETTLED_BY_WAITING = frozenset(
     {Opcode.DEVICE_SYNCHRONIZE, Opcode.STREAM_SYNCHRONIZE, Opcode.EVENT_SYNCHRONIZE}
 )
+#: Launches: sent for a reply, the executor runs them (``synchronize`` may wait).
+_LAUNCHES = frozenset({Opcode.LAUNCH_KERNEL, Opcode.LAUNCH_KERNELS})
 #: Requests that do not report the earlier fire-and-forget errors before they run.
 _REPORTS_NOTHING_EARLIER = _NOT_SYNCHRONISING | _SETTLED_BY_WAITING
 
@@ -108,6 +111,9 @@ class RequestExecutor:
         #: (request id, reply bytes) of a reply the session's GPU thread sent itself
         #: (``answer_from_gpu_thread``); written by that thread, taken by the executor.
         self._answered_early: tuple[int, bytes] | None = None
+        #: The request id whose work the I/O callback did, up to a device wait that it
+        #: left to the executor (a ``now`` variant's WAITING); 0 when none.
+        self._launched_now = 0
         # Read once: a log line per request only when someone asked for debug logs.
         self._log_requests = logging.getLogger("hipr.connection").isEnabledFor(logging.DEBUG)
 
@@ -196,11 +202,23 @@ class RequestExecutor:
         error: HipError | None = None
         result: Any = None
         started = time.perf_counter()
-        if 0 < request_id <= session.last_executed_id and await answer_resent(
+        # It waits for the session's earlier work itself (a synchronize, a launch with
+        # ``synchronize``): the earlier fire-and-forget error is reported after it ran.
+        waited = not no_reply and (
+            opcode in _SETTLED_BY_WAITING or asks_to_wait(opcode, no_reply, frame.args)
+        )
+        # The I/O callback ran its work and left its wait here: only the wait is left
+        # (its checks, rate and launches are done; nothing of it may run twice).
+        launched = request_id != 0 and request_id == self._launched_now
+        if launched:
+            self._launched_now = 0
+        elif 0 < request_id <= session.last_executed_id and await answer_resent(
             session, frame, request, self._writer
         ):
             return True
-        if opcode == Opcode.DATA:
+        if launched:
+            pass
+        elif opcode == Opcode.DATA:
             raise Closing(
                 ProtocolError(
                     message=f"DATA frame of request {frame.request_id} does not continue a request"
@@ -221,6 +239,7 @@ class RequestExecutor:
         elif (
             not no_reply
             and opcode not in _REPORTS_NOTHING_EARLIER
+            and not waited
             and (deferred := await session.settled_deferred_error())
         ):
             error = _reported(deferred, "this request did not run")
@@ -228,7 +247,9 @@ class RequestExecutor:
             assert spec is not None
             try:
                 request.args = Args(frame.args, name)
-                result = await spec.fn(session, request)
+                result = await (
+                    finish_waiting(session, request) if launched else spec.fn(session, request)
+                )
             except HipError as exc:
                 error = exc
             except (Closing, LinkLost, anyio.BrokenResourceError, anyio.ClosedResourceError):
@@ -237,7 +258,7 @@ class RequestExecutor:
                 error = self._handler_failed(exc, name)
         if request.more:
             await request.drain()
-        error = self._settle(session, opcode, name, request_id, no_reply, error, started)
+        error = self._settle(session, waited, name, request_id, no_reply, error, started)
         answered = self._answered_early
         if answered is not None:
             self._answered_early = None
@@ -281,6 +302,8 @@ class RequestExecutor:
         push = self._reader.push
         if spec is None or spec.now is None or push is None:
             return False
+        if frame.request_id == self._launched_now:
+            return False  # its work was done here already (a held frame offered again)
         session = self.session
         header = frame.header
         flags = int(header.flags)
@@ -299,9 +322,16 @@ class RequestExecutor:
             or 0 < request_id <= session.last_executed_id
         ):
             return False
+        # A launch awaiting its reply is the executor's, unless it asks to be waited for
+        # (``synchronize``): that one waits for the earlier work as a synchronize does.
+        waits = False
+        if not no_reply and opcode in _LAUNCHES:
+            if not asks_to_wait(opcode, no_reply, frame.args):
+                return False
+            waits = True
         # A reply-awaiting request first reports the fire-and-forget errors before it,
         # once those calls have run (else the executor waits for them).
-        reports_earlier = not no_reply and opcode not in _REPORTS_NOTHING_EARLIER
+        reports_earlier = not no_reply and opcode not in _REPORTS_NOTHING_EARLIER and not waits
         if reports_earlier and not session.settled_now():
             return False
         decoder = self._decoder
@@ -344,9 +374,14 @@ class RequestExecutor:
             if charged:
                 session.gate.refund()  # the executor charges it when it runs it
             return False
+        if result is WAITING:
+            # Launched here; the wait goes to the executor, which runs nothing else of it.
+            self._launched_now = request_id
+            return False
         if not burst:
             session.flush_posts()  # what it queued on the GPU thread starts now
-        error = self._settle(session, opcode, name, request_id, no_reply, error, started)
+        waited = waits or (not no_reply and opcode in _SETTLED_BY_WAITING)
+        error = self._settle(session, waited, name, request_id, no_reply, error, started)
         if no_reply:
             return True
         data = self._reply_data(session, frame, error, result)
@@ -373,7 +408,7 @@ class RequestExecutor:
     def _settle(
         self,
         session: Session,
-        opcode: int,
+        waited: bool,
         name: str,
         request_id: int,
         no_reply: bool,
@@ -382,13 +417,19 @@ class RequestExecutor:
     ) -> HipError | None:
         """A request's bookkeeping once it ran: its final error (an earlier fire-and-forget
         failure that its synchronisation reports comes first), noted as run, counted,
-        logged; a fire-and-forget request's error is kept for the next synchronising one."""
-        if opcode in _SETTLED_BY_WAITING and not no_reply:
+        logged; a fire-and-forget request's error is kept for the next synchronising one.
+        ``waited``: the request waited for the session's earlier work itself (a
+        synchronize, a launch with ``synchronize``)."""
+        if waited:
             # Its wait ran after every earlier call: their error, if any, is known now
             # and comes first (a GPU reports the earliest failure at a synchronisation).
             late = session.take_deferred_error()
             if late is not None:
-                error = _reported(late, "reported at this synchronisation")
+                error = (
+                    late.error  # a launch of this very request (``synchronize``)
+                    if late.request_id == request_id
+                    else _reported(late, "reported at this synchronisation")
+                )
         if request_id:
             session.last_executed_id = request_id
         observer = self.worker.observer

@@ -44,7 +44,10 @@ def test_shared_field_groups_are_the_messages_own_keys() -> None:
         *(f.name for f in m.LaunchConfig.fields),
         "stream",
         "args",
+        "synchronize",  # protocol 1.3
     }
+    assert "synchronize" in m.LaunchKernels.request_keys()
+    assert "synchronize" not in m.GraphAddKernel.request_keys()
 
 
 def test_a_field_declared_twice_or_an_opcode_declared_twice_is_refused() -> None:

@@ -1,5 +1,6 @@
 """``python -m benchmarks.proxy.ab``: proxy_bench against two emulator workers of this
-tree, one round, every figure read and printed for each worker."""
+tree (the second named with its own proxy_bench), one round, every figure read and
+printed for each worker."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def test_ab_runs_proxy_bench_against_each_worker(
         f"-L{LIB_DIR}", "-l:libamdhip64.so", f"-Wl,-rpath,{LIB_DIR}"])  # fmt: skip
     record = tmp_path / "rounds.json"
     argv = ["--bench", str(bench), "--backend", "emulator", "--mib", "1", "--rounds", "1",
-            "--worker", f"one:{ROOT}", "--worker", f"two:{ROOT}",
+            "--worker", f"one:{ROOT}", "--worker", f"two:{ROOT}:{bench}",
             "--json", str(record)]  # fmt: skip
     assert ab.main(argv) == 0
     out = capsys.readouterr().out

@@ -298,6 +298,10 @@ class Relay:
     up_cuts: list[int]
     down_cuts: list[int]
     freeze: bool = False
+    #: Where the bytes sent up (client to worker) are kept, if anywhere.
+    spy: bytearray | None = None
+    #: Tell the client the worker speaks protocol 1.2 (HELLO's and RESUME's reply).
+    downgrade: bool = False
     listener: socket.socket = field(init=False)
     port: int = field(init=False)
     cuts: int = 0
@@ -343,7 +347,11 @@ class Relay:
                 return  # silent both ways from here on; the sockets stay open
             if not data:
                 break
+            if not up and self.downgrade:
+                data = data.replace(b"hprotocol\x19\x01\x03", b"hprotocol\x19\x01\x02")
             with self._lock:
+                if up and self.spy is not None:
+                    self.spy += data
                 marks = self.up_cuts if up else self.down_cuts
                 before = self._up if up else self._down
                 after = before + len(data)
@@ -395,6 +403,68 @@ def test_cut_links_are_resumed_exactly_once(program: Program, short_dir: Path) -
         assert relay.cuts == 4, (relay.cuts, result.stderr)
         assert result.stdout.strip() == "ok stream rounds=1500 resumes=4", result.stderr
         assert result.stderr.count("resumed the session") == 4
+    finally:
+        relay.close()
+        stop_worker(worker.process)
+
+
+def _launches_and_syncs(sent: bytes) -> tuple[int, int, int]:
+    """(launches sent for a reply with `synchronize`, fire-and-forget launches,
+    DEVICE_SYNCHRONIZE requests) among the frames a client sent."""
+    from hipr.protocol import Flags, FrameDecoder, Opcode
+
+    decoder = FrameDecoder(max_payload=1 << 30)
+    decoder.feed(sent)
+    fused = alone = syncs = 0
+    for frame in decoder.frames():
+        if frame.opcode == Opcode.LAUNCH_KERNEL:
+            if Flags.NO_REPLY in frame.flags:
+                assert "synchronize" not in frame.args
+                alone += 1
+            else:
+                assert frame.args["synchronize"] is True
+                fused += 1
+        syncs += frame.opcode == Opcode.DEVICE_SYNCHRONIZE
+    return fused, alone, syncs
+
+
+@pytest.mark.parametrize("minor", [3, 2])
+def test_a_launch_then_a_synchronize_is_one_request_for_a_worker_of_minor_3(
+    program: Program, short_dir: Path, minor: int
+) -> None:
+    worker = _start(short_dir)
+    relay = Relay(
+        worker.unix_url.removeprefix("unix://"), [], [], spy=bytearray(), downgrade=minor < 3
+    )
+    try:
+        result = program.run(f"tcp://127.0.0.1:{relay.port}", "fused", "40")
+        assert_sanitizer_clean(result)
+        assert result.stdout.startswith("ok fused rounds=40 "), result.stderr
+        assert relay.spy is not None
+        fused, alone, syncs = _launches_and_syncs(bytes(relay.spy))
+        if minor >= 3:
+            assert (fused, alone, syncs) == (40, 0, 0)
+        else:  # an older worker gets the two requests
+            assert (fused, alone, syncs) == (0, 40, 40)
+    finally:
+        relay.close()
+        stop_worker(worker.process)
+
+
+def test_fused_launches_are_resumed_exactly_once(program: Program, short_dir: Path) -> None:
+    worker = _start(short_dir, "resume_grace = 30\n")
+    relay = Relay(
+        worker.unix_url.removeprefix("unix://"),
+        # Inside launch + synchronize requests going up, and inside their replies.
+        up_cuts=[30_000, 120_000],
+        down_cuts=[20_000],
+    )
+    try:
+        result = program.run(f"tcp://127.0.0.1:{relay.port}", "fused", "1500", timeout=110)
+        assert_sanitizer_clean(result)
+        assert relay.cuts == 3, (relay.cuts, result.stderr)
+        assert result.stdout.strip().startswith("ok fused rounds=1500 "), result.stderr
+        assert result.stdout.strip().endswith(" resumes=3"), result.stdout
     finally:
         relay.close()
         stop_worker(worker.process)

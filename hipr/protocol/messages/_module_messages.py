@@ -95,6 +95,18 @@ _ARGS_DOC = (
 )
 
 
+_SYNCHRONIZE_DOC = (
+    "protocol 1.3: true asks the worker to wait, after the launches, as DEVICE_SYNCHRONIZE "
+    "does, and reply then: the request (sent without NO_REPLY) stands for the launches and "
+    "a DEVICE_SYNCHRONIZE after them, one round trip for a kernel then its wait. The "
+    "launches run even when an earlier fire-and-forget call failed; the reply's error is "
+    "that earlier error (`...; reported at this synchronisation`), else the launches' own "
+    "(refusal or failure), else the wait's. The wait counts as one more request against "
+    "`max_request_rate`. Refused with NO_REPLY; an older worker ignores the key, so a "
+    "client sends it only to a worker of minor 3 or later"
+)
+
+
 @message(Opcode.MODULE_COMPILE, reply=(Out("module", "handle", "the loaded module"),))
 class ModuleCompile(Compile, Message):
     """Compile HIP C++ on the worker and load it (counted against `max_modules`). A
@@ -388,6 +400,7 @@ class LaunchKernel(LaunchConfig, Message):
         default="empty",
         range=f"at most {MAX_KERNEL_ARGS_BYTES} bytes",
     )
+    synchronize = field("bool", _SYNCHRONIZE_DOC, required=False, default="false")
 
 
 @message(
@@ -416,3 +429,4 @@ class LaunchKernels(LaunchConfig, Message):
         "one packed argument buffer per launch (as LAUNCH_KERNEL's `args`)",
         range=f"1 to {MAX_BATCH_LAUNCHES} buffers of at most {MAX_KERNEL_ARGS_BYTES} bytes",
     )
+    synchronize = field("bool", _SYNCHRONIZE_DOC, required=False, default="false")

@@ -95,6 +95,7 @@ static struct {
 } B;
 
 static int put_batch(void);
+static int put_batch_as(int synchronize, uint32_t *id_out);
 
 static double now_s(void) {
     struct timespec t;
@@ -480,12 +481,16 @@ static int put_request(uint16_t opcode, uint32_t id, uint32_t flags, const uint8
 }
 
 /* The queued launches as one frame (LAUNCH_KERNEL for one, LAUNCH_KERNELS for more). */
-static int put_batch(void) {
+static int put_batch(void) { return put_batch_as(0, NULL); }
+
+/* put_batch; with `synchronize` (protocol 1.3) the frame also stands for the
+ * DEVICE_SYNCHRONIZE after the launches: it asks for a reply, whose id goes to `id_out`. */
+static int put_batch_as(int synchronize, uint32_t *id_out) {
     int count = B.count;
     B.count = 0; /* put_request below must not come back here */
     const hipr_launch_config *c = &B.config;
     hipr_map m;
-    hipr_map_init(&m, 7);
+    hipr_map_init(&m, 8);
     hipr_map_u64(&m, "function", c->function);
     hipr_map_u64_list(&m, "grid", c->grid, 3);
     hipr_map_u64_list(&m, "block", c->block, 3);
@@ -506,6 +511,7 @@ static int put_batch(void) {
         if (!list) m.failed = 1;
         else hipr_map_item(&m, "args", list);
     }
+    if (synchronize) hipr_map_item(&m, "synchronize", cbor_build_bool(true));
     B.used = 0;
     uint8_t *cbor;
     size_t len;
@@ -513,9 +519,10 @@ static int put_batch(void) {
     hipr_map_free(&m);
     if (rc) return rc;
     uint32_t id = hipr_wire_take_id(&S.wire);
-    rc = put_request(count == 1 ? OP_LAUNCH_KERNEL : OP_LAUNCH_KERNELS, id, HIPR_F_NO_REPLY, cbor,
-                     len, NULL, 0);
+    rc = put_request(count == 1 ? OP_LAUNCH_KERNEL : OP_LAUNCH_KERNELS, id,
+                     synchronize ? 0 : HIPR_F_NO_REPLY, cbor, len, NULL, 0);
     free(cbor);
+    if (id_out) *id_out = id;
     return rc;
 }
 
@@ -1029,7 +1036,16 @@ int hipr_call(int device, uint16_t opcode, hipr_map *args, const void *bulk, siz
         if (!leaves_no_work(opcode)) note_work();
         double started = now_s();
         forecast_plan(opcode, started);
-        rc = call_locked(opcode, 0, cbor, len, bulk, bulk_len, sink, sink_size, r);
+        if (opcode == OP_DEVICE_SYNCHRONIZE && B.count && S.minor >= 3 && !len && !bulk_len) {
+            /* The fuse point: the log's tail is launches of one configuration (anything
+             * else framed them already), so they and this synchronize go as one request
+             * (protocol 1.3's `synchronize`), one request for the worker to run instead
+             * of two. The worker replies after the wait, as DEVICE_SYNCHRONIZE does. */
+            uint32_t id;
+            rc = put_batch_as(1, &id);
+            if (rc == HIPR_SUCCESS) rc = exchange(id, NULL, NULL, 0, r);
+        } else
+            rc = call_locked(opcode, 0, cbor, len, bulk, bulk_len, sink, sink_size, r);
         if (rc == HIPR_SUCCESS) forecast_record(opcode, now_s() - started);
         W.active = 0;
         /* The lock was held throughout: no other thread's work went out meanwhile. */

@@ -7,6 +7,10 @@
  *                           copies, a synchronize every 64 rounds and a 2 MiB round trip
  *                           every 256: the test cuts the link under it; every launch
  *                           must run exactly once and every copy land
+ *   core_check fused N      N rounds of a launch (axpy) then hipDeviceSynchronize: one
+ *                           request each on a worker of protocol 1.3 (the launch with
+ *                           `synchronize`), two on an older one; the test cuts the link
+ *                           under it: every launch must run exactly once
  *   core_check idle S       an allocation, S seconds without a call, then the allocation
  *                           used: the session lives on (heartbeats answered while idle)
  *   core_check threads      threads with their own current device and last error, all
@@ -45,6 +49,7 @@ hipError_t hipModuleUnload(hipModule_t);
 hipError_t hipModuleLaunchKernel(hipFunction_t, unsigned, unsigned, unsigned, unsigned, unsigned,
                                  unsigned, unsigned, void *, void **, void **);
 unsigned hipr_resumes(void); /* the core's, exported under HIPR_PRIVATE */
+unsigned hipr_round_trips(void);
 
 #define H2D 1
 #define D2H 2
@@ -131,6 +136,44 @@ static int stream(long rounds) {
     return failures != 0;
 }
 
+static int fused(long rounds) {
+    enum { N = 64 };
+    hipModule_t mod;
+    hipFunction_t axpy;
+    CHECK(hipModuleLoadData(&mod, "hipr:builtin"));
+    CHECK(hipModuleGetFunction(&axpy, mod, "axpy_f32"));
+    float ones[N];
+    for (int i = 0; i < N; i++) ones[i] = 1.0f;
+    void *y = NULL, *x = NULL;
+    CHECK(hipMalloc(&y, sizeof ones));
+    CHECK(hipMalloc(&x, sizeof ones));
+    CHECK(hipMemset(y, 0, sizeof ones));
+    CHECK(hipMemcpy(x, ones, sizeof ones, H2D));
+    float a = 1.0f;
+    unsigned long long n = N;
+    void *params[] = {&y, &x, &a, &n};
+    unsigned trips = hipr_round_trips();
+    for (long i = 0; i < rounds; i++) {
+        CHECK(hipModuleLaunchKernel(axpy, 1, 1, 1, N, 1, 1, 0, NULL, params, NULL));
+        CHECK(hipDeviceSynchronize());
+    }
+    trips = hipr_round_trips() - trips;
+    float got[N];
+    CHECK(hipMemcpy(got, y, sizeof got, D2H));
+    for (int i = 0; i < N; i++)
+        if (got[i] != (float)rounds) {
+            fprintf(stderr, "y[%d] = %g after %ld launches: a launch was %s\n", i, got[i], rounds,
+                    got[i] > (float)rounds ? "repeated" : "lost");
+            failures++;
+            break;
+        }
+    CHECK(hipFree(y));
+    CHECK(hipFree(x));
+    CHECK(hipModuleUnload(mod));
+    printf("ok fused rounds=%ld trips=%u resumes=%u\n", rounds, trips, hipr_resumes());
+    return failures != 0;
+}
+
 static int idle(double seconds) {
     void *d = NULL;
     uint64_t v = 0x1234567890abcdefull, back = 0;
@@ -210,6 +253,7 @@ int main(int argc, char **argv) {
     int rc;
     if (strcmp(mode, "stream") == 0) rc = stream(argc > 2 ? atol(argv[2]) : 2000);
     else if (strcmp(mode, "threads") == 0) rc = threads();
+    else if (strcmp(mode, "fused") == 0) rc = fused(argc > 2 ? atol(argv[2]) : 200);
     else if (strcmp(mode, "idle") == 0) rc = idle(argc > 2 ? atof(argv[2]) : 2.0);
     else rc = basic();
     return rc;
