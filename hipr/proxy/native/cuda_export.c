@@ -20,6 +20,7 @@ CUresult cuModuleLoadData(CUmodule *module, const void *image);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev);
 CUresult cuCtxSetCurrent(CUcontext ctx);
 CUresult cuCtxGetCurrent(CUcontext *pctx);
+CUresult cuStreamGetId(CUstream s, unsigned long long *id);
 
 typedef void (*slot)(void);
 #define SLOT(fn) ((slot)(void (*)(void))(fn))
@@ -105,16 +106,45 @@ static slot tools_tls[3] = {SIZE_SLOT(3), SLOT(tls_set_current), SLOT(tls_get_cu
  * 93 slots on driver 580.159 (size slot 0x2e8). cuBLASLt called only slot 4, right after
  * each tools-TLS "get current", as (context, uint64_t *): it wrote 1 for the process's
  * first (primary) context, the value cuCtxGetId gives; public notes that probed NVIDIA's
- * driver natively call it cuCtxGetId's equivalent. The others' meanings are not known
- * here (notes guess at 39 and 51, streams); they refuse. */
+ * driver natively call it cuCtxGetId's equivalent.
+ * Slots 51 and 39, which cuBLASLt calls before each GEMM that goes through cublasGemmEx
+ * (CuPy's matmul of 256x256 floats; the spy on driver 580.159, docs/gpu-runs/
+ * 2026-11-26-h200-lead-final.txt): 51 as (context, CUstream, void **) wrote the driver's
+ * own object for the stream (the first word of the CUstream's struct; for the null stream,
+ * the context's legacy stream), then 39 as (context, that object, uint64_t *) wrote 7 for
+ * the null stream and 13 for a stream made by cuStreamCreate: the stream's id, which
+ * cuBLASLt then keys its per-stream state by. Here a CUstream is the proxy's own object
+ * already: 51 hands it back (the null stream as CU_STREAM_LEGACY) and 39 gives its
+ * cuStreamGetId. The others' meanings are not known here; they refuse. */
 
 #define TOOLS_CONTEXT_SLOTS 93
 
 static CUresult tc_context_id(CUcontext ctx, uint64_t *id) { return hipr_cu_ctx_id(ctx, id); }
 
+static CUresult tc_stream_object(CUcontext ctx, CUstream stream, CUstream *object) {
+    (void)ctx;
+    if (!object) return CUDA_ERROR_INVALID_VALUE;
+    if (!stream) stream = CU_STREAM_LEGACY;
+    unsigned long long id;
+    CUresult rc = cuStreamGetId(stream, &id); /* INVALID_HANDLE for a stream not ours */
+    if (rc == CUDA_SUCCESS) *object = stream;
+    return rc;
+}
+
+static CUresult tc_stream_id(CUcontext ctx, CUstream object, uint64_t *id) {
+    (void)ctx;
+    if (!id) return CUDA_ERROR_INVALID_VALUE;
+    unsigned long long v;
+    CUresult rc = cuStreamGetId(object ? object : CU_STREAM_LEGACY, &v);
+    if (rc == CUDA_SUCCESS) *id = v;
+    return rc;
+}
+
 static slot tools_context[TOOLS_CONTEXT_SLOTS] = {
     [0] = SIZE_SLOT(TOOLS_CONTEXT_SLOTS),
     [4] = SLOT(tc_context_id),
+    [39] = SLOT(tc_stream_id),
+    [51] = SLOT(tc_stream_object),
 };
 
 /* --- context-local storage: the runtime keeps its per-context state here -------------- */

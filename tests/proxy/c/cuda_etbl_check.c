@@ -84,9 +84,6 @@ int main(void) {
     const slot *tc = table("21318c60971432488ca641ff7324c8f2");
     EXPECT(((CUresult(*)(void))tc[1])() == CUDA_ERROR_NOT_SUPPORTED);
     EXPECT(((CUresult(*)(void))tc[92])() == CUDA_ERROR_NOT_SUPPORTED);
-    /* Public notes guess that 39 and 51 are about streams: not known, refused. */
-    EXPECT(((CUresult(*)(void))tc[39])() == CUDA_ERROR_NOT_SUPPORTED);
-    EXPECT(((CUresult(*)(void))tc[51])() == CUDA_ERROR_NOT_SUPPORTED);
 
     /* Tools TLS: set and get the calling thread's context, as cuCtxSetCurrent/GetCurrent. */
     const slot *tls = table("42d85a8123f6cb478298f6e78a3aecdc");
@@ -135,9 +132,30 @@ int main(void) {
     EXPECT(sid != legacy && sid != per_thread && sid2 != legacy && sid2 != per_thread);
     EXPECT(cuStreamGetId(s, NULL) == CUDA_ERROR_INVALID_VALUE);
     EXPECT(cuStreamGetId((CUstream)&a, &sid) == CUDA_ERROR_INVALID_HANDLE);
+
+    /* Tools context slots 51 and 39, as cuBLASLt calls them before a GEMM: a stream's
+     * object (the null stream's is the legacy stream's), then that object's id, which is
+     * cuStreamGetId's. */
+    CUresult (*stream_object)(CUcontext, CUstream, CUstream *) =
+        (CUresult(*)(CUcontext, CUstream, CUstream *))tc[51];
+    CUresult (*object_id)(CUcontext, CUstream, uint64_t *) =
+        (CUresult(*)(CUcontext, CUstream, uint64_t *))tc[39];
+    CUstream obj = NULL, null_obj = NULL;
+    uint64_t oid = 0, null_oid = 0;
+    CHECK(stream_object(primary, s, &obj));
+    CHECK(object_id(primary, obj, &oid));
+    EXPECT(oid == sid);
+    CHECK(stream_object(primary, NULL, &null_obj));
+    EXPECT(null_obj != NULL);
+    CHECK(object_id(primary, null_obj, &null_oid));
+    EXPECT(null_oid == legacy);
+    EXPECT(stream_object(primary, s, NULL) == CUDA_ERROR_INVALID_VALUE);
+    EXPECT(object_id(primary, obj, NULL) == CUDA_ERROR_INVALID_VALUE);
+    EXPECT(stream_object(primary, (CUstream)&a, &obj) == CUDA_ERROR_INVALID_HANDLE);
     CHECK(cuStreamDestroy_v2(s));
     CHECK(cuStreamDestroy_v2(s2));
     EXPECT(cuStreamGetId(s, &sid) == CUDA_ERROR_INVALID_HANDLE);
+    EXPECT(stream_object(primary, s, &obj) == CUDA_ERROR_INVALID_HANDLE);
 
     /* A destroyed context's id is refused; ids are never reused. */
     CHECK(cuCtxDestroy_v2(created));
