@@ -86,6 +86,9 @@ static struct {
 /* Launches of one configuration waiting to go out as one frame. */
 #define BATCH_MAX 1024
 #define BATCH_BYTES (60 * 1024)
+/* Launches of one run framed and sent at once, before the run ends: the worker runs them
+ * while the program queues the rest, rather than all of them after its synchronize. */
+#define BATCH_EARLY 64
 static struct {
     int count;
     hipr_launch_config config;
@@ -1108,6 +1111,11 @@ int hipr_launch(int device, const hipr_launch_config *config, const void *args, 
             B.lens[B.count++] = (uint16_t)len;
             /* A worker before protocol 1.1 takes launches one frame each. */
             if (S.minor < 1) rc = put_batch();
+            /* A long run (PyTorch's ops one after another): its first launches go now, so
+             * the worker's time per launch overlaps the program's own instead of adding to
+             * it after the synchronize. */
+            else if (B.count >= BATCH_EARLY && (rc = put_batch()) == HIPR_SUCCESS)
+                rc = flush_or_recover();
         }
         if (rc == HIPR_SUCCESS) rc = after_queued();
     }
