@@ -31,6 +31,7 @@ CORE_SOURCES = (
     "client.c",
     "launch_extra.c",
     "module_send.c",
+    "file_bytes.c",
 )
 HIP_SOURCES = (
     *CORE_SOURCES,
@@ -42,8 +43,8 @@ HIP_SOURCES = (
     "stream_devices.c",
     "hip_symbols.c",
 )
-#: cborx.c again: its helpers are private to each library.
-RTC_SOURCES = ("hiprtc_front.c", "cborx.c")
+#: cborx.c and file_bytes.c again: their helpers are private to each library.
+RTC_SOURCES = ("hiprtc_front.c", "cborx.c", "file_bytes.c")
 WARNINGS = ("-Wall", "-Wextra", "-Werror")
 #: Libraries of libamdhip64 (the core): libcbor, and OpenSSL for tls:// links.
 LIBS = ("-lcbor", "-lssl", "-lcrypto")

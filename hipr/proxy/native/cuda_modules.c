@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cuda_front.h"
+#include "file_bytes.h"
 #include "launch_extra.h"
 #include "module_send.h"
 #include "opcodes.h"
@@ -189,36 +190,20 @@ API CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned in
 
 /* The whole file at `path` in a buffer of the caller's to free, NUL-terminated (PTX text
  * needs its NUL; *len does not count it): FILE_NOT_FOUND, OUT_OF_MEMORY, or INVALID_IMAGE
- * for an empty file. */
+ * for an empty or unreadable file. */
 CUresult hipr_cu_read_file(const char *path, uint8_t **out, size_t *len) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return CUDA_ERROR_FILE_NOT_FOUND;
-    uint8_t *buf = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n + 1 >= cap) {
-            cap = cap ? cap * 2 : 1 << 16;
-            uint8_t *p = realloc(buf, cap);
-            if (!p) {
-                fclose(fp);
-                free(buf);
-                return CUDA_ERROR_OUT_OF_MEMORY;
-            }
-            buf = p;
-        }
-        size_t k = fread(buf + n, 1, cap - n - 1, fp);
-        n += k;
-        if (k == 0) break;
-    }
-    fclose(fp);
-    if (!n) {
-        free(buf);
+    switch (hipr_read_file(path, out, len)) {
+    case HIPR_FILE_OK:
+        if (*len) return CUDA_SUCCESS;
+        free(*out);
+        return CUDA_ERROR_INVALID_IMAGE;
+    case HIPR_FILE_NOT_FOUND:
+        return CUDA_ERROR_FILE_NOT_FOUND;
+    case HIPR_FILE_NO_MEMORY:
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    default:
         return CUDA_ERROR_INVALID_IMAGE;
     }
-    buf[n] = '\0';
-    *out = buf;
-    *len = n;
-    return CUDA_SUCCESS;
 }
 
 API CUresult cuModuleLoad(CUmodule *module, const char *fname) {

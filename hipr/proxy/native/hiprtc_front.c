@@ -10,6 +10,7 @@
 #include <strings.h>
 
 #include "client.h"
+#include "file_bytes.h"
 #include "opcodes.h"
 
 #define API HIPR_EXPORT
@@ -369,31 +370,13 @@ API hiprtcResult hiprtcLinkAddFile(hiprtcLinkState state, int input_type, const 
                                    unsigned int num_options, int *options, void **values) {
     (void)num_options, (void)options, (void)values;
     if (!state || !path) return HIPRTC_ERROR_INVALID_INPUT;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return HIPRTC_ERROR_INVALID_INPUT;
     uint8_t *buf = NULL;
-    size_t len = 0, cap = 0;
-    hiprtcResult rc = HIPRTC_SUCCESS;
-    for (;;) {
-        if (len == cap) {
-            cap = cap ? cap * 2 : 1 << 16;
-            uint8_t *more = realloc(buf, cap);
-            if (!more) {
-                rc = HIPRTC_ERROR_OUT_OF_MEMORY;
-                break;
-            }
-            buf = more;
-        }
-        size_t k = fread(buf + len, 1, cap - len, fp);
-        len += k;
-        if (k == 0) break;
-    }
-    if (rc == HIPRTC_SUCCESS && ferror(fp)) rc = HIPRTC_ERROR_INVALID_INPUT;
-    fclose(fp);
-    if (rc == HIPRTC_SUCCESS) {
-        const char *base = strrchr(path, '/');
-        rc = add_input(state, input_type, buf, len, base ? base + 1 : path);
-    }
+    size_t len = 0;
+    hipr_file_status status = hipr_read_file(path, &buf, &len);
+    if (status == HIPR_FILE_NO_MEMORY) return HIPRTC_ERROR_OUT_OF_MEMORY;
+    if (status != HIPR_FILE_OK) return HIPRTC_ERROR_INVALID_INPUT;
+    const char *base = strrchr(path, '/');
+    hiprtcResult rc = add_input(state, input_type, buf, len, base ? base + 1 : path);
     free(buf);
     return rc;
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "client.h"
+#include "file_bytes.h"
 #include "launch_extra.h"
 #include "module_send.h"
 #include "modules.h"
@@ -139,28 +140,23 @@ API hipError_t hipModuleLoadDataEx(hipModule_t *module, const void *image, unsig
 
 API hipError_t hipModuleLoad(hipModule_t *module, const char *fname) {
     if (!module || !fname) return hipr_front_ret(hipErrorInvalidValue);
-    FILE *fp = fopen(fname, "rb");
-    if (!fp) return hipr_front_ret(hipErrorFileNotFound);
     uint8_t *buf = NULL;
-    size_t len = 0, cap = 0;
-    hipError_t rc = hipSuccess;
-    for (;;) {
-        if (len == cap) {
-            cap = cap ? cap * 2 : 1 << 16;
-            uint8_t *p = realloc(buf, cap);
-            if (!p) {
-                rc = hipErrorOutOfMemory;
-                break;
-            }
-            buf = p;
-        }
-        size_t k = fread(buf + len, 1, cap - len, fp);
-        len += k;
-        if (k == 0) break;
+    size_t len = 0;
+    hipError_t rc;
+    switch (hipr_read_file(fname, &buf, &len)) {
+    case HIPR_FILE_OK:
+        rc = len ? load_image(module, buf, len) : hipErrorInvalidImage;
+        free(buf);
+        break;
+    case HIPR_FILE_NOT_FOUND:
+        rc = hipErrorFileNotFound;
+        break;
+    case HIPR_FILE_NO_MEMORY:
+        rc = hipErrorOutOfMemory;
+        break;
+    default:
+        rc = hipErrorInvalidImage;
     }
-    fclose(fp);
-    if (rc == hipSuccess) rc = len ? load_image(module, buf, len) : hipErrorInvalidImage;
-    free(buf);
     return hipr_front_ret(rc);
 }
 
