@@ -16,9 +16,18 @@ import pytest
 
 from hipr.cli.proxy import ensure_built
 from hipr.cli.run import proxy_environment
-from hipr.proxy.build import missing_prerequisites
+from hipr.proxy.build import build, missing_prerequisites
 
 HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="session")
+def sanitized_libs(proxy_libs: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The proxy libraries built once with AddressSanitizer and UBSan (a build takes
+    ~12 s here), shared read-only by every sanitized C test's program."""
+    libs = tmp_path_factory.mktemp("sanitized") / "lib"
+    build(libs, sanitize=True)
+    return libs
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from hipr.proxy.build import SANITIZE, WARNINGS, build, compiler
+from hipr.proxy.build import SANITIZE, WARNINGS, compiler
 from tests.proxy.conftest import stop_worker
 from tests.proxy.sanitized import SANITIZER_ENV, assert_sanitizer_clean
 from tests.transports.conftest import Pki, SshServer, pki, sshd  # noqa: F401 - fixtures
@@ -45,10 +45,9 @@ class Program:
 
 
 @pytest.fixture(scope="module")
-def program(proxy_libs: None, tmp_path_factory: pytest.TempPathFactory) -> Program:
+def program(sanitized_libs: Path, tmp_path_factory: pytest.TempPathFactory) -> Program:
     root = tmp_path_factory.mktemp("core")
-    libs = root / "lib"
-    build(libs, sanitize=True)
+    libs = sanitized_libs
     path = root / "core_check"
     cc = compiler()
     assert cc is not None

@@ -20,7 +20,6 @@ from hipr.proxy.build import (
     NATIVE,
     SANITIZE,
     WARNINGS,
-    build,
 )
 from tests.proxy.sanitized import SANITIZER_ENV, assert_sanitizer_clean, cc
 
@@ -39,9 +38,8 @@ def _check_program(libs: Path, tmp_path: Path, flags: tuple[str, ...]) -> Path:
     return program
 
 
-def test_driver_api_under_sanitizers(proxy_libs: None, worker_url: str, tmp_path: Path) -> None:
-    libs = tmp_path / "lib"
-    build(libs, sanitize=True)
+def test_driver_api_under_sanitizers(sanitized_libs: Path, worker_url: str, tmp_path: Path) -> None:
+    libs = sanitized_libs
     program = _check_program(libs, tmp_path, SANITIZE)
     env = dict(os.environ, HIPR_URL=worker_url, **SANITIZER_ENV)
     result = subprocess.run(

@@ -13,17 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from hipr.proxy.build import CUDA_LIBRARY, CUDA_SUBDIR, SANITIZE, WARNINGS, build
+from hipr.proxy.build import CUDA_LIBRARY, CUDA_SUBDIR, SANITIZE, WARNINGS
 from tests.proxy.sanitized import SANITIZER_ENV, assert_sanitizer_clean, cc
 
 C_FILE = Path(__file__).resolve().parent / "c" / "cuda_etbl_check.c"
 
 
 @pytest.fixture(scope="module")
-def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def program(sanitized_libs: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("etbl")
-    libs = tmp / "lib"
-    build(libs, sanitize=True)
+    libs = sanitized_libs
     cuda = libs / CUDA_SUBDIR
     out = tmp / "cuda_etbl_check"
     cc([

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hipr.proxy.build import CUDA_LIBRARY, CUDA_SUBDIR, SANITIZE, WARNINGS, build, compiler
+from hipr.proxy.build import CUDA_LIBRARY, CUDA_SUBDIR, SANITIZE, WARNINGS, compiler
 from tests.proxy.sanitized import SANITIZER_ENV, assert_sanitizer_clean
 
 C_FILE = Path(__file__).resolve().parent / "c" / "cuda_sync_trips.c"
@@ -34,10 +34,9 @@ def _steps(stderr: str) -> dict[str, list[tuple[str, int, int]]]:
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="the trace's trampolines are x86-64")
 def test_synchronize_goes_to_the_worker_only_when_something_may_be_pending(
-    proxy_libs: None, worker_url: str, tmp_path: Path
+    sanitized_libs: Path, worker_url: str, tmp_path: Path
 ) -> None:
-    libs = tmp_path / "lib"
-    build(libs, sanitize=True)
+    libs = sanitized_libs
     cuda = libs / CUDA_SUBDIR
     program = tmp_path / "cuda_sync_trips"
     cc = compiler()

@@ -19,7 +19,6 @@ from hipr.proxy.build import (
     LIB_DIR,
     SANITIZE,
     WARNINGS,
-    build,
     compiler,
 )
 from tests.proxy.sanitized import SANITIZER_ENV, assert_sanitizer_clean
@@ -27,12 +26,10 @@ from tests.proxy.sanitized import SANITIZER_ENV, assert_sanitizer_clean
 C_FILE = Path(__file__).resolve().parent / "c" / "cuda_trace_check.c"
 
 
-def _program(tmp_path: Path, *, sanitize: bool = True) -> Path:
-    if sanitize:
-        libs = tmp_path / "lib"
-        build(libs, sanitize=True)
-    else:
-        libs = LIB_DIR
+def _program(tmp_path: Path, sanitized_libs: Path | None) -> Path:
+    """The check program, against the sanitized libraries where given, else the built ones."""
+    sanitize = sanitized_libs is not None
+    libs = sanitized_libs if sanitized_libs is not None else LIB_DIR
     cuda = libs / CUDA_SUBDIR
     program = tmp_path / "cuda_trace_check"
     cc = compiler()
@@ -60,9 +57,9 @@ def _run(
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="the trampolines are x86-64 code")
 def test_trace_prints_each_call_and_passes_it_through(
-    proxy_libs: None, worker_url: str, tmp_path: Path
+    sanitized_libs: Path, worker_url: str, tmp_path: Path
 ) -> None:
-    program = _program(tmp_path)
+    program = _program(tmp_path, sanitized_libs)
     traced = _run(program, worker_url, "1")
     assert_sanitizer_clean(traced)
     assert traced.stdout.strip() == "ok"
@@ -98,7 +95,7 @@ def test_a_crash_under_the_trace_names_the_last_call(
 ) -> None:
     # Without sanitizers: AddressSanitizer handles SIGSEGV itself, and the report then
     # stands aside (it installs itself only over the default action).
-    program = _program(tmp_path, sanitize=False)
+    program = _program(tmp_path, None)
     crashed = _run(program, worker_url, "1", "crash")
     assert crashed.returncode == -11, crashed.stdout + crashed.stderr
     assert "hipr trace: signal 11 (fault address 0) after cuInit" in crashed.stderr

@@ -11,7 +11,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from hipr.proxy.build import HIP_LIBRARY, SANITIZE, WARNINGS, build, compiler
+from hipr.proxy.build import HIP_LIBRARY, SANITIZE, WARNINGS, compiler
 from tests.proxy.conftest import start_worker, stop_worker
 from tests.proxy.sanitized import SANITIZER_ENV, assert_sanitizer_clean
 
@@ -19,10 +19,9 @@ C_FILE = Path(__file__).resolve().parent / "c" / "hip_sync_trips.c"
 
 
 def test_hip_synchronize_goes_to_the_worker_only_when_something_may_be_pending(
-    proxy_libs: None, short_tmp: Path, tmp_path: Path
+    sanitized_libs: Path, short_tmp: Path, tmp_path: Path
 ) -> None:
-    libs = tmp_path / "lib"
-    build(libs, sanitize=True)
+    libs = sanitized_libs
     program = tmp_path / "hip_sync_trips"
     cc = compiler()
     assert cc is not None

@@ -16,7 +16,7 @@ import pytest
 
 from benchmarks.proxy.module_bytes import HASH_REQUEST_BYTES, ModuleFigures, free_port, scrape
 from benchmarks.proxy.module_bytes import wait_for as wait_for_socket
-from hipr.proxy.build import CUDA_LIBRARY, CUDA_SUBDIR, SANITIZE, WARNINGS, build
+from hipr.proxy.build import CUDA_LIBRARY, CUDA_SUBDIR, SANITIZE, WARNINGS
 from tests.proxy.sanitized import SANITIZER_ENV, assert_sanitizer_clean, cc
 
 C_DIR = Path(__file__).resolve().parent / "c"
@@ -26,12 +26,11 @@ SMALL = 1024
 
 @pytest.fixture(scope="module")
 def sanitized_programs(
-    proxy_libs: None, tmp_path_factory: pytest.TempPathFactory
+    sanitized_libs: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Path]:
     """module_store_check built for each API against the sanitized proxy libraries."""
     tmp = Path(tmp_path_factory.mktemp("msc"))
-    libs = tmp / "lib"
-    build(libs, sanitize=True)
+    libs = sanitized_libs
     cuda = libs / CUDA_SUBDIR
     source = str(C_DIR / "module_store_check.c")
     programs = {"cuda": tmp / "check_cuda", "hip": tmp / "check_hip"}

@@ -19,7 +19,6 @@ from hipr.proxy.build import (
     NATIVE,
     SANITIZE,
     WARNINGS,
-    build,
 )
 from hipr.proxy.coverage import coverage, update
 from hipr.proxy.tables import loaded_symbols, render_tables
@@ -28,9 +27,8 @@ from tests.proxy.sanitized import SANITIZER_ENV, assert_sanitizer_clean, cc
 C_DIR = Path(__file__).resolve().parent / "c"
 
 
-def test_c_program_under_sanitizers(proxy_libs: None, worker_url: str, tmp_path: Path) -> None:
-    libs = tmp_path / "lib"
-    build(libs, sanitize=True)
+def test_c_program_under_sanitizers(sanitized_libs: Path, worker_url: str, tmp_path: Path) -> None:
+    libs = sanitized_libs
     program = tmp_path / "proxy_check"
     cc(
         [
@@ -47,13 +45,12 @@ def test_c_program_under_sanitizers(proxy_libs: None, worker_url: str, tmp_path:
 
 
 def test_hipcc_path_and_extras_under_sanitizers(
-    proxy_libs: None, worker_url: str, tmp_path: Path
+    sanitized_libs: Path, worker_url: str, tmp_path: Path
 ) -> None:
     """hipcc's registration (before main), configuration stack and hipLaunchKernel, from
     four threads at once; R0000 properties, host allocations, pointer attributes, stream
     flags, capture into a graph, hipExtModuleLaunchKernel (tests/proxy/c/hipcc_check.c)."""
-    libs = tmp_path / "lib"
-    build(libs, sanitize=True)
+    libs = sanitized_libs
     program = tmp_path / "hipcc_check"
     cc(
         [
@@ -194,15 +191,14 @@ def test_opcodes_match_the_protocol() -> None:
 
 
 def test_hiprtc_link_headers_globals_and_stream_devices_under_sanitizers(
-    proxy_libs: None, tmp_path: Path
+    sanitized_libs: Path, tmp_path: Path
 ) -> None:
     """libhiprtc.so's headers, bitcode and linking (the emulator refuses the compile and
     the link, with its reason in the logs), hipModuleGetGlobal on the built-in module, and
     each stream's device on a worker of two devices (tests/proxy/c/front_check.c)."""
     from tests.proxy.conftest import start_worker, stop_worker
 
-    libs = tmp_path / "lib"
-    build(libs, sanitize=True)
+    libs = sanitized_libs
     program = tmp_path / "front_check"
     cc(
         [
