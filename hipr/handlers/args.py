@@ -163,15 +163,15 @@ class Args:
                 )
         return value
 
-    def str_list(self, key: str, *, max_items: int = 256) -> list[str]:
-        """A list of strings (empty when absent)."""
+    def str_list(self, key: str, *, max_items: int = 256, max_length: int = 4096) -> list[str]:
+        """A list of strings of at most ``max_length`` characters each (empty when absent)."""
         value = self._map.get(key)
         if value is None:
             return []
         if not isinstance(value, list) or len(value) > max_items:
             raise self._fail(key, f"a list of at most {max_items} strings", value)
-        if not all(isinstance(v, str) and len(v) <= 4096 for v in value):
-            raise self._fail(key, "a list of strings", value)
+        if not all(isinstance(v, str) and len(v) <= max_length for v in value):
+            raise self._fail(key, f"a list of strings of at most {max_length} characters", value)
         return list(value)
 
     def int_list(self, key: str, *, max_items: int = 4096, high: int = U64_MAX) -> list[int]:

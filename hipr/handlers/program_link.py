@@ -19,29 +19,16 @@ OPCODE_RANGE = OpcodeRange.MODULE
 _MAX_NAME = 1024
 
 
-def _texts(request: Request, key: str, max_items: int, max_length: int) -> list[str]:
-    """An optional list of text strings (empty when absent), each at most ``max_length``
-    characters."""
-    value = request.args._map.get(key)
-    if value is None:
-        return []
-    if type(value) is not list or len(value) > max_items:
-        raise invalid_value(
-            f"{request.name}: '{key}' must be a list of at most {max_items} strings"
-        )
-    for item in value:
-        if not isinstance(item, str) or len(item) > max_length:
-            raise invalid_value(
-                f"{request.name}: '{key}' must hold strings of at most {max_length} characters"
-            )
-    return value
-
-
 def program_headers(request: Request) -> list[tuple[str, str]]:
     """PROGRAM_COMPILE's ``headers`` and ``include_names`` as ``(name, contents)`` pairs,
     checked: as many names as headers, at most :data:`m.MAX_SOURCE` characters in all."""
-    headers = _texts(request, m.ProgramCompile.headers, m.MAX_HEADERS, m.MAX_SOURCE)
-    names = _texts(request, m.ProgramCompile.include_names, m.MAX_HEADERS, _MAX_NAME)
+    args = request.args
+    headers = args.str_list(
+        m.ProgramCompile.headers, max_items=m.MAX_HEADERS, max_length=m.MAX_SOURCE
+    )
+    names = args.str_list(
+        m.ProgramCompile.include_names, max_items=m.MAX_HEADERS, max_length=_MAX_NAME
+    )
     if len(headers) != len(names):
         raise invalid_value(
             f"{request.name}: {len(headers)} headers but {len(names)} include_names "
@@ -60,7 +47,7 @@ async def _inputs(request: Request) -> list[tuple[int, bytes, str]]:
     args = request.args
     kinds = args.int_list(m.ProgramLink.kinds, max_items=m.MAX_LINK_INPUTS)
     sizes = args.int_list(m.ProgramLink.sizes, max_items=m.MAX_LINK_INPUTS)
-    names = _texts(request, m.ProgramLink.names, m.MAX_LINK_INPUTS, _MAX_NAME)
+    names = args.str_list(m.ProgramLink.names, max_items=m.MAX_LINK_INPUTS, max_length=_MAX_NAME)
     problem = ""
     if not kinds:
         problem = "'kinds' must name at least one input"
