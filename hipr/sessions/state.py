@@ -114,6 +114,11 @@ class Session:
         self.resume_token = secrets.token_urlsafe(32)
         #: The highest request id run: a resent request at or below it is not rerun.
         self.last_executed_id = 0
+        #: A request whose work the I/O callback did up to a device wait it left to the
+        #: executor (a launch with ``synchronize`` whose kernel still ran); 0 when none.
+        #: Kept with the session, not the connection: resent after a dropped link, that
+        #: request is only waited for, never launched again.
+        self.launched_pending = 0
         self.replies = ReplyCache()
         #: The connection serving the session, or None while it waits to be resumed.
         self.connection: object | None = None

@@ -111,9 +111,6 @@ class RequestExecutor:
         #: (request id, reply bytes) of a reply the session's GPU thread sent itself
         #: (``answer_from_gpu_thread``); written by that thread, taken by the executor.
         self._answered_early: tuple[int, bytes] | None = None
-        #: The request id whose work the I/O callback did, up to a device wait that it
-        #: left to the executor (a ``now`` variant's WAITING); 0 when none.
-        self._launched_now = 0
         # Read once: a log line per request only when someone asked for debug logs.
         self._log_requests = logging.getLogger("hipr.connection").isEnabledFor(logging.DEBUG)
 
@@ -209,9 +206,9 @@ class RequestExecutor:
         )
         # The I/O callback ran its work and left its wait here: only the wait is left
         # (its checks, rate and launches are done; nothing of it may run twice).
-        launched = request_id != 0 and request_id == self._launched_now
+        launched = request_id != 0 and request_id == session.launched_pending
         if launched:
-            self._launched_now = 0
+            session.launched_pending = 0
         elif 0 < request_id <= session.last_executed_id and await answer_resent(
             session, frame, request, self._writer
         ):
@@ -302,7 +299,7 @@ class RequestExecutor:
         push = self._reader.push
         if spec is None or spec.now is None or push is None:
             return False
-        if frame.request_id == self._launched_now:
+        if frame.request_id == self.session.launched_pending:
             return False  # its work was done here already (a held frame offered again)
         session = self.session
         header = frame.header
@@ -376,7 +373,7 @@ class RequestExecutor:
             return False
         if result is WAITING:
             # Launched here; the wait goes to the executor, which runs nothing else of it.
-            self._launched_now = request_id
+            session.launched_pending = request_id
             return False
         if not burst:
             session.flush_posts()  # what it queued on the GPU thread starts now

@@ -17,6 +17,7 @@ from hipr.errors import HipError
 from hipr.kernels.kernel_args import pack_args
 from hipr.protocol import PROTOCOL_MINOR, Opcode
 from hipr.worker import request_executor
+from hipr.worker.server import Worker
 from tests.e2e.raw import RawSession
 
 pytestmark = pytest.mark.anyio
@@ -211,3 +212,19 @@ def test_the_instruction_count_driver_runs_both_forms(mode: str) -> None:
     from benchmarks import launch_sync_count
 
     assert launch_sync_count.main([mode, "3"]) == 0
+
+
+async def test_a_fused_request_launched_before_a_lost_link_is_only_waited_for_when_resent(
+    raw_session: RawSession, worker: Worker
+) -> None:
+    """The I/O callback launched a fused request and left its wait to the executor; had
+    the link dropped then, the request comes again on the resumed session (a new
+    connection, a new executor). The session, not the connection, remembers that its
+    launch ran: the request is waited for and answered, never launched twice."""
+    y, x, function = await _axpy(raw_session)
+    session = next(s for s in worker.sessions.values() if s.allocations.containing(y))
+    fused = raw_session.frame(Opcode.LAUNCH_KERNEL, _args(function, y, x, synchronize=True))
+    session.launched_pending = raw_session.next_id  # as the I/O callback left it
+    assert await raw_session.replies(fused, 1) == [{}]
+    assert session.launched_pending == 0
+    assert await _y(raw_session, y) == 0.0  # its launch is not run again
