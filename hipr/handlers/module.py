@@ -140,6 +140,7 @@ async def module_load(session: Session, request: Request) -> Any:
     claimed = _claimed_digest(request)
     image = await _whole_bulk(request, m.MAX_MODULE_BYTES)
     store = session.gate.module_store
+    to_keep: bytes | None = None
     if not image:
         if claimed is None:
             raise invalid_value("MODULE_LOAD: the code object is empty")
@@ -150,25 +151,30 @@ async def module_load(session: Session, request: Request) -> Any:
     else:
         store.received(len(image))
         if claimed is not None:
-            await _keep(session, claimed, image)
+            to_keep = await _verified_digest(claimed, image)
     session.gate.check_count("max_modules")
     handle = await session.gpu_create(session.backend.module_load, image)
+    if to_keep is not None:
+        # Kept only once it loaded: an image the worker refuses (or a load over quota)
+        # never takes the tenant's store space, nor answers a later offer of its hash.
+        quotas = session.gate.quotas
+        store.add(
+            to_keep, image, max_bytes=quotas.module_store_bytes,
+            max_images=quotas.module_store_count,
+        )  # fmt: skip
     return {"module": _add_module(session, handle, shared=False)}
 
 
-async def _keep(session: Session, claimed: bytes, image: bytes) -> None:
-    """Put ``image`` in the tenant's module store under the hash computed here, once it
-    is the hash the client claimed (a mismatch is refused: nothing loaded, nothing kept)."""
+async def _verified_digest(claimed: bytes, image: bytes) -> bytes:
+    """The SHA-256 of ``image`` computed here, when it is the hash the client claimed (a
+    mismatch is refused: nothing loaded, nothing kept)."""
     digest = await _digest(image)
     if not hmac.compare_digest(digest, claimed):
         raise invalid_value(
             f"MODULE_LOAD: the {len(image)}-byte code object's SHA-256 is {digest.hex()}, "
             f"not the 'sha256' sent ({claimed.hex()}): not loaded"
         )
-    quotas = session.gate.quotas
-    session.gate.module_store.add(
-        digest, image, max_bytes=quotas.module_store_bytes, max_images=quotas.module_store_count
-    )
+    return digest
 
 
 def _claimed_digest(request: Request) -> bytes | None:

@@ -179,6 +179,20 @@ async def test_bytes_not_matching_their_hash_are_refused_and_not_kept(worker: Wo
 
 
 @pytest.mark.anyio
+async def test_an_image_the_worker_refuses_is_not_kept(worker: Worker) -> None:
+    """Kept only once loaded: bytes that match their hash but do not load take no store
+    space, and a later offer of that hash is told "not held"."""
+    junk = bytes(range(256)) * 32  # 8 KiB, no code object of any kind
+    async with hipr.aconnect(worker.bound_urls[0], token=ALICE) as gpu:
+        with pytest.raises(hipr.HipError):
+            await gpu._call(Opcode.MODULE_LOAD, {"sha256": sha256(junk)}, junk)
+        store = _store(worker, "alice")
+        assert sha256(junk) not in store and store.figures().held_bytes == 0
+        assert (await gpu._call(Opcode.MODULE_LOAD, {"sha256": sha256(junk)})) == {"held": False}
+        await _works(gpu, await gpu.module_load(emulated_fatbin(8 * KiB)))
+
+
+@pytest.mark.anyio
 @pytest.mark.parametrize(
     "value",
     [b"\x01" * 31, b"\x01" * 33, b"\x01" * (1 << 20), "ab" * 32, 7, [1, 2], True],
@@ -270,8 +284,9 @@ async def test_a_tenant_child_keeps_the_store_and_the_parent_reports_it(
     anyio_backend: str, short_tmp: Path
 ) -> None:
     """The child workers run the plain emulator, which loads no code object: each load
-    fails with hipErrorInvalidImage after the store has done its part, which is what the
-    figures (polled from the child into the parent's metrics) show."""
+    fails with hipErrorInvalidImage, so nothing is kept (an image is kept only once it
+    loaded) and each start sends the bytes again; the figures, polled from the child into
+    the parent's metrics, show exactly that."""
     config = WorkerConfig(
         tenants_file=_tenants(short_tmp / "tenants.toml"),
         isolation="process",
@@ -294,16 +309,17 @@ async def test_a_tenant_child_keeps_the_store_and_the_parent_reports_it(
                     assert reply == {"held": False}
                 await isolation.poll()
             figures = worker.module_store_figures()
-            assert figures["alice"].hits == 1 and figures["alice"].misses == 1
-            assert figures["alice"].bytes_received == len(image)
-            assert figures["alice"].held_images == 1
+            assert figures["alice"].hits == 0 and figures["alice"].misses == 2
+            assert figures["alice"].bytes_received == 2 * len(image)
+            assert figures["alice"].held_images == 0
             assert figures["bob"].misses == 1 and figures["bob"].held_images == 0
             samples = {
                 (s.name, s.labels["tenant"]): s.value
                 for f in module_store_metrics(worker)
                 for s in f.samples
             }
-            assert samples[("hipr_module_store_saved_bytes_total", "alice")] == len(image)
+            assert samples[("hipr_module_store_misses_total", "alice")] == 2
+            assert samples[("hipr_module_load_received_bytes_total", "alice")] == 2 * len(image)
         finally:
             await isolation.aclose()
 
