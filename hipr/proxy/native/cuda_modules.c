@@ -19,8 +19,6 @@
 #define OP_FUNCTION_OCCUPANCY 0x050A
 #define OP_MODULE_GET_GLOBAL 0x050B
 
-#define MAX_PARAMS 256
-#define MAX_ARGS_BYTES 4096
 /* The worker's built-in kernels (hipr.kernels.builtins), as for the HIP front. */
 #define BUILTIN_IMAGE "hipr:builtin"
 
@@ -49,11 +47,7 @@ enum occ_query { OCC_ACTIVE_BLOCKS = 1, OCC_DYNAMIC_SMEM, OCC_BLOCK_SIZE, OCC_CL
 struct hipr_cu_function {
     uint64_t id;
     int device;
-    int layout; /* 0 not asked, 1 known, -1 the worker cannot tell */
-    size_t n_params;
-    uint32_t offsets[MAX_PARAMS], sizes[MAX_PARAMS];
-    uint8_t is_pointer[MAX_PARAMS];
-    size_t args_size;
+    hipr_param_layout params; /* asked of the worker once, at the first need */
     struct hipr_cu_module *module;
     struct hipr_cu_function *next;
     struct fn_cache cache;
@@ -377,54 +371,18 @@ void hipr_cu_forget_modules(void) {
 
 /* --- functions ----------------------------------------------------------------------- */
 
-static int read_list(const cbor_item_t *map, const char *key, uint32_t *out, size_t *n) {
-    cbor_item_t *list = hipr_cbor_get(map, key);
-    if (!list || !cbor_isa_array(list) || cbor_array_size(list) > MAX_PARAMS) return -1;
-    *n = cbor_array_size(list);
-    for (size_t i = 0; i < *n; i++) {
-        cbor_item_t *v = cbor_array_get(list, i);
-        int bad = !v || !cbor_isa_uint(v) || cbor_get_int(v) > MAX_ARGS_BYTES;
-        if (!bad) out[i] = (uint32_t)cbor_get_int(v);
-        if (v) cbor_decref(&v);
-        if (bad) return -1;
-    }
-    return 0;
-}
-
-/* The function's parameter layout, asked once (with hipr_cu_lock not held). */
+/* The function's parameter layout, asked once (with hipr_cu_lock not held: the ask is a
+ * round trip); 1 known, -1 the worker cannot tell. */
 static int layout_of(struct hipr_cu_function *f) {
     pthread_mutex_lock(&hipr_cu_lock);
-    int known = f->layout;
+    int known = f->params.known;
     pthread_mutex_unlock(&hipr_cu_lock);
     if (known) return known;
-    hipr_map m;
-    hipr_map_init(&m, 1);
-    hipr_map_u64(&m, "function", f->id);
-    hipr_reply r;
-    int hip = hipr_call(f->device, OP_FUNCTION_PARAMS, &m, NULL, 0, NULL, 0, &r);
-    uint32_t offsets[MAX_PARAMS], sizes[MAX_PARAMS], ptrs[MAX_PARAMS];
-    size_t n = 0, n2 = 0, np = 0, args_size = 0;
-    int ok = hip == 0 && read_list(r.map, "offsets", offsets, &n) == 0 &&
-             read_list(r.map, "sizes", sizes, &n2) == 0 && n == n2 &&
-             read_list(r.map, "pointers", ptrs, &np) == 0;
-    hipr_reply_free(&r);
-    for (size_t i = 0; ok && i < n; i++) {
-        if (offsets[i] + sizes[i] > MAX_ARGS_BYTES || sizes[i] == 0) ok = 0;
-        else if (offsets[i] + sizes[i] > args_size) args_size = offsets[i] + sizes[i];
-    }
-    for (size_t i = 0; ok && i < np; i++)
-        if (ptrs[i] >= n) ok = 0;
+    hipr_param_layout fetched;
+    hipr_param_layout_fetch(f->device, f->id, &fetched);
     pthread_mutex_lock(&hipr_cu_lock);
-    if (!f->layout) {
-        memset(f->is_pointer, 0, sizeof f->is_pointer);
-        for (size_t i = 0; ok && i < np; i++) f->is_pointer[ptrs[i]] = 1;
-        memcpy(f->offsets, offsets, n * sizeof *offsets);
-        memcpy(f->sizes, sizes, n * sizeof *sizes);
-        f->n_params = ok ? n : 0;
-        f->args_size = ok ? args_size : 0;
-        f->layout = ok ? 1 : -1;
-    }
-    known = f->layout;
+    if (!f->params.known) f->params = fetched;
+    known = f->params.known;
     pthread_mutex_unlock(&hipr_cu_lock);
     return known;
 }
@@ -443,9 +401,9 @@ API CUresult cuFuncGetParamInfo(CUfunction f, size_t index, size_t *offset, size
     if (!hipr_cu_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
     if (!f || !function_live(f)) return CUDA_ERROR_INVALID_HANDLE;
     if (layout_of(f) != 1) return CUDA_ERROR_NOT_SUPPORTED;
-    if (index >= f->n_params) return CUDA_ERROR_INVALID_VALUE;
-    *offset = f->offsets[index];
-    *size = f->sizes[index];
+    if (index >= f->params.n_params) return CUDA_ERROR_INVALID_VALUE;
+    *offset = f->params.offsets[index];
+    *size = f->params.sizes[index];
     return CUDA_SUCCESS;
 }
 
@@ -790,12 +748,12 @@ static CUresult launch(CUfunction f, const unsigned grid[3], const unsigned bloc
         if (!grid[i] || !block[i]) return CUDA_ERROR_INVALID_VALUE;
     if (params && extra) return CUDA_ERROR_INVALID_VALUE;
     int layout = layout_of(f);
-    uint8_t buf[MAX_ARGS_BYTES];
+    uint8_t buf[HIPR_MAX_ARGS_BYTES];
     const uint8_t *args = buf;
     size_t args_len = 0;
     if (extra) {
         const void *packed = NULL;
-        if (hipr_launch_extra(extra, CU_LAUNCH_PARAM_END, MAX_ARGS_BYTES, &packed, &args_len)) return CUDA_ERROR_INVALID_VALUE;
+        if (hipr_launch_extra(extra, CU_LAUNCH_PARAM_END, HIPR_MAX_ARGS_BYTES, &packed, &args_len)) return CUDA_ERROR_INVALID_VALUE;
         args = packed;
     } else if (params || layout == 1) {
         if (layout != 1) {
@@ -805,13 +763,8 @@ static CUresult launch(CUfunction f, const unsigned grid[3], const unsigned bloc
                            &warned);
             return CUDA_ERROR_NOT_SUPPORTED;
         }
-        if (f->n_params && !params) return CUDA_ERROR_INVALID_VALUE;
-        memset(buf, 0, f->args_size);
-        for (size_t i = 0; i < f->n_params; i++) {
-            if (!params[i]) return CUDA_ERROR_INVALID_VALUE;
-            memcpy(buf + f->offsets[i], params[i], f->sizes[i]);
-        }
-        args_len = f->args_size;
+        if (hipr_param_layout_pack(&f->params, params, buf, &args_len))
+            return CUDA_ERROR_INVALID_VALUE;
     }
     hipr_launch_config c;
     memset(&c, 0, sizeof c);
@@ -823,8 +776,9 @@ static CUresult launch(CUfunction f, const unsigned grid[3], const unsigned bloc
         c.block[i] = block[i];
     }
     /* Pointer arguments, where the layout tells them, are checked by the worker. */
-    for (size_t i = 0; layout == 1 && i < f->n_params; i++)
-        if (f->is_pointer[i] && f->offsets[i] + 8 <= args_len) c.ptrs[c.n_ptrs++] = f->offsets[i];
+    for (size_t i = 0; layout == 1 && i < f->params.n_params; i++)
+        if (f->params.is_pointer[i] && f->params.offsets[i] + 8 <= args_len)
+            c.ptrs[c.n_ptrs++] = f->params.offsets[i];
     return hipr_cu_error(hipr_launch(dev, &c, args, args_len));
 }
 

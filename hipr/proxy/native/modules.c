@@ -14,18 +14,11 @@
 #include "opcodes.h"
 
 #define API HIPR_EXPORT
-#define MAX_PARAMS 256
-#define MAX_ARGS_BYTES 4096
 
 struct hipr_function {
     uint64_t id;
     char *name; /* hipKernelNameRef */
-    /* 0: not asked yet; 1: known; -1: the worker cannot tell. */
-    int layout;
-    size_t n_params;
-    uint32_t offsets[MAX_PARAMS], sizes[MAX_PARAMS];
-    uint8_t is_pointer[MAX_PARAMS];
-    size_t args_size;
+    hipr_param_layout params; /* asked of the worker at the first launch */
     struct hipr_function *next;
 };
 
@@ -213,83 +206,36 @@ API hipError_t hipModuleUnload(hipModule_t module) {
 
 /* --- launches ------------------------------------------------------------------------- */
 
-static int read_list(const cbor_item_t *map, const char *key, uint32_t *out, size_t *n) {
-    cbor_item_t *list = hipr_cbor_get(map, key);
-    if (!list || !cbor_isa_array(list) || cbor_array_size(list) > MAX_PARAMS) return -1;
-    *n = cbor_array_size(list);
-    for (size_t i = 0; i < *n; i++) {
-        cbor_item_t *v = cbor_array_get(list, i);
-        int bad = !v || !cbor_isa_uint(v) || cbor_get_int(v) > MAX_ARGS_BYTES;
-        if (!bad) out[i] = (uint32_t)cbor_get_int(v);
-        if (v) cbor_decref(&v);
-        if (bad) return -1;
-    }
-    return 0;
-}
-
-/* The function's parameter layout, asked once (FUNCTION_PARAMS). */
-static void learn_layout(struct hipr_function *f) {
-    if (f->layout) return;
-    hipr_map m;
-    hipr_map_init(&m, 1);
-    hipr_map_u64(&m, "function", f->id);
-    hipr_reply r;
-    hipError_t rc = hipr_call(hipr_front_device(), OP_FUNCTION_PARAMS, &m, NULL, 0, NULL, 0, &r);
-    uint32_t ptrs[MAX_PARAMS];
-    size_t n = 0, n2 = 0, np = 0;
-    int ok = rc == hipSuccess && read_list(r.map, "offsets", f->offsets, &n) == 0 &&
-             read_list(r.map, "sizes", f->sizes, &n2) == 0 && n == n2 &&
-             read_list(r.map, "pointers", ptrs, &np) == 0;
-    hipr_reply_free(&r);
-    memset(f->is_pointer, 0, sizeof f->is_pointer);
-    f->args_size = 0;
-    for (size_t i = 0; ok && i < n; i++) {
-        if (f->offsets[i] + f->sizes[i] > MAX_ARGS_BYTES || f->sizes[i] == 0) ok = 0;
-        else if (f->offsets[i] + f->sizes[i] > f->args_size)
-            f->args_size = f->offsets[i] + f->sizes[i];
-    }
-    for (size_t i = 0; ok && i < np; i++) {
-        if (ptrs[i] >= n) ok = 0;
-        else f->is_pointer[ptrs[i]] = 1;
-    }
-    f->n_params = ok ? n : 0;
-    f->layout = ok ? 1 : -1;
-}
-
 static hipError_t launch(struct hipr_function *f, const unsigned grid[3], const unsigned block[3],
                          unsigned shared, hipStream_t stream, void **params, void **extra) {
     pthread_mutex_lock(&module_lock);
-    learn_layout(f);
-    int layout = f->layout;
+    if (!f->params.known) hipr_param_layout_fetch(hipr_front_device(), f->id, &f->params);
+    const hipr_param_layout *layout = &f->params;
     pthread_mutex_unlock(&module_lock);
-    uint8_t buf[MAX_ARGS_BYTES];
+    uint8_t buf[HIPR_MAX_ARGS_BYTES];
     const uint8_t *args = buf;
     size_t args_len = 0;
     if (extra) {
         const void *packed = NULL;
-        if (hipr_launch_extra(extra, HIP_LAUNCH_PARAM_END, MAX_ARGS_BYTES, &packed, &args_len)) return hipErrorInvalidValue;
+        if (hipr_launch_extra(extra, HIP_LAUNCH_PARAM_END, HIPR_MAX_ARGS_BYTES, &packed, &args_len)) return hipErrorInvalidValue;
         args = packed;
     } else if (params) {
-        if (layout != 1) {
+        if (layout->known != 1) {
             static int warned;
             hipr_warn_once("hipModuleLaunchKernel with kernelParams needs the kernel's "
                            "parameter layout, which this worker cannot report; pass `extra`",
                            &warned);
             return hipErrorNotSupported;
         }
-        memset(buf, 0, f->args_size);
-        for (size_t i = 0; i < f->n_params; i++) {
-            if (!params[i]) return hipErrorInvalidValue;
-            memcpy(buf + f->offsets[i], params[i], f->sizes[i]);
-        }
-        args_len = f->args_size;
+        if (hipr_param_layout_pack(layout, params, buf, &args_len)) return hipErrorInvalidValue;
     }
     /* Pointer arguments, where the layout tells them, are checked by the worker against
      * the session's allocations. */
-    uint64_t ptrs[MAX_PARAMS];
+    uint64_t ptrs[HIPR_MAX_PARAMS];
     size_t n_ptrs = 0;
-    for (size_t i = 0; layout == 1 && i < f->n_params; i++)
-        if (f->is_pointer[i] && f->offsets[i] + 8 <= args_len) ptrs[n_ptrs++] = f->offsets[i];
+    for (size_t i = 0; layout->known == 1 && i < layout->n_params; i++)
+        if (layout->is_pointer[i] && layout->offsets[i] + 8 <= args_len)
+            ptrs[n_ptrs++] = layout->offsets[i];
     hipr_launch_config c;
     memset(&c, 0, sizeof c);
     c.function = f->id;
