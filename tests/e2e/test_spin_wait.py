@@ -35,6 +35,8 @@ class RunningKernelEmulator(EmulatorBackend):
         super().__init__(*args, **kwargs)
         self.finished = threading.Event()
         self.finished.set()
+        self._ends_at = 0.0
+        self._kernels_started = 0
         #: Synchronizes that blocked on the GPU thread.
         self.blocking_syncs = 0
         #: Asks of ``work_done`` while the kernel ran.
@@ -43,9 +45,24 @@ class RunningKernelEmulator(EmulatorBackend):
     def run_for(self, seconds: float) -> None:
         """Start a 'kernel' that ends after ``seconds``."""
         self.finished.clear()
-        threading.Timer(seconds, self.finished.set).start()
+        self._ends_at = time.monotonic() + seconds
+        self._kernels_started += 1
+        # The timer ends it for a blocked synchronize; a poll sees the end by the clock
+        # itself, so that a timer thread starved on a loaded 2-core CI runner cannot
+        # stretch the 'kernel' past the polling window.
+        threading.Timer(seconds, self._end, args=(self._kernels_started,)).start()
+
+    def _end(self, kernel: int) -> None:
+        # An earlier kernel's late timer must not end this one.
+        if kernel == self._kernels_started:
+            self.finished.set()
+
+    def _end_if_due(self) -> None:
+        if time.monotonic() >= self._ends_at:
+            self.finished.set()
 
     def _running(self) -> bool:
+        self._end_if_due()
         if self.finished.is_set():
             return False
         self.polls_while_running += 1
