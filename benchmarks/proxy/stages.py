@@ -80,25 +80,24 @@ timed(lambda: k((1,), (1,), (p,)), d.synchronize, int(sys.argv[1]))
 """,
     "hip": _TIMING
     + """
-import ctypes
 from hip import hip, hiprtc
 def ok(result):
-    err = result[0] if isinstance(result, tuple) else result
-    if isinstance(err, (hip.hipError_t, hiprtc.hiprtcResult)) and int(err):
+    err, rest = result[0], result[1:]
+    if int(err):
         raise RuntimeError(str(err))
-    return result[1:] if isinstance(result, tuple) and len(result) > 2 else (
-        result[1] if isinstance(result, tuple) else None)
+    return rest[0] if len(rest) == 1 else rest
 src = b'extern "C" __global__ void one(float* p) { p[0] += 1.0f; }'
-prog = ok(hiprtc.hiprtcCreateProgram(src, b"one.cu", 0, [], []))
-props = hip.hipDeviceProp_t(); ok(hip.hipGetDeviceProperties(props, 0))
-ok(hiprtc.hiprtcCompileProgram(prog, 1, [b"--offload-arch=" + props.gcnArchName]))
-size = ok(hiprtc.hiprtcGetCodeSize(prog)); code = bytearray(size)
+prog = ok(hiprtc.hiprtcCreateProgram(src, b"one", 0, [], []))
+arch = ok(hip.hipGetDeviceProperties(0)).gcnArchName
+arch = arch if isinstance(arch, bytes) else arch.encode()
+ok(hiprtc.hiprtcCompileProgram(prog, 1, [b"--offload-arch=" + arch]))
+code = bytearray(ok(hiprtc.hiprtcGetCodeSize(prog)))
 ok(hiprtc.hiprtcGetCode(prog, code))
-module = ok(hip.hipModuleLoadData(code)); fn = ok(hip.hipModuleGetFunction(module, b"one"))
-p = ok(hip.hipMalloc(4)); ok(hip.hipMemset(p, 0, 4))
-args = hip.HipModuleLaunchKernel_extra(((p, ctypes.c_void_p),))
+fn = ok(hip.hipModuleGetFunction(ok(hip.hipModuleLoadData(code)), b"one"))
+p = ok(hip.hipMalloc(4))
 def step():
-    ok(hip.hipModuleLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, None, None, args))
+    ok(hip.hipModuleLaunchKernel(fn, 1, 1, 1, 1, 1, 1, sharedMemBytes=0, stream=None,
+                                 kernelParams=None, extra=(p,)))
 timed(step, lambda: ok(hip.hipDeviceSynchronize()), int(sys.argv[1]))
 """,
     "python": _TIMING
@@ -182,9 +181,11 @@ def measure(backend: str, count: int, clients: Sequence[str], profile_top: int) 
             _print(f"  stages of one tiny op + synchronize ({name})", stages, print)
         if profile_top and clients:
             first = clients[0]
-            stats = worker.profile(
-                lambda: _run_client(first, url, count, directory / "profiled.json")
-            )
+
+            def profiled() -> None:
+                _run_client(first, url, count, directory / "profiled.json")
+
+            stats = worker.profile(profiled)
             title = f"\nworker loop thread, {first} rounds, by own time"
             _print_profile(title, stats, profile_top, print)
     finally:
