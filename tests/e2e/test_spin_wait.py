@@ -35,7 +35,9 @@ class RunningKernelEmulator(EmulatorBackend):
         super().__init__(*args, **kwargs)
         self.finished = threading.Event()
         self.finished.set()
-        self._ends_at = 0.0
+        #: When the kernel of :meth:`run_for` ends (None: no such kernel runs; a test
+        #: may also clear :attr:`finished` itself, and set it when it likes).
+        self._ends_at: float | None = None
         self._kernels_started = 0
         #: Synchronizes that blocked on the GPU thread.
         self.blocking_syncs = 0
@@ -55,10 +57,13 @@ class RunningKernelEmulator(EmulatorBackend):
     def _end(self, kernel: int) -> None:
         # An earlier kernel's late timer must not end this one.
         if kernel == self._kernels_started:
+            self._ends_at = None
             self.finished.set()
 
     def _end_if_due(self) -> None:
-        if time.monotonic() >= self._ends_at:
+        ends_at = self._ends_at
+        if ends_at is not None and time.monotonic() >= ends_at:
+            self._ends_at = None
             self.finished.set()
 
     def _running(self) -> bool:
