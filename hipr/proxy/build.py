@@ -247,6 +247,7 @@ CUDA_SOURCES = (
     "cuda_export.c",
     "cuda_library.c",
     "cuda_trace.c",
+    "ptr_set.c",
 )
 #: Every driver entry point NVIDIA's libcuda exports (names from the public cuda.h).
 CUDA_SYMBOLS = NATIVE / "cuda_symbols.txt"

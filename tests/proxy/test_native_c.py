@@ -91,6 +91,24 @@ def test_decoder_fuzz_under_sanitizers(proxy_libs: None, tmp_path: Path) -> None
         assert result.stdout.startswith("ok") and all(n > 0 for n in counts), result.stdout
 
 
+def test_pointer_set_agrees_with_a_plain_array(tmp_path: Path) -> None:
+    """The set behind the CUDA front's per-launch handle checks (ptr_set.c)."""
+    harness = tmp_path / "ptr_set_check"
+    cc(
+        [
+            *SANITIZE, *WARNINGS, "-std=c11", f"-I{NATIVE}", str(C_DIR / "ptr_set_check.c"),
+            str(NATIVE / "ptr_set.c"), "-o", str(harness),
+        ]
+    )  # fmt: skip
+    env = dict(os.environ, **SANITIZER_ENV)
+    result = subprocess.run(
+        [str(harness), "200000"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert_sanitizer_clean(result)
+    adds, removes, looks = (int(n) for n in result.stdout.split()[1:])
+    assert result.stdout.startswith("ok") and min(adds, removes, looks) > 10_000, result.stdout
+
+
 def test_symbol_versions_and_sonames(proxy_libs: None) -> None:
     symbols = subprocess.run(
         ["nm", "-D", "--defined-only", str(LIB_DIR / "libamdhip64.so")],

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cuda_front.h"
+#include "ptr_set.h"
 
 #define MAX_DEVICES 64
 #define CU_LIBRARY_BINARY_IS_PRESERVED 1
@@ -38,6 +39,8 @@ typedef struct hipr_cu_library *CUlibrary;
 typedef struct hipr_cu_kernel *CUkernel;
 
 static struct hipr_cu_library *libraries;
+/* Every kernel of the libraries above: a launch of a CUkernel checks it here. */
+static hipr_ptr_set live_kernels;
 
 static int preserved(const int *options, void **values, unsigned n) {
     for (unsigned i = 0; options && values && i < n; i++)
@@ -107,6 +110,12 @@ static int library_live_locked(CUlibrary l) {
     return 0;
 }
 
+/* With hipr_cu_lock held: the library's kernels are no longer live handles. */
+static void forget_kernels_locked(CUlibrary l) {
+    for (struct hipr_cu_kernel *k = l->kernels; k; k = k->next)
+        hipr_ptr_set_remove(&live_kernels, k);
+}
+
 static void free_library(CUlibrary l) {
     for (struct hipr_cu_kernel *k = l->kernels, *next; k; k = next) {
         next = k->next;
@@ -123,6 +132,7 @@ API CUresult cuLibraryUnload(CUlibrary l) {
     for (struct hipr_cu_library **p = &libraries; *p; p = &(*p)->next)
         if (*p == l) {
             *p = l->next;
+            forget_kernels_locked(l);
             found = 1;
             break;
         }
@@ -152,10 +162,15 @@ API CUresult cuLibraryGetKernel(CUkernel *out, CUlibrary l, const char *name) {
         /* Whether the library has the kernel is known when it loads on the worker: a
          * missing name fails the kernel's first use with CUDA_ERROR_NOT_FOUND. */
         if (!k && (k = calloc(1, sizeof *k + len + 1)) != NULL) {
-            k->library = l;
-            memcpy(k->name, name, len + 1);
-            k->next = l->kernels;
-            l->kernels = k;
+            if (hipr_ptr_set_add(&live_kernels, k)) {
+                free(k);
+                k = NULL;
+            } else {
+                k->library = l;
+                memcpy(k->name, name, len + 1);
+                k->next = l->kernels;
+                l->kernels = k;
+            }
         }
         if (!k) rc = CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -165,12 +180,7 @@ API CUresult cuLibraryGetKernel(CUkernel *out, CUlibrary l, const char *name) {
 }
 
 /* With hipr_cu_lock held. */
-static int kernel_live_locked(CUkernel k) {
-    for (struct hipr_cu_library *l = libraries; l; l = l->next)
-        for (struct hipr_cu_kernel *p = l->kernels; p; p = p->next)
-            if (p == k) return 1;
-    return 0;
-}
+static int kernel_live_locked(CUkernel k) { return hipr_ptr_set_has(&live_kernels, k); }
 
 /* The library's module on the current context's device, loaded there on first use. */
 static CUresult module_here(CUlibrary l, int *device, CUmodule *out) {
@@ -282,4 +292,5 @@ void hipr_cu_forget_libraries(void) {
         free_library(l);
     }
     libraries = NULL;
+    hipr_ptr_set_free(&live_kernels);
 }

@@ -12,6 +12,7 @@
 #include "launch_extra.h"
 #include "module_send.h"
 #include "opcodes.h"
+#include "ptr_set.h"
 
 /* FUNCTION_ATTRIBUTE (hipr/protocol/opcodes.py); here rather than in opcodes.h, which the
  * HIP proxy owns. */
@@ -214,10 +215,15 @@ API CUresult cuModuleLoad(CUmodule *module, const char *fname) {
     return rc;
 }
 
+/* Every function of the modules above: each launch checks its function here. */
+static hipr_ptr_set live_functions;
+
 static int unlink_module_locked(CUmodule m) {
     for (struct hipr_cu_module **p = &modules; *p; p = &(*p)->next)
         if (*p == m) {
             *p = m->next;
+            for (struct hipr_cu_function *f = m->functions; f; f = f->next)
+                hipr_ptr_set_remove(&live_functions, f);
             return 1;
         }
     return 0;
@@ -293,9 +299,16 @@ API CUresult cuModuleGetFunction(CUfunction *out, CUmodule m, const char *name) 
     f->module = m;
     f->device = m->device;
     pthread_mutex_lock(&hipr_cu_lock);
-    f->next = m->functions;
-    m->functions = f;
+    int held = hipr_ptr_set_add(&live_functions, f) == 0;
+    if (held) {
+        f->next = m->functions;
+        m->functions = f;
+    }
     pthread_mutex_unlock(&hipr_cu_lock);
+    if (!held) {
+        free(f); /* the worker's function id needs no release: it goes with its module */
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     *out = f;
     return CUDA_SUCCESS;
 }
@@ -367,6 +380,7 @@ void hipr_cu_forget_modules(void) {
         free_module(m);
     }
     modules = NULL;
+    hipr_ptr_set_free(&live_functions);
 }
 
 /* --- functions ----------------------------------------------------------------------- */
@@ -389,9 +403,7 @@ static int layout_of(struct hipr_cu_function *f) {
 
 static int function_live(CUfunction f) {
     pthread_mutex_lock(&hipr_cu_lock);
-    int found = 0;
-    for (struct hipr_cu_module *m = modules; m && !found; m = m->next)
-        for (struct hipr_cu_function *p = m->functions; p && !found; p = p->next) found = p == f;
+    int found = hipr_ptr_set_has(&live_functions, f);
     pthread_mutex_unlock(&hipr_cu_lock);
     return found;
 }
