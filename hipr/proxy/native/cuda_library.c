@@ -39,8 +39,9 @@ typedef struct hipr_cu_library *CUlibrary;
 typedef struct hipr_cu_kernel *CUkernel;
 
 static struct hipr_cu_library *libraries;
-/* Every kernel of the libraries above: a launch of a CUkernel checks it here. */
-static hipr_ptr_set live_kernels;
+/* The libraries above, and each one's kernels: a launch of a CUkernel checks it here.
+ * (libtorch_cuda loads a library per fat binary: thousands.) */
+static hipr_ptr_set live_libraries, live_kernels;
 
 static int preserved(const int *options, void **values, unsigned n) {
     for (unsigned i = 0; options && values && i < n; i++)
@@ -64,9 +65,17 @@ static CUresult library_load(CUlibrary *out, const void *code, size_t size, int 
     }
     l->size = size;
     pthread_mutex_lock(&hipr_cu_lock);
-    l->next = libraries;
-    libraries = l;
+    int held = hipr_ptr_set_add(&live_libraries, l) == 0;
+    if (held) {
+        l->next = libraries;
+        libraries = l;
+    }
     pthread_mutex_unlock(&hipr_cu_lock);
+    if (!held) {
+        free(l->owned);
+        free(l);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     *out = l;
     return CUDA_SUCCESS;
 }
@@ -104,11 +113,7 @@ API CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *path, int *ji
 }
 
 /* With hipr_cu_lock held. */
-static int library_live_locked(CUlibrary l) {
-    for (struct hipr_cu_library *p = libraries; p; p = p->next)
-        if (p == l) return 1;
-    return 0;
-}
+static int library_live_locked(CUlibrary l) { return hipr_ptr_set_has(&live_libraries, l); }
 
 /* With hipr_cu_lock held: the library's kernels are no longer live handles. */
 static void forget_kernels_locked(CUlibrary l) {
@@ -132,6 +137,7 @@ API CUresult cuLibraryUnload(CUlibrary l) {
     for (struct hipr_cu_library **p = &libraries; *p; p = &(*p)->next)
         if (*p == l) {
             *p = l->next;
+            hipr_ptr_set_remove(&live_libraries, l);
             forget_kernels_locked(l);
             found = 1;
             break;
@@ -292,5 +298,6 @@ void hipr_cu_forget_libraries(void) {
         free_library(l);
     }
     libraries = NULL;
+    hipr_ptr_set_free(&live_libraries);
     hipr_ptr_set_free(&live_kernels);
 }
