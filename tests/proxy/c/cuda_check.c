@@ -96,6 +96,13 @@ CUresult cuModuleLoad(CUmodule *, const char *);
 CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
 CUresult cuModuleUnload(CUmodule);
 CUresult cuModuleGetGlobal_v2(CUdeviceptr *, size_t *, CUmodule, const char *);
+typedef struct CUlib_st *CUlibrary;
+typedef struct CUkern_st *CUkernel;
+CUresult cuLibraryLoadData(CUlibrary *, const void *, int *, void **, unsigned, int *, void **,
+                           unsigned);
+CUresult cuLibraryUnload(CUlibrary);
+CUresult cuLibraryGetKernel(CUkernel *, CUlibrary, const char *);
+CUresult cuKernelGetFunction(CUfunction *, CUkernel);
 CUresult cuCtxGetLimit(size_t *, int);
 CUresult cuFuncGetParamInfo(CUfunction, size_t, size_t *, size_t *);
 CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -502,6 +509,48 @@ static void launches(const char *module_file) {
     CHECK(cuMemFree_v2(a));
 }
 
+/* The CUDA runtime's path (cudart 12 loads each fat binary as a library and launches
+ * its CUkernel handles): many libraries, kernels taken by name, a CUkernel launched as
+ * a function, and every handle refused once its library is gone. */
+static void libraries(void) {
+    enum { LIBS = 300 };
+    CUlibrary *libs = calloc(LIBS, sizeof *libs);
+    if (!libs) {
+        failures++;
+        return;
+    }
+    for (int i = 0; i < LIBS; i++)
+        CHECK(cuLibraryLoadData(&libs[i], "hipr:builtin", NULL, NULL, 0, NULL, NULL, 0));
+    CUkernel fill = NULL, again = NULL;
+    CHECK(cuLibraryGetKernel(&fill, libs[LIBS / 2], "fill_f32"));
+    CHECK(cuLibraryGetKernel(&again, libs[LIBS / 2], "fill_f32"));
+    EXPECT(fill == again);
+    CUdeviceptr out = 0;
+    CHECK(cuMemAlloc_v2(&out, 4 * sizeof(float)));
+    float value = 5.0f;
+    unsigned long long n = 4;
+    void *params[] = {&out, &value, &n};
+    CHECK(cuLaunchKernel((CUfunction)fill, 1, 1, 1, 32, 1, 1, 0, NULL, params, NULL));
+    float back[4] = {0};
+    CHECK(cuMemcpyDtoH_v2(back, out, sizeof back));
+    EXPECT(back[0] == 5.0f && back[3] == 5.0f);
+    CUfunction as_function = NULL;
+    CHECK(cuKernelGetFunction(&as_function, fill));
+    value = 6.0f;
+    CHECK(cuLaunchKernel(as_function, 1, 1, 1, 32, 1, 1, 0, NULL, params, NULL));
+    CHECK(cuMemcpyDtoH_v2(back, out, sizeof back));
+    EXPECT(back[1] == 6.0f);
+    for (int i = 0; i < LIBS; i++) CHECK(cuLibraryUnload(libs[i]));
+    /* Gone with its library: the kernel, its function, and the library itself. */
+    EXPECT_RC(400, cuLaunchKernel((CUfunction)fill, 1, 1, 1, 32, 1, 1, 0, NULL, params, NULL));
+    EXPECT_RC(400, cuLaunchKernel(as_function, 1, 1, 1, 32, 1, 1, 0, NULL, params, NULL));
+    EXPECT_RC(400, cuKernelGetFunction(&as_function, fill));
+    EXPECT_RC(400, cuLibraryGetKernel(&again, libs[0], "fill_f32"));
+    EXPECT_RC(400, cuLibraryUnload(libs[0]));
+    CHECK(cuMemFree_v2(out));
+    free(libs);
+}
+
 int main(int argc, char **argv) {
     CUdeviceptr p;
     EXPECT_RC(3, cuMemAlloc_v2(&p, 16)); /* CUDA_ERROR_NOT_INITIALIZED before cuInit */
@@ -515,6 +564,7 @@ int main(int argc, char **argv) {
     streams_and_events();
     errors_and_lookup();
     launches(argc > 1 ? argv[1] : NULL);
+    libraries();
     CHECK(cuCtxSynchronize());
     CHECK(cuCtxSetCurrent(NULL));
     CHECK(cuDevicePrimaryCtxRelease_v2(dev));
