@@ -350,14 +350,11 @@ API CUresult cuGraphAddKernelNode(CUgraphNode *node, CUgraph graph, const CUgrap
 API CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
                                      size_t n, const CUDA_KERNEL_NODE_PARAMS_v2 *p) {
     if (!node || !p) return CUDA_ERROR_INVALID_VALUE;
-    *node = NULL;
     uint64_t ctx_id;
     if (p->ctx && hipr_cu_ctx_id(p->ctx, &ctx_id)) return CUDA_ERROR_INVALID_CONTEXT;
-    const unsigned grid[3] = {p->gridDimX, p->gridDimY, p->gridDimZ};
-    const unsigned block[3] = {p->blockDimX, p->blockDimY, p->blockDimZ};
-    CUfunction f = p->func ? p->func : (CUfunction)p->kern;
-    return kernel_node(node, graph, deps, n, f, grid, block, p->sharedMemBytes, p->kernelParams,
-                       p->extra);
+    CUDA_KERNEL_NODE_PARAMS v1 = p->v1;
+    if (!v1.func) v1.func = (CUfunction)p->kern;
+    return cuGraphAddKernelNode(node, graph, deps, n, &v1);
 }
 
 /* A memset whose element's bytes are one byte, over a contiguous range (one row, or

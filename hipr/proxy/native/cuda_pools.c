@@ -108,67 +108,54 @@ API CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream s) {
     return rc ? rc : cuMemFree_v2(ptr);
 }
 
-API CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value) {
+/* Reads (set 0) or sets attribute `attr` of `pool` through `value`. Freed memory goes
+ * back to the worker at once, so what the pool reserves is what is in use; the high-water
+ * marks can only be reset (to the current figure), the current figures only read. */
+static CUresult pool_attribute(CUmemoryPool pool, int attr, void *value, int set) {
     int dev = pool_device(pool);
     if (dev < 0 || !value) return CUDA_ERROR_INVALID_VALUE;
     struct hipr_cu_pool *p = &pools[dev];
     CUresult rc = CUDA_SUCCESS;
     uint64_t used = hipr_cu_pooled_bytes(dev);
+    cuuint64_t *u64 = value;
     pthread_mutex_lock(&hipr_cu_lock);
     switch (attr) {
     case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
     case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
     case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
-        p->reuse[attr] = *(int *)value != 0;
+        if (set) p->reuse[attr] = *(int *)value != 0;
+        else *(int *)value = p->reuse[attr];
         break;
     case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
-        p->threshold = *(cuuint64_t *)value;
+        if (set) p->threshold = *u64;
+        else *u64 = p->threshold;
         break;
-    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: /* only reset, to the current figure */
-    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
-        if (*(cuuint64_t *)value != 0) rc = CUDA_ERROR_INVALID_VALUE;
-        else if (attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH) p->used_high = used;
-        else p->reserved_high = used;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
+        if (set) rc = CUDA_ERROR_INVALID_VALUE;
+        else *u64 = used;
         break;
-    default: /* the current figures are read-only; unknown attributes */
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: {
+        uint64_t *high = attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH ? &p->used_high : &p->reserved_high;
+        if (!set) *u64 = *high > used ? *high : used;
+        else if (*u64 != 0) rc = CUDA_ERROR_INVALID_VALUE;
+        else *high = used;
+        break;
+    }
+    default:
         rc = CUDA_ERROR_INVALID_VALUE;
     }
     pthread_mutex_unlock(&hipr_cu_lock);
     return rc;
 }
 
+API CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value) {
+    return pool_attribute(pool, attr, value, 1);
+}
+
 API CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value) {
-    int dev = pool_device(pool);
-    if (dev < 0 || !value) return CUDA_ERROR_INVALID_VALUE;
-    struct hipr_cu_pool *p = &pools[dev];
-    CUresult rc = CUDA_SUCCESS;
-    /* Freed memory goes back to the worker at once: reserved is what is in use. */
-    uint64_t used = hipr_cu_pooled_bytes(dev);
-    pthread_mutex_lock(&hipr_cu_lock);
-    switch (attr) {
-    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
-    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
-    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
-        *(int *)value = p->reuse[attr];
-        break;
-    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
-        *(cuuint64_t *)value = p->threshold;
-        break;
-    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
-    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
-        *(cuuint64_t *)value = used;
-        break;
-    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
-        *(cuuint64_t *)value = p->reserved_high > used ? p->reserved_high : used;
-        break;
-    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
-        *(cuuint64_t *)value = p->used_high > used ? p->used_high : used;
-        break;
-    default:
-        rc = CUDA_ERROR_INVALID_VALUE;
-    }
-    pthread_mutex_unlock(&hipr_cu_lock);
-    return rc;
+    return pool_attribute(pool, attr, value, 0);
 }
 
 /* The pool keeps no freed memory: there is nothing to trim. */

@@ -179,13 +179,9 @@ typedef struct CUDA_KERNEL_NODE_PARAMS_st {
     void **extra;
 } CUDA_KERNEL_NODE_PARAMS;
 
+/* CUDA 12's: version 1's fields (laid out alike), then these. */
 typedef struct CUDA_KERNEL_NODE_PARAMS_v2_st {
-    CUfunction func;
-    unsigned int gridDimX, gridDimY, gridDimZ;
-    unsigned int blockDimX, blockDimY, blockDimZ;
-    unsigned int sharedMemBytes;
-    void **kernelParams;
-    void **extra;
+    CUDA_KERNEL_NODE_PARAMS v1;
     void *kern; /* CUkernel, used when func is NULL */
     CUcontext ctx;
 } CUDA_KERNEL_NODE_PARAMS_v2;

@@ -130,36 +130,38 @@ static int add_node(int device, uint16_t opcode, hipr_map *m, uint64_t graph,
     return rc;
 }
 
-int hipr_graph_add_memset(int device, uint64_t graph, const uint64_t *deps, size_t n_deps,
-                          uint64_t ptr, unsigned value, uint64_t size, uint64_t *node) {
+/* A memset or copy node: `key` at `at` (ptr, dst), `key2` (value, src), `size` bytes. */
+static int range_node(int device, uint16_t opcode, uint64_t graph, const uint64_t *deps,
+                      size_t n_deps, const char *key, uint64_t at, const char *key2,
+                      uint64_t value, uint64_t size, uint64_t *node) {
     hipr_map m;
     hipr_map_init(&m, 5);
-    hipr_map_u64(&m, "ptr", ptr);
-    hipr_map_u64(&m, "value", value);
+    hipr_map_u64(&m, key, at);
+    hipr_map_u64(&m, key2, value);
     hipr_map_u64(&m, "size", size);
-    return add_node(device, OP_GRAPH_ADD_MEMSET, &m, graph, deps, n_deps, node);
+    return add_node(device, opcode, &m, graph, deps, n_deps, node);
+}
+
+int hipr_graph_add_memset(int device, uint64_t graph, const uint64_t *deps, size_t n_deps,
+                          uint64_t ptr, unsigned value, uint64_t size, uint64_t *node) {
+    return range_node(device, OP_GRAPH_ADD_MEMSET, graph, deps, n_deps, "ptr", ptr, "value",
+                      value, size, node);
 }
 
 int hipr_graph_add_memcpy(int device, uint64_t graph, const uint64_t *deps, size_t n_deps,
                           uint64_t dst, uint64_t src, uint64_t size, uint64_t *node) {
-    hipr_map m;
-    hipr_map_init(&m, 5);
-    hipr_map_u64(&m, "dst", dst);
-    hipr_map_u64(&m, "src", src);
-    hipr_map_u64(&m, "size", size);
-    return add_node(device, OP_GRAPH_ADD_MEMCPY, &m, graph, deps, n_deps, node);
+    return range_node(device, OP_GRAPH_ADD_MEMCPY, graph, deps, n_deps, "dst", dst, "src", src,
+                      size, node);
 }
 
 int hipr_graph_add_kernel(int device, uint64_t graph, const uint64_t *deps, size_t n_deps,
                           const hipr_launch_config *c, const void *args, size_t args_len,
                           uint64_t *node) {
+    hipr_launch_config config = *c;
+    config.stream = 0; /* a node runs on the stream its graph is launched on */
     hipr_map m;
     hipr_map_init(&m, 8);
-    hipr_map_u64(&m, "function", c->function);
-    hipr_map_u64_list(&m, "grid", c->grid, 3);
-    hipr_map_u64_list(&m, "block", c->block, 3);
-    hipr_map_u64(&m, "shared_mem", c->shared_mem);
-    if (c->n_ptrs) hipr_map_u64_list(&m, "ptrs", c->ptrs, c->n_ptrs);
+    hipr_map_launch_config(&m, &config);
     if (args_len) hipr_map_bytes(&m, "args", args, args_len);
     return add_node(device, OP_GRAPH_ADD_KERNEL, &m, graph, deps, n_deps, node);
 }

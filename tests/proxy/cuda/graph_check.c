@@ -126,15 +126,7 @@ static const char *name_of(CUresult e) {
     return cuGetErrorName(e, &s) == 0 ? s : "(unnamed)";
 }
 
-#define EXPECT_RC(want, call)                                                             \
-    do {                                                                                  \
-        CUresult e_ = (call);                                                             \
-        if (e_ != (want)) {                                                               \
-            fprintf(stderr, "%s:%d: %s -> %s, want %d\n", __FILE__, __LINE__, #call,      \
-                    name_of(e_), (want));                                                 \
-            failures++;                                                                   \
-        }                                                                                 \
-    } while (0)
+#define EXPECT_RC(want, call) EXPECT((call) == (want))
 
 enum { N = 1024 };
 enum { INVALID_VALUE = 1, INVALID_HANDLE = 400, ILLEGAL_STATE = 401, NOT_SUPPORTED = 801,
