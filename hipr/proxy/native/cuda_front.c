@@ -1406,6 +1406,7 @@ API CUresult cuEventRecord(CUevent e, CUstream s) {
     hipr_map_init(&m, 2);
     hipr_map_u64(&m, "event", ev.id);
     if (id) hipr_map_u64(&m, "stream", id);
+    hipr_capture_note(id, 1);
     return hipr_cu_error(hipr_notify(dev, OP_EVENT_RECORD, &m, NULL, 0));
 }
 
@@ -1539,6 +1540,7 @@ static CUresult copy(int kind, uint64_t dst, uint64_t src, size_t n, CUstream s)
         int d = hipr_cu_is_device(dst), h = hipr_cu_is_device(src);
         kind = d ? (h ? 3 : 1) : (h ? 2 : 4);
     }
+    if (kind != 4) hipr_capture_note(id, 1);
     switch (kind) {
     case 1:
         return htod(dev, dst, (const void *)(uintptr_t)src, n, id);
@@ -1594,6 +1596,8 @@ static CUresult fill(CUdeviceptr ptr, uint32_t value, unsigned width, size_t cou
     uint8_t b[4];
     memcpy(b, &value, 4); /* little-endian, as the device */
     int uniform = width == 1 || (b[0] == b[1] && (width == 2 || (b[1] == b[2] && b[2] == b[3])));
+    size_t chunk = total < PATTERN_CHUNK ? total : PATTERN_CHUNK;
+    hipr_capture_note(id, uniform ? 1 : (unsigned)((total + chunk - 1) / chunk));
     if (uniform) {
         hipr_map m;
         hipr_map_init(&m, id ? 4 : 3);
@@ -1603,7 +1607,6 @@ static CUresult fill(CUdeviceptr ptr, uint32_t value, unsigned width, size_t cou
         add_stream(&m, id);
         return hipr_cu_error(hipr_notify(dev, OP_MEMSET, &m, NULL, 0));
     }
-    size_t chunk = total < PATTERN_CHUNK ? total : PATTERN_CHUNK;
     uint8_t *buf = malloc(chunk);
     if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
     for (size_t i = 0; i < chunk; i += width) memcpy(buf + i, b, width);

@@ -18,6 +18,7 @@ struct hipr_cu_graph {
     uint64_t id; /* the worker's graph or executable graph */
     int device;
     int exec; /* 1: an executable graph */
+    uint64_t nodes; /* a graph's: added, or operations captured (cuGraphGetNodes's count) */
     struct hipr_cu_graph *next;
 };
 
@@ -27,13 +28,13 @@ static struct hipr_cu_graph *graphs;
 #define NODE(id) ((CUgraphNode)(uintptr_t)(id))
 
 /* A new record of the worker's graph `id`; on no memory the worker's graph is destroyed. */
-static CUresult keep(CUgraph *out, int device, uint64_t id, int exec) {
+static CUresult keep(CUgraph *out, int device, uint64_t id, int exec, uint64_t nodes) {
     struct hipr_cu_graph *g = malloc(sizeof *g);
     if (!g) {
         (void)(exec ? hipr_graph_exec_destroy(device, id) : hipr_graph_destroy(device, id));
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    *g = (struct hipr_cu_graph){id, device, exec, NULL};
+    *g = (struct hipr_cu_graph){id, device, exec, nodes, NULL};
     pthread_mutex_lock(&hipr_cu_lock);
     g->next = graphs;
     graphs = g;
@@ -112,10 +113,10 @@ API CUresult cuStreamEndCapture(CUstream s, CUgraph *graph) {
     if (!graph) return CUDA_ERROR_INVALID_VALUE;
     *graph = NULL;
     int dev;
-    uint64_t id, gid = 0;
+    uint64_t id, gid = 0, ops = 0;
     CUresult rc = stream_on(s, &dev, &id);
-    if (rc == CUDA_SUCCESS) rc = hipr_cu_error(hipr_capture_end(dev, id, &gid));
-    return rc ? rc : keep(graph, dev, gid, 0);
+    if (rc == CUDA_SUCCESS) rc = hipr_cu_error(hipr_capture_end(dev, id, &gid, &ops));
+    return rc ? rc : keep(graph, dev, gid, 0, ops);
 }
 
 /* The status of `s`'s capture and its id (0 when none). */
@@ -177,7 +178,7 @@ API CUresult cuGraphCreate(CUgraph *graph, unsigned int flags) {
     CUresult rc = hipr_cu_ctx_device(&dev);
     uint64_t id = 0;
     if (rc == CUDA_SUCCESS) rc = hipr_cu_error(hipr_graph_create(dev, &id));
-    return rc ? rc : keep(graph, dev, id, 0);
+    return rc ? rc : keep(graph, dev, id, 0, 0);
 }
 
 API CUresult cuGraphDestroy(CUgraph graph) {
@@ -206,7 +207,7 @@ static CUresult instantiate(CUgraphExec *exec, CUgraph graph, cuuint64_t flags) 
     CUresult rc = find(graph, 0, &g);
     uint64_t id = 0;
     if (rc == CUDA_SUCCESS) rc = hipr_cu_error(hipr_graph_instantiate(g.device, g.id, &id));
-    return rc ? rc : keep(exec, g.device, id, 1);
+    return rc ? rc : keep(exec, g.device, id, 1, 0);
 }
 
 API CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
@@ -249,7 +250,9 @@ API CUresult cuGraphLaunch(CUgraphExec exec, CUstream s) {
     int dev;
     uint64_t sid;
     if (rc == CUDA_SUCCESS) rc = stream_on(s, &dev, &sid);
-    return rc ? rc : hipr_cu_error(hipr_graph_launch(g.device, g.id, sid));
+    if (rc) return rc;
+    hipr_capture_note(sid, 1); /* launched into a capture: its graph becomes a node */
+    return hipr_cu_error(hipr_graph_launch(g.device, g.id, sid));
 }
 
 /* The worker instantiated the graph on its GPU already: uploading adds nothing. */
@@ -265,6 +268,24 @@ API CUresult cuGraphExecDestroy(CUgraphExec exec) {
     struct hipr_cu_graph g;
     CUresult rc = take(exec, 1, &g);
     return rc ? rc : hipr_cu_error(hipr_graph_exec_destroy(g.device, g.id));
+}
+
+/* The number of nodes (a captured graph's: the operations issued on the capturing
+ * stream); the nodes' handles are not kept, so a call asking for them is refused. */
+API CUresult cuGraphGetNodes(CUgraph graph, CUgraphNode *nodes, size_t *count) {
+    if (!count) return CUDA_ERROR_INVALID_VALUE;
+    struct hipr_cu_graph g;
+    CUresult rc = find(graph, 0, &g);
+    if (rc) return rc;
+    if (nodes) {
+        static int warned;
+        hipr_warn_once("cuGraphGetNodes: a graph's node handles are not served, only their "
+                       "count (CUDA_ERROR_NOT_SUPPORTED)",
+                       &warned);
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    *count = (size_t)g.nodes;
+    return CUDA_SUCCESS;
 }
 
 /* --- nodes ------------------------------------------------------------------------------- */
@@ -318,6 +339,11 @@ static CUresult add_node(CUgraphNode *node, CUgraph graph, const CUgraphNode *de
     }
     free(ids);
     if (hip) return hipr_cu_error(hip);
+    pthread_mutex_lock(&hipr_cu_lock);
+    struct hipr_cu_graph *p = graphs;
+    while (p && p != graph) p = p->next;
+    if (p) p->nodes++;
+    pthread_mutex_unlock(&hipr_cu_lock);
     *node = NODE(id);
     return CUDA_SUCCESS;
 }

@@ -9,6 +9,7 @@
 
 #include "cuda_front.h"
 #include "file_bytes.h"
+#include "graph_wire.h"
 #include "launch_extra.h"
 #include "module_send.h"
 #include "opcodes.h"
@@ -788,6 +789,7 @@ static CUresult launch(CUfunction f, const unsigned grid[3], const unsigned bloc
     if (rc == CUDA_SUCCESS) rc = hipr_cu_launch_prepare(&l, f, grid, block, shared, params, extra);
     if (rc) return rc;
     l.config.stream = sid;
+    hipr_capture_note(sid, 1);
     return hipr_cu_error(hipr_launch(l.device, &l.config, l.args, l.args_len));
 }
 

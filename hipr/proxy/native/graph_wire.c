@@ -10,8 +10,9 @@ static pthread_mutex_t capture_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct {
     uint64_t stream;
     unsigned long long id;
+    uint64_t ops;
 } captures[HIPR_MAX_CAPTURES];
-static size_t n_captures;
+static size_t n_captures; /* read without the lock by hipr_capture_note's fast path */
 static unsigned long long next_capture_id = 1;
 
 /* A request of one handle whose reply names one handle (`out_key`, when given). */
@@ -50,10 +51,22 @@ int hipr_capture_active(uint64_t stream, unsigned long long *id) {
     return slot >= 0;
 }
 
+void hipr_capture_note(uint64_t stream, unsigned n) {
+    /* Every launch on a created stream comes here: nothing to do while nothing captures. */
+    if (!stream || !__atomic_load_n(&n_captures, __ATOMIC_RELAXED)) return;
+    pthread_mutex_lock(&capture_lock);
+    long slot = capture_slot_locked(stream);
+    if (slot >= 0) captures[slot].ops += n;
+    pthread_mutex_unlock(&capture_lock);
+}
+
 void hipr_capture_drop(uint64_t stream) {
     pthread_mutex_lock(&capture_lock);
     long slot = capture_slot_locked(stream);
-    if (slot >= 0) captures[slot] = captures[--n_captures];
+    if (slot >= 0) {
+        captures[slot] = captures[n_captures - 1];
+        __atomic_store_n(&n_captures, n_captures - 1, __ATOMIC_RELAXED);
+    }
     pthread_mutex_unlock(&capture_lock);
 }
 
@@ -67,7 +80,9 @@ int hipr_capture_begin(int device, uint64_t stream) {
                                                     : HIPR_SUCCESS;
     if (rc == HIPR_SUCCESS) {
         captures[n_captures].stream = stream;
-        captures[n_captures++].id = next_capture_id++;
+        captures[n_captures].id = next_capture_id++;
+        captures[n_captures].ops = 0;
+        __atomic_store_n(&n_captures, n_captures + 1, __ATOMIC_RELAXED);
     }
     pthread_mutex_unlock(&capture_lock);
     if (rc) return rc;
@@ -76,9 +91,13 @@ int hipr_capture_begin(int device, uint64_t stream) {
     return rc;
 }
 
-int hipr_capture_end(int device, uint64_t stream, uint64_t *graph) {
+int hipr_capture_end(int device, uint64_t stream, uint64_t *graph, uint64_t *ops) {
     *graph = 0;
-    if (!hipr_capture_active(stream, NULL)) return HIPR_ILLEGAL_STATE;
+    pthread_mutex_lock(&capture_lock);
+    long slot = stream ? capture_slot_locked(stream) : -1;
+    if (slot >= 0 && ops) *ops = captures[slot].ops;
+    pthread_mutex_unlock(&capture_lock);
+    if (slot < 0) return HIPR_ILLEGAL_STATE;
     hipr_capture_drop(stream);
     return handle_call(device, OP_STREAM_END_CAPTURE, "stream", stream, "graph", graph);
 }

@@ -21,9 +21,13 @@
 /* Begin capturing worker stream `stream` on `device`: 900 for the null stream (0), which
  * cannot be captured, 401 when it captures already, 2 when HIPR_MAX_CAPTURES do. */
 int hipr_capture_begin(int device, uint64_t stream);
-/* End the capture of `stream`: the captured graph in *graph (0 on error); 401 when the
- * stream does not capture. The capture ends in this table whatever the worker answers. */
-int hipr_capture_end(int device, uint64_t stream, uint64_t *graph);
+/* End the capture of `stream`: the captured graph in *graph (0 on error) and, when `ops`
+ * is given, how many operations hipr_capture_note counted in it; 401 when the stream does
+ * not capture. The capture ends in this table whatever the worker answers. */
+int hipr_capture_end(int device, uint64_t stream, uint64_t *graph, uint64_t *ops);
+/* `n` operations (launches, copies, memsets, event records, graph launches) were issued on
+ * worker stream `stream`: counted when it captures (the captured graph's nodes). */
+void hipr_capture_note(uint64_t stream, unsigned n);
 /* 1 when `stream` captures, its capture's id (unique in the process, never 0) in *id. */
 int hipr_capture_active(uint64_t stream, unsigned long long *id);
 /* The stream was destroyed: its capture goes with it. */

@@ -317,7 +317,7 @@ API hipError_t hipStreamBeginCapture(hipStream_t stream, int mode) {
 API hipError_t hipStreamEndCapture(hipStream_t stream, hipGraph_t *graph) {
     if (!graph) return ret(hipErrorInvalidValue);
     uint64_t id = 0;
-    hipError_t rc = hipr_capture_end(hipr_front_device(), HANDLE(stream), &id);
+    hipError_t rc = hipr_capture_end(hipr_front_device(), HANDLE(stream), &id, NULL);
     *graph = (hipGraph_t)(uintptr_t)id;
     return ret(rc);
 }

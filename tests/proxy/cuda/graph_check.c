@@ -99,6 +99,7 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long)
 CUresult cuGraphInstantiate_v2(CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t);
 CUresult cuGraphInstantiateWithParams(CUgraphExec *, CUgraph, InstantiateParams *);
 CUresult cuGraphLaunch(CUgraphExec, CUstream);
+CUresult cuGraphGetNodes(CUgraph, CUgraphNode *, size_t *);
 CUresult cuGraphUpload(CUgraphExec, CUstream);
 CUresult cuGraphExecDestroy(CUgraphExec);
 CUresult cuGraphAddKernelNode_v2(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
@@ -180,6 +181,11 @@ static void capture_and_launch_twice(CUstream s) {
     CUgraph graph = NULL;
     CHECK(cuStreamEndCapture(s, &graph));
     EXPECT(graph != NULL);
+    size_t nodes = 0; /* PyTorch asks, to warn of an empty capture */
+    CHECK(cuGraphGetNodes(graph, NULL, &nodes));
+    EXPECT(nodes == 3);
+    CUgraphNode handles[3];
+    EXPECT_RC(NOT_SUPPORTED, cuGraphGetNodes(graph, handles, &nodes)); /* not kept */
     CHECK(cuStreamIsCapturing(s, &status));
     EXPECT(status == 0);
     CHECK(cuStreamGetCaptureInfo(s, &status, &id));
@@ -263,6 +269,11 @@ static void explicit_graph(CUstream s) {
     CUgraphExec exec = NULL;
     char log[16] = "x";
     CUgraphNode err = (CUgraphNode)1;
+    size_t nodes = 0;
+    CHECK(cuGraphGetNodes(g, NULL, &nodes));
+    EXPECT(nodes == 3);
+    CHECK(cuGraphGetNodes(other, NULL, &nodes));
+    EXPECT(nodes == 0);
     CHECK(cuGraphInstantiate_v2(&exec, g, &err, log, sizeof log));
     EXPECT(err == NULL && log[0] == '\0');
     for (int round = 0; round < 2; round++) {
