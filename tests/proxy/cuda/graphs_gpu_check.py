@@ -121,7 +121,9 @@ else:
         want = 2 * 2 * torch.cos(torch.arange(4096, dtype=torch.float32) / 5)
         return {
             "before_replay_sum": before,
-            "close_to_cpu": bool(torch.allclose(got, want, atol=1e-5)),
+            # GPU and CPU cos of arguments up to 819 differ in the last bits: a figure,
+            # not a verdict (the verdict is the comparison with the local run).
+            "max_abs_diff_from_cpu": float((got - want).abs().max()),
             "digest": digest(got.numpy()),
         }
 
