@@ -85,11 +85,7 @@ def render() -> str:
         "themselves once on stderr (generated from hip-python's declarations into "
         "`gen_stubs.h`):",
         "",
-        "<details><summary>their names</summary>",
-        "",
-        ", ".join(f"`{n}`" for n in generated),
-        "",
-        "</details>",
+        *cuda_coverage.folded("their names", generated),
         "",
         END,
     ]

@@ -58,6 +58,17 @@ def stubs() -> list[str]:
     return sorted(n for n in names if n and not n.startswith("#") and n not in defined)
 
 
+def folded(summary: str, names: list[str]) -> list[str]:
+    """Lines of a folded list of function names (shared with the HIP coverage table)."""
+    return [
+        f"<details><summary>{summary}</summary>",
+        "",
+        ", ".join(f"`{n}`" for n in names),
+        "",
+        "</details>",
+    ]
+
+
 def render() -> str:
     """The generated block, markers included."""
     rows = served()
@@ -74,11 +85,7 @@ def render() -> str:
         "|---|---|",
         *(f"| `{base}` | {', '.join(forms)} |" for base, forms in rows.items()),
         "",
-        "<details><summary>the names that exist only as stubs</summary>",
-        "",
-        ", ".join(f"`{n}`" for n in left),
-        "",
-        "</details>",
+        *folded("the names that exist only as stubs", left),
         "",
         END,
     ]
