@@ -32,6 +32,7 @@ CORE_SOURCES = (
     "launch_extra.c",
     "module_send.c",
     "file_bytes.c",
+    "graph_wire.c",
 )
 HIP_SOURCES = (
     *CORE_SOURCES,
@@ -248,6 +249,8 @@ CUDA_SOURCES = (
     "cuda_library.c",
     "cuda_trace.c",
     "ptr_set.c",
+    "cuda_graphs.c",
+    "cuda_pools.c",
 )
 #: Every driver entry point NVIDIA's libcuda exports (names from the public cuda.h).
 CUDA_SYMBOLS = NATIVE / "cuda_symbols.txt"

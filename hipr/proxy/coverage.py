@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from hipr.proxy import cuda_coverage
+
 NATIVE = Path(__file__).resolve().parent / "native"
 BEGIN = "<!-- BEGIN GENERATED: proxy coverage (scripts/gen-proxy-tables) -->"
 END = "<!-- END GENERATED: proxy coverage -->"
@@ -83,11 +85,7 @@ def render() -> str:
         "themselves once on stderr (generated from hip-python's declarations into "
         "`gen_stubs.h`):",
         "",
-        "<details><summary>their names</summary>",
-        "",
-        ", ".join(f"`{n}`" for n in generated),
-        "",
-        "</details>",
+        *cuda_coverage.folded("their names", generated),
         "",
         END,
     ]
@@ -95,7 +93,8 @@ def render() -> str:
 
 
 def update(doc: Path) -> str:
-    """``doc``'s text with its generated block replaced by :func:`render`."""
+    """``doc``'s text with its generated blocks replaced: :func:`render`'s, and the CUDA
+    proxy's (:mod:`hipr.proxy.cuda_coverage`)."""
     text = doc.read_text()
     start, end = text.index(BEGIN), text.index(END) + len(END)
-    return text[:start] + render() + text[end:]
+    return cuda_coverage.update(text[:start] + render() + text[end:])

@@ -494,12 +494,7 @@ static int put_batch_as(int synchronize, uint32_t *id_out) {
     const hipr_launch_config *c = &B.config;
     hipr_map m;
     hipr_map_init(&m, 8);
-    hipr_map_u64(&m, "function", c->function);
-    hipr_map_u64_list(&m, "grid", c->grid, 3);
-    hipr_map_u64_list(&m, "block", c->block, 3);
-    hipr_map_u64(&m, "shared_mem", c->shared_mem);
-    if (c->stream) hipr_map_u64(&m, "stream", c->stream);
-    hipr_map_u64_list(&m, "ptrs", c->ptrs, c->n_ptrs);
+    hipr_map_launch_config(&m, c);
     if (count == 1) {
         hipr_map_bytes(&m, "args", B.data, B.used);
     } else {
@@ -1086,6 +1081,15 @@ int hipr_notify(int device, uint16_t opcode, hipr_map *args, const void *bulk, s
     pthread_mutex_unlock(&lock);
     free(cbor);
     return rc;
+}
+
+void hipr_map_launch_config(hipr_map *m, const hipr_launch_config *c) {
+    hipr_map_u64(m, "function", c->function);
+    hipr_map_u64_list(m, "grid", c->grid, 3);
+    hipr_map_u64_list(m, "block", c->block, 3);
+    hipr_map_u64(m, "shared_mem", c->shared_mem);
+    if (c->stream) hipr_map_u64(m, "stream", c->stream);
+    hipr_map_u64_list(m, "ptrs", c->ptrs, c->n_ptrs);
 }
 
 int hipr_launch(int device, const hipr_launch_config *config, const void *args, size_t len) {

@@ -67,6 +67,9 @@ typedef struct hipr_launch_config {
     uint64_t ptrs[256];
 } hipr_launch_config;
 
+/* `config`'s fields as LAUNCH_KERNEL and GRAPH_ADD_KERNEL name them (the stream when not
+ * 0), added to `m`. */
+void hipr_map_launch_config(hipr_map *m, const hipr_launch_config *config);
 /* Fire-and-forget launch of `args` (at most 4096 bytes) with `config`. */
 HIPR_EXPORT int hipr_launch(int device, const hipr_launch_config *config, const void *args,
                             size_t args_len);

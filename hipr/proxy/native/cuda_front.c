@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "graph_wire.h"
 #include "opcodes.h"
 
 /* --- errors ---------------------------------------------------------------------------- */
@@ -246,18 +247,20 @@ static void fill_device(struct device *d, const cbor_item_t *map) {
     }
     /* What the proxy itself offers, whatever the device can: features it does not serve
      * (textures, surfaces, mapped and managed host memory, stream memory operations,
-     * cooperative and cluster launches, virtual memory management, pools, IPC, RDMA,
+     * cooperative and cluster launches, virtual memory management, IPC and pool sharing, RDMA,
      * graphics interop, NUMA host memory) are answered as absent, and stream priorities as
      * not carried (cuCtxGetStreamPriorityRange gives [0, 0]). */
     static const uint8_t absent[] = {
         19,  21,  22,  23,  24,  25,  26,  27,  28,  29,  30,  42,  43,  44,  45,  46,  47,
         48,  49,  51,  52,  53,  54,  55,  56,  57,  58,  59,  60,  61,  62,  63,  64,  65,
         66,  67,  68,  69,  70,  71,  72,  73,  74,  77,  78,  83,  86,  88,  89,  91,  92,
-        93,  94,  95,  96,  98,  100, 101, 102, 103, 104, 105, 109, 112, 113, 114, 115, 116,
+        93,  94,  95,  96,  98,  100, 101, 102, 103, 104, 105, 109, 112, 113, 114, 116,
         117, 118, 119, 120, 121, 122, 123, 124, 125, 127, 128, 129, 132, 135, 136, 137, 138,
         141, 142, 143, 144, 145, 146, 147,
     };
     for (size_t i = 0; i < sizeof absent; i++) set_value(d, absent[i], 0);
+    /* Stream-ordered allocation from the default pool is served (cuda_pools.c). */
+    set_value(d, 115, 1); /* CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED */
 }
 
 /* With hipr_cu_lock held. */
@@ -808,6 +811,7 @@ API CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest) {
 static struct alloc {
     uint64_t ptr, size;
     CUcontext ctx;
+    int pooled; /* from the default pool (cuMemAllocAsync) */
 } *allocs;
 static size_t n_allocs, cap_allocs;
 
@@ -875,7 +879,7 @@ static void free_ctx_memory(CUcontext c) {
     }
 }
 
-API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
+CUresult hipr_cu_mem_alloc(CUdeviceptr *dptr, size_t size, int pooled) {
     if (!dptr) return CUDA_ERROR_INVALID_VALUE;
     int dev;
     CUresult rc = hipr_cu_ctx_device(&dev);
@@ -892,7 +896,7 @@ API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
     if (hip) return hipr_cu_error(hip);
     pthread_mutex_lock(&hipr_cu_lock);
     int ok = grow((void **)&allocs, &cap_allocs, n_allocs, sizeof *allocs) == 0;
-    if (ok) allocs[n_allocs++] = (struct alloc){p, size, hipr_cu_current()};
+    if (ok) allocs[n_allocs++] = (struct alloc){p, size, hipr_cu_current(), pooled};
     pthread_mutex_unlock(&hipr_cu_lock);
     if (!ok) {
         send_free(dev, p);
@@ -900,6 +904,18 @@ API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
     }
     *dptr = p;
     return CUDA_SUCCESS;
+}
+
+API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) { return hipr_cu_mem_alloc(dptr, size, 0); }
+
+uint64_t hipr_cu_pooled_bytes(int device) {
+    uint64_t total = 0;
+    pthread_mutex_lock(&hipr_cu_lock);
+    for (size_t i = 0; i < n_allocs; i++)
+        if (allocs[i].pooled && allocs[i].ctx && allocs[i].ctx->device == device)
+            total += allocs[i].size;
+    pthread_mutex_unlock(&hipr_cu_lock);
+    return total;
 }
 
 API CUresult cuMemFree_v2(CUdeviceptr ptr) {
@@ -1073,7 +1089,7 @@ API CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr) {
     if (!data) return CUDA_ERROR_INVALID_VALUE;
     NEED_INIT;
     pthread_mutex_lock(&hipr_cu_lock);
-    struct alloc a = {0, 0, NULL};
+    struct alloc a = {0, 0, NULL, 0};
     struct alloc *found = find_alloc_locked(ptr);
     if (found) a = *found;
     struct host *h = found ? NULL : find_host_locked((const void *)(uintptr_t)ptr);
@@ -1227,8 +1243,13 @@ API CUresult cuStreamDestroy_v2(CUstream s) {
     NEED_INIT;
     if (!s || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) return CUDA_ERROR_INVALID_HANDLE;
     pthread_mutex_lock(&hipr_cu_lock);
-    int found = unlink_stream_locked(s);
+    struct hipr_cu_stream *p = streams;
+    while (p && p != s) p = p->next;
+    /* The worker keeps a capturing stream (its capture must be ended first): so does this. */
+    int capturing = p && hipr_capture_active(p->id, NULL);
+    int found = p && !capturing && unlink_stream_locked(s);
     pthread_mutex_unlock(&hipr_cu_lock);
+    if (capturing) return CUDA_ERROR_ILLEGAL_STATE;
     if (!found) return CUDA_ERROR_INVALID_HANDLE;
     hipr_map m;
     hipr_map_init(&m, 1);
@@ -1385,6 +1406,7 @@ API CUresult cuEventRecord(CUevent e, CUstream s) {
     hipr_map_init(&m, 2);
     hipr_map_u64(&m, "event", ev.id);
     if (id) hipr_map_u64(&m, "stream", id);
+    hipr_capture_note(id, 1);
     return hipr_cu_error(hipr_notify(dev, OP_EVENT_RECORD, &m, NULL, 0));
 }
 
@@ -1518,6 +1540,7 @@ static CUresult copy(int kind, uint64_t dst, uint64_t src, size_t n, CUstream s)
         int d = hipr_cu_is_device(dst), h = hipr_cu_is_device(src);
         kind = d ? (h ? 3 : 1) : (h ? 2 : 4);
     }
+    if (kind != 4) hipr_capture_note(id, 1);
     switch (kind) {
     case 1:
         return htod(dev, dst, (const void *)(uintptr_t)src, n, id);
@@ -1573,6 +1596,8 @@ static CUresult fill(CUdeviceptr ptr, uint32_t value, unsigned width, size_t cou
     uint8_t b[4];
     memcpy(b, &value, 4); /* little-endian, as the device */
     int uniform = width == 1 || (b[0] == b[1] && (width == 2 || (b[1] == b[2] && b[2] == b[3])));
+    size_t chunk = total < PATTERN_CHUNK ? total : PATTERN_CHUNK;
+    hipr_capture_note(id, uniform ? 1 : (unsigned)((total + chunk - 1) / chunk));
     if (uniform) {
         hipr_map m;
         hipr_map_init(&m, id ? 4 : 3);
@@ -1582,7 +1607,6 @@ static CUresult fill(CUdeviceptr ptr, uint32_t value, unsigned width, size_t cou
         add_stream(&m, id);
         return hipr_cu_error(hipr_notify(dev, OP_MEMSET, &m, NULL, 0));
     }
-    size_t chunk = total < PATTERN_CHUNK ? total : PATTERN_CHUNK;
     uint8_t *buf = malloc(chunk);
     if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
     for (size_t i = 0; i < chunk; i += width) memcpy(buf + i, b, width);
@@ -1611,7 +1635,6 @@ API CUresult cuMemsetD32Async(CUdeviceptr p, unsigned int v, size_t n, CUstream 
 
 /* The per-thread-default-stream forms (_ptds, _ptsz): the same calls, since the proxy's
  * default streams are all the worker's null stream. */
-#define ALIAS(type, name, target, params) API type name params __attribute__((alias(#target)));
 ALIAS(CUresult, cuMemcpyHtoD_v2_ptds, cuMemcpyHtoD_v2, (CUdeviceptr, const void *, size_t))
 ALIAS(CUresult, cuMemcpyDtoH_v2_ptds, cuMemcpyDtoH_v2, (void *, CUdeviceptr, size_t))
 ALIAS(CUresult, cuMemcpyDtoD_v2_ptds, cuMemcpyDtoD_v2, (CUdeviceptr, CUdeviceptr, size_t))
@@ -1656,66 +1679,12 @@ static void forget_session(void) {
     events = NULL;
     hipr_cu_forget_modules();
     hipr_cu_forget_libraries();
+    hipr_cu_forget_graphs();
 }
 
 __attribute__((constructor(102))) static void cuda_front_init(void) {
     hipr_fork_guard(&hipr_cu_lock, forget_session);
 }
-
-/* --- stream capture: the proxy never captures (cuStreamBeginCapture is not served), so
- * every stream reports CU_STREAM_CAPTURE_STATUS_NONE, as a driver's do outside capture.
- * The runtime and PyTorch's allocator ask this before most operations. */
-
-static CUresult capture_none(CUstream s, int *status) {
-    if (!status) return CUDA_ERROR_INVALID_VALUE;
-    uint64_t id;
-    CUresult rc = hipr_cu_stream(s, &id);
-    if (rc == CUDA_SUCCESS) *status = 0; /* CU_STREAM_CAPTURE_STATUS_NONE */
-    return rc;
-}
-
-API CUresult cuStreamIsCapturing(CUstream s, int *status) { return capture_none(s, status); }
-
-API CUresult cuStreamGetCaptureInfo(CUstream s, int *status, cuuint64_t *id) {
-    CUresult rc = capture_none(s, status);
-    if (rc == CUDA_SUCCESS && id) *id = 0;
-    return rc;
-}
-
-API CUresult cuStreamGetCaptureInfo_v2(CUstream s, int *status, cuuint64_t *id, void **graph,
-                                       const void **deps, size_t *n_deps) {
-    CUresult rc = cuStreamGetCaptureInfo(s, status, id);
-    if (rc == CUDA_SUCCESS) {
-        if (graph) *graph = NULL;
-        if (deps) *deps = NULL;
-        if (n_deps) *n_deps = 0;
-    }
-    return rc;
-}
-
-API CUresult cuStreamGetCaptureInfo_v3(CUstream s, int *status, cuuint64_t *id, void **graph,
-                                       const void **deps, const void **edges, size_t *n_deps) {
-    CUresult rc = cuStreamGetCaptureInfo_v2(s, status, id, graph, deps, n_deps);
-    if (rc == CUDA_SUCCESS && edges) *edges = NULL;
-    return rc;
-}
-
-static __thread int tl_capture_mode; /* CU_STREAM_CAPTURE_MODE_GLOBAL */
-
-API CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
-    if (!mode || *mode < 0 || *mode > 2) return CUDA_ERROR_INVALID_VALUE;
-    int old = tl_capture_mode;
-    tl_capture_mode = *mode;
-    *mode = old;
-    return CUDA_SUCCESS;
-}
-
-ALIAS(CUresult, cuStreamIsCapturing_ptsz, cuStreamIsCapturing, (CUstream, int *))
-ALIAS(CUresult, cuStreamGetCaptureInfo_ptsz, cuStreamGetCaptureInfo, (CUstream, int *, cuuint64_t *))
-ALIAS(CUresult, cuStreamGetCaptureInfo_v2_ptsz, cuStreamGetCaptureInfo_v2,
-      (CUstream, int *, cuuint64_t *, void **, const void **, size_t *))
-ALIAS(CUresult, cuStreamGetCaptureInfo_v3_ptsz, cuStreamGetCaptureInfo_v3,
-      (CUstream, int *, cuuint64_t *, void **, const void **, const void **, size_t *))
 
 /* Several attributes at once; a pointer the proxy does not know (ordinary host memory)
  * reads as unregistered (memory type 0), as the driver reports it. */

@@ -9,6 +9,7 @@
 
 #include "cuda_front.h"
 #include "file_bytes.h"
+#include "graph_wire.h"
 #include "launch_extra.h"
 #include "module_send.h"
 #include "opcodes.h"
@@ -742,12 +743,10 @@ API CUresult cuCtxGetCacheConfig(int *config) {
 
 /* --- launches ----------------------------------------------------------------------------- */
 
-static CUresult launch(CUfunction f, const unsigned grid[3], const unsigned block[3],
-                       unsigned shared, CUstream stream, void **params, void **extra) {
-    int dev;
-    CUresult rc = hipr_cu_ctx_device(&dev);
-    uint64_t sid = 0;
-    if (rc == CUDA_SUCCESS) rc = hipr_cu_stream(stream, &sid);
+CUresult hipr_cu_launch_prepare(struct hipr_cu_launch *l, CUfunction f, const unsigned grid[3],
+                                const unsigned block[3], unsigned shared, void **params,
+                                void **extra) {
+    CUresult rc = hipr_cu_ctx_device(&l->device);
     if (rc) return rc;
     /* A CUkernel (cuLibraryGetKernel) launches as its function in the current context. */
     CUfunction from_kernel = NULL;
@@ -760,13 +759,12 @@ static CUresult launch(CUfunction f, const unsigned grid[3], const unsigned bloc
         if (!grid[i] || !block[i]) return CUDA_ERROR_INVALID_VALUE;
     if (params && extra) return CUDA_ERROR_INVALID_VALUE;
     int layout = layout_of(f);
-    uint8_t buf[HIPR_MAX_ARGS_BYTES];
-    const uint8_t *args = buf;
-    size_t args_len = 0;
+    l->args = l->buf;
+    l->args_len = 0;
     if (extra) {
         const void *packed = NULL;
-        if (hipr_launch_extra(extra, CU_LAUNCH_PARAM_END, HIPR_MAX_ARGS_BYTES, &packed, &args_len)) return CUDA_ERROR_INVALID_VALUE;
-        args = packed;
+        if (hipr_launch_extra(extra, CU_LAUNCH_PARAM_END, HIPR_MAX_ARGS_BYTES, &packed, &l->args_len)) return CUDA_ERROR_INVALID_VALUE;
+        l->args = packed;
     } else if (params || layout == 1) {
         if (layout != 1) {
             static int warned;
@@ -775,23 +773,36 @@ static CUresult launch(CUfunction f, const unsigned grid[3], const unsigned bloc
                            &warned);
             return CUDA_ERROR_NOT_SUPPORTED;
         }
-        if (hipr_param_layout_pack(&f->params, params, buf, &args_len))
+        if (hipr_param_layout_pack(&f->params, params, l->buf, &l->args_len))
             return CUDA_ERROR_INVALID_VALUE;
     }
-    hipr_launch_config c;
-    memset(&c, 0, sizeof c);
-    c.function = f->id;
-    c.shared_mem = shared;
-    c.stream = sid;
+    hipr_launch_config *c = &l->config;
+    memset(c, 0, sizeof *c);
+    c->function = f->id;
+    c->shared_mem = shared;
     for (int i = 0; i < 3; i++) {
-        c.grid[i] = grid[i];
-        c.block[i] = block[i];
+        c->grid[i] = grid[i];
+        c->block[i] = block[i];
     }
     /* Pointer arguments, where the layout tells them, are checked by the worker. */
     for (size_t i = 0; layout == 1 && i < f->params.n_params; i++)
-        if (f->params.is_pointer[i] && f->params.offsets[i] + 8 <= args_len)
-            c.ptrs[c.n_ptrs++] = f->params.offsets[i];
-    return hipr_cu_error(hipr_launch(dev, &c, args, args_len));
+        if (f->params.is_pointer[i] && f->params.offsets[i] + 8 <= l->args_len)
+            c->ptrs[c->n_ptrs++] = f->params.offsets[i];
+    return CUDA_SUCCESS;
+}
+
+static CUresult launch(CUfunction f, const unsigned grid[3], const unsigned block[3],
+                       unsigned shared, CUstream stream, void **params, void **extra) {
+    int dev;
+    uint64_t sid = 0;
+    CUresult rc = hipr_cu_ctx_device(&dev);
+    if (rc == CUDA_SUCCESS) rc = hipr_cu_stream(stream, &sid);
+    struct hipr_cu_launch l;
+    if (rc == CUDA_SUCCESS) rc = hipr_cu_launch_prepare(&l, f, grid, block, shared, params, extra);
+    if (rc) return rc;
+    l.config.stream = sid;
+    hipr_capture_note(sid, 1);
+    return hipr_cu_error(hipr_launch(l.device, &l.config, l.args, l.args_len));
 }
 
 API CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,

@@ -144,6 +144,87 @@ typedef struct CUctxCreateParams_st {
     void *cigParams;
 } CUctxCreateParams;
 
+/* Graphs (cuda_graphs.c): a graph and an executable graph are the proxy's records of the
+ * worker's handles; a node is the worker's node handle itself. */
+typedef struct hipr_cu_graph *CUgraph;
+typedef struct hipr_cu_graph *CUgraphExec;
+typedef struct hipr_cu_graph_node *CUgraphNode;
+
+#define CUDA_ERROR_ILLEGAL_STATE 401
+#define CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED 900
+
+#define CU_STREAM_CAPTURE_STATUS_NONE 0
+#define CU_STREAM_CAPTURE_STATUS_ACTIVE 1
+#define CU_STREAM_CAPTURE_MODE_RELAXED 2
+
+/* cuGraphInstantiate* flags. */
+#define CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH 1
+#define CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD 2
+#define CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH 4
+#define CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY 8
+
+typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st {
+    cuuint64_t flags;
+    CUstream hUploadStream;
+    CUgraphNode hErrNode_out;
+    int result_out; /* CUgraphInstantiateResult: 0 success, 1 error */
+} CUDA_GRAPH_INSTANTIATE_PARAMS;
+
+typedef struct CUDA_KERNEL_NODE_PARAMS_st {
+    CUfunction func;
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    void **kernelParams;
+    void **extra;
+} CUDA_KERNEL_NODE_PARAMS;
+
+/* CUDA 12's: version 1's fields (laid out alike), then these. */
+typedef struct CUDA_KERNEL_NODE_PARAMS_v2_st {
+    CUDA_KERNEL_NODE_PARAMS v1;
+    void *kern; /* CUkernel, used when func is NULL */
+    CUcontext ctx;
+} CUDA_KERNEL_NODE_PARAMS_v2;
+
+typedef struct CUDA_MEMSET_NODE_PARAMS_st {
+    CUdeviceptr dst;
+    size_t pitch;
+    unsigned int value;
+    unsigned int elementSize;
+    size_t width;
+    size_t height;
+} CUDA_MEMSET_NODE_PARAMS;
+
+#define CU_MEMORYTYPE_UNIFIED 0x04
+typedef struct CUDA_MEMCPY3D_st {
+    size_t srcXInBytes, srcY, srcZ, srcLOD;
+    int srcMemoryType;
+    const void *srcHost;
+    CUdeviceptr srcDevice;
+    void *srcArray;
+    void *reserved0;
+    size_t srcPitch, srcHeight;
+    size_t dstXInBytes, dstY, dstZ, dstLOD;
+    int dstMemoryType;
+    void *dstHost;
+    CUdeviceptr dstDevice;
+    void *dstArray;
+    void *reserved1;
+    size_t dstPitch, dstHeight;
+    size_t WidthInBytes, Height, Depth;
+} CUDA_MEMCPY3D;
+
+/* Stream-ordered allocation (cuda_pools.c): the device's default pool. */
+typedef struct hipr_cu_pool *CUmemoryPool;
+#define CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES 1
+#define CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC 2
+#define CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES 3
+#define CU_MEMPOOL_ATTR_RELEASE_THRESHOLD 4
+#define CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT 5
+#define CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH 6
+#define CU_MEMPOOL_ATTR_USED_MEM_CURRENT 7
+#define CU_MEMPOOL_ATTR_USED_MEM_HIGH 8
+
 /* Device attributes read from the worker's properties (CUdevice_attribute). */
 #define CU_DEVICE_ATTRIBUTE_MAX 256
 

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "client.h"
+#include "graph_wire.h"
 #include "hip_types.h"
 #include "modules.h"
 #include "opcodes.h"
@@ -150,7 +151,7 @@ API hipError_t hipGetDeviceFlags(unsigned int *flags) {
 /* Host memory is the client's own: page-aligned, kept in a table so that pointer
  * attributes and hipHostFree know it. Pinning would not speed a copy that crosses the
  * network, so none is done. */
-/* One lock for this file's tables (host allocations, captures): fork guards are few. */
+/* One lock for this file's table of host allocations. */
 static pthread_mutex_t extras_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct host_alloc { uint64_t ptr, size; unsigned flags; } *hosts;
 static size_t n_hosts, cap_hosts;
@@ -299,87 +300,32 @@ API hipError_t hipStreamGetDevice(hipStream_t stream, int *device) {
     return hipSuccess;
 }
 
-/* --- stream capture and graphs ---------------------------------------------------------- */
+/* --- stream capture and graphs (graph_wire.c, shared with the CUDA front) ---------------- */
 
-#define MAX_CAPTURES 256
-static struct { hipStream_t stream; unsigned long long id; } captures[MAX_CAPTURES];
-static size_t n_captures;
-static unsigned long long next_capture_id = 1;
 static __thread int tl_capture_mode;
 
-static int capture_find(hipStream_t stream, unsigned long long *id) {
-    int found = 0;
-    pthread_mutex_lock(&extras_lock);
-    for (size_t i = 0; i < n_captures && !found; i++)
-        if (captures[i].stream == stream) {
-            if (id) *id = captures[i].id;
-            found = 1;
-        }
-    pthread_mutex_unlock(&extras_lock);
-    return found;
-}
+#define HANDLE(p) ((uint64_t)(uintptr_t)(p))
 
-static hipError_t handle_call(uint16_t opcode, const char *key, uint64_t handle,
-                              const char *out_key, uint64_t *out) {
-    hipr_map m;
-    hipr_map_init(&m, 1);
-    hipr_map_u64(&m, key, handle);
-    hipr_reply r;
-    hipError_t rc = hipr_call(hipr_front_device(), opcode, &m, NULL, 0, NULL, 0, &r);
-    if (rc == hipSuccess && out_key && (hipr_cbor_uint(r.map, out_key, out) || !*out))
-        rc = hipErrorUnknown;
-    hipr_reply_free(&r);
-    return rc;
-}
-
-void hipr_capture_forget(hipStream_t stream) {
-    pthread_mutex_lock(&extras_lock);
-    for (size_t i = 0; i < n_captures; i++)
-        if (captures[i].stream == stream) {
-            captures[i] = captures[--n_captures];
-            break;
-        }
-    pthread_mutex_unlock(&extras_lock);
-}
+void hipr_capture_forget(hipStream_t stream) { hipr_capture_drop(HANDLE(stream)); }
 
 /* Capture on the worker's streams; the null stream cannot be captured (as in HIP). */
 API hipError_t hipStreamBeginCapture(hipStream_t stream, int mode) {
     (void)mode;
-    if (!stream) return ret(hipErrorStreamCaptureUnsupported);
-    pthread_mutex_lock(&extras_lock);
-    int full = n_captures == MAX_CAPTURES;
-    pthread_mutex_unlock(&extras_lock);
-    if (full) return ret(hipErrorOutOfMemory);
-    if (capture_find(stream, NULL)) return ret(hipErrorIllegalState);
-    hipError_t rc =
-        handle_call(OP_STREAM_BEGIN_CAPTURE, "stream", (uint64_t)(uintptr_t)stream, NULL, NULL);
-    if (rc == hipSuccess) {
-        pthread_mutex_lock(&extras_lock);
-        if (n_captures < MAX_CAPTURES) {
-            captures[n_captures].stream = stream;
-            captures[n_captures++].id = next_capture_id++;
-        }
-        pthread_mutex_unlock(&extras_lock);
-    }
-    return ret(rc);
+    return ret(hipr_capture_begin(hipr_front_device(), HANDLE(stream)));
 }
 
 API hipError_t hipStreamEndCapture(hipStream_t stream, hipGraph_t *graph) {
     if (!graph) return ret(hipErrorInvalidValue);
-    *graph = NULL;
-    if (!stream || !capture_find(stream, NULL)) return ret(hipErrorIllegalState);
-    hipr_capture_forget(stream);
     uint64_t id = 0;
-    hipError_t rc =
-        handle_call(OP_STREAM_END_CAPTURE, "stream", (uint64_t)(uintptr_t)stream, "graph", &id);
-    if (rc == hipSuccess) *graph = (hipGraph_t)(uintptr_t)id;
+    hipError_t rc = hipr_capture_end(hipr_front_device(), HANDLE(stream), &id, NULL);
+    *graph = (hipGraph_t)(uintptr_t)id;
     return ret(rc);
 }
 
 API hipError_t hipStreamIsCapturing(hipStream_t stream, int *status) {
     if (!status) return ret(hipErrorInvalidValue);
-    *status = stream && capture_find(stream, NULL) ? hipStreamCaptureStatusActive
-                                                   : hipStreamCaptureStatusNone;
+    *status = hipr_capture_active(HANDLE(stream), NULL) ? hipStreamCaptureStatusActive
+                                                         : hipStreamCaptureStatusNone;
     return hipSuccess;
 }
 
@@ -387,8 +333,8 @@ API hipError_t hipStreamGetCaptureInfo(hipStream_t stream, int *status,
                                        unsigned long long *id) {
     if (!status) return ret(hipErrorInvalidValue);
     unsigned long long cid = 0;
-    int active = stream && capture_find(stream, &cid);
-    *status = active ? hipStreamCaptureStatusActive : hipStreamCaptureStatusNone;
+    *status = hipr_capture_active(HANDLE(stream), &cid) ? hipStreamCaptureStatusActive
+                                                         : hipStreamCaptureStatusNone;
     if (id) *id = cid;
     return hipSuccess;
 }
@@ -415,29 +361,22 @@ API hipError_t hipThreadExchangeStreamCaptureMode(int *mode) {
 API hipError_t hipGraphCreate(hipGraph_t *graph, unsigned int flags) {
     (void)flags;
     if (!graph) return ret(hipErrorInvalidValue);
-    hipr_reply r;
-    hipError_t rc = hipr_call(hipr_front_device(), OP_GRAPH_CREATE, NULL, NULL, 0, NULL, 0, &r);
     uint64_t id = 0;
-    if (rc == hipSuccess && (hipr_cbor_uint(r.map, "graph", &id) || !id)) rc = hipErrorUnknown;
-    hipr_reply_free(&r);
-    *graph = rc == hipSuccess ? (hipGraph_t)(uintptr_t)id : NULL;
+    hipError_t rc = hipr_graph_create(hipr_front_device(), &id);
+    *graph = (hipGraph_t)(uintptr_t)id;
     return ret(rc);
 }
 
 API hipError_t hipGraphDestroy(hipGraph_t graph) {
     if (!graph) return ret(hipErrorInvalidValue);
-    hipr_map m;
-    hipr_map_init(&m, 1);
-    hipr_map_u64(&m, "graph", (uint64_t)(uintptr_t)graph);
-    return ret(hipr_notify(hipr_front_device(), OP_GRAPH_DESTROY, &m, NULL, 0));
+    return ret(hipr_graph_destroy(hipr_front_device(), HANDLE(graph)));
 }
 
 static hipError_t instantiate(hipGraphExec_t *exec, hipGraph_t graph) {
     if (!exec || !graph) return hipErrorInvalidValue;
     uint64_t id = 0;
-    hipError_t rc =
-        handle_call(OP_GRAPH_INSTANTIATE, "graph", (uint64_t)(uintptr_t)graph, "exec", &id);
-    *exec = rc == hipSuccess ? (hipGraphExec_t)(uintptr_t)id : NULL;
+    hipError_t rc = hipr_graph_instantiate(hipr_front_device(), HANDLE(graph), &id);
+    *exec = (hipGraphExec_t)(uintptr_t)id;
     return rc;
 }
 
@@ -456,19 +395,12 @@ API hipError_t hipGraphInstantiateWithFlags(hipGraphExec_t *exec, hipGraph_t gra
 
 API hipError_t hipGraphLaunch(hipGraphExec_t exec, hipStream_t stream) {
     if (!exec) return ret(hipErrorInvalidValue);
-    hipr_map m;
-    hipr_map_init(&m, 2);
-    hipr_map_u64(&m, "exec", (uint64_t)(uintptr_t)exec);
-    if (stream) hipr_map_u64(&m, "stream", (uint64_t)(uintptr_t)stream);
-    return ret(hipr_notify(hipr_front_device(), OP_GRAPH_LAUNCH, &m, NULL, 0));
+    return ret(hipr_graph_launch(hipr_front_device(), HANDLE(exec), HANDLE(stream)));
 }
 
 API hipError_t hipGraphExecDestroy(hipGraphExec_t exec) {
     if (!exec) return ret(hipErrorInvalidValue);
-    hipr_map m;
-    hipr_map_init(&m, 1);
-    hipr_map_u64(&m, "exec", (uint64_t)(uintptr_t)exec);
-    return ret(hipr_notify(hipr_front_device(), OP_GRAPH_EXEC_DESTROY, &m, NULL, 0));
+    return ret(hipr_graph_exec_destroy(hipr_front_device(), HANDLE(exec)));
 }
 
 /* --- stream-ordered allocation ------------------------------------------------------- */
@@ -636,12 +568,7 @@ API const char *hipApiName(uint32_t id) {
     return "unknown";
 }
 
-static void forget_children(void) {
-    /* A forked child's session has none of the parent's captures; its host memory is
-     * its own copy and stays valid. */
-    n_captures = 0;
-}
-
 __attribute__((constructor(102))) static void extras_init(void) {
-    hipr_fork_guard(&extras_lock, forget_children);
+    /* A forked child's host memory is its own copy and stays valid. */
+    hipr_fork_guard(&extras_lock, NULL);
 }

@@ -1,0 +1,46 @@
+"""The proxy's libcuda.so.1 stream capture, graphs, stream-ordered allocation and managed
+memory's refusal, checked from C (tests/proxy/cuda/graph_check.c) against an emulator
+worker, built with the library under AddressSanitizer (leak checking on) and
+UndefinedBehaviorSanitizer."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from hipr.proxy.build import CUDA_LIBRARY, CUDA_SUBDIR, SANITIZE, WARNINGS
+from tests.proxy.sanitized import SANITIZER_ENV, assert_sanitizer_clean, cc
+
+HERE = Path(__file__).resolve().parent
+PROGRAM = HERE / "cuda" / "graph_check.c"
+
+
+def test_capture_graphs_and_pools_under_sanitizers(
+    sanitized_libs: Path, worker_url: str, tmp_path: Path
+) -> None:
+    program = tmp_path / "graph_check"
+    cuda = sanitized_libs / CUDA_SUBDIR
+    cc(
+        [
+            *SANITIZE, *WARNINGS, "-std=c11", f"-I{HERE / 'c'}", str(PROGRAM), "-o", str(program),
+            f"-L{cuda}", f"-l:{CUDA_LIBRARY}", f"-Wl,-rpath,{cuda}",
+        ]
+    )  # fmt: skip
+    env = dict(os.environ, HIPR_URL=worker_url, **SANITIZER_ENV)
+    result = subprocess.run(
+        [str(program)], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert_sanitizer_clean(result)
+    assert result.stdout.strip() == "ok"
+    # Each refusal names itself once, however often it is met.
+    for line in (
+        "cuMemAllocManaged is not served: the worker serves no managed memory",
+        "cuStreamBeginCapture: the default streams",
+        "cuGraphInstantiate: device-launchable graphs",
+        "cuGraphAddMemsetNode: a pattern of differing bytes",
+        "cuGraphAddMemcpyNode: only copies between device memory",
+        "cuGraphExecUpdate_v2 is not served",
+        "cuGraphGetNodes: a graph's node handles are not served",
+    ):
+        assert result.stderr.count(line) == 1, (line, result.stderr)
