@@ -10,8 +10,8 @@ import socket
 import struct
 import sys
 from collections import Counter
-from collections.abc import Iterator, MutableMapping
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator, MutableMapping
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,8 @@ from hipr.errors import HipError
 from hipr.protocol.codec import DEFAULT_MAX_PAYLOAD, Frame, FrameDecoder, encode_frame
 from hipr.protocol.header import Flags
 from hipr.protocol.opcodes import Opcode
+from hipr.worker.config import WorkerConfig
+from hipr.worker.server import running_worker
 from hipr.worker.tenants import new_token, token_hash
 
 #: Log events that the worker writes when something it did not expect went wrong.
@@ -375,3 +377,17 @@ class RawClient:
                 await self.stream.aclose()
             except (anyio.BrokenResourceError, OSError):
                 pass
+
+
+@asynccontextmanager
+async def raw_client_to(backend: Backend) -> AsyncIterator[RawClient]:
+    """A :class:`RawClient`, handshake done, to a worker serving ``backend`` on a free
+    local TCP port with no resume grace (a closed link frees its session at once); the
+    client and the worker end with the block."""
+    config = WorkerConfig(resume_grace=0.0)
+    async with running_worker(config, backend, ["tcp://127.0.0.1:0"]) as worker:
+        client = await RawClient.open(worker.bound_urls[0])
+        try:
+            yield client
+        finally:
+            await client.aclose()
