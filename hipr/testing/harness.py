@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 import anyio.abc
 import structlog
+from anyio.from_thread import start_blocking_portal
 
 from hipr.backends.interface import Backend, BackendStats
 from hipr.errors import HipError
@@ -26,7 +27,7 @@ from hipr.protocol.codec import DEFAULT_MAX_PAYLOAD, Frame, FrameDecoder, encode
 from hipr.protocol.header import Flags
 from hipr.protocol.opcodes import Opcode
 from hipr.worker.config import WorkerConfig
-from hipr.worker.server import running_worker
+from hipr.worker.server import Worker, running_worker
 from hipr.worker.tenants import new_token, token_hash
 
 #: Log events that the worker writes when something it did not expect went wrong.
@@ -391,3 +392,16 @@ async def raw_client_to(backend: Backend) -> AsyncIterator[RawClient]:
             yield client
         finally:
             await client.aclose()
+
+
+@contextmanager
+def worker_in_thread(
+    config: WorkerConfig, backend: Backend, url: str = "tcp://127.0.0.1:0", *, loop: str = "trio"
+) -> Iterator[Worker]:
+    """A worker serving ``backend`` at ``url`` on an event loop (``trio`` or ``asyncio``)
+    in a thread of its own, for the block: blocking clients and CLI calls run beside it."""
+    with (
+        start_blocking_portal(loop) as portal,
+        portal.wrap_async_context_manager(running_worker(config, backend, [url])) as worker,
+    ):
+        yield worker
