@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 import shutil
 import subprocess
 from collections.abc import Iterator
 
 import pytest
-import structlog
 from rich.console import Console
 
 from hipr._version import __version__
@@ -30,15 +28,9 @@ ADMIN = "admin-token-for-cli-tests"
 
 
 @pytest.fixture
-def quiet_logs() -> Iterator[None]:
+def quiet_logs(logging_restored: None) -> None:
     """The in-process worker logs to a buffer, not to the stdout the CLI prints on."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
     configure_logging("warning", "json", io.StringIO())
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-    structlog.reset_defaults()
 
 
 @pytest.fixture
