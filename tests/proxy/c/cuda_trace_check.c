@@ -65,10 +65,5 @@ int main(int argc, char **argv) {
     EXPECT(mfree(a) == 0);
     EXPECT(set(NULL) == 0);
     EXPECT(release(0) == 0);
-    if (failures) {
-        fprintf(stderr, "%d failures\n", failures);
-        return 1;
-    }
-    printf("ok\n");
-    return 0;
+    return verdict();
 }
