@@ -21,6 +21,7 @@ import anyio.abc
 import structlog
 from anyio.from_thread import start_blocking_portal
 
+from hipr.backends.emulator import EmulatorBackend
 from hipr.backends.interface import Backend, BackendStats
 from hipr.errors import HipError
 from hipr.protocol.codec import DEFAULT_MAX_PAYLOAD, Frame, FrameDecoder, encode_frame
@@ -405,3 +406,19 @@ def worker_in_thread(
         portal.wrap_async_context_manager(running_worker(config, backend, [url])) as worker,
     ):
         yield worker
+
+
+@asynccontextmanager
+async def worker_with_children(
+    config: WorkerConfig, backend: Backend | None = None, url: str = "tcp://127.0.0.1:0"
+) -> AsyncIterator[Worker]:
+    """:func:`running_worker` of ``config`` serving ``backend`` (an emulator by default),
+    its tenant processes (``isolation``) stopped with the block too: the worker's
+    cancellation alone leaves them running."""
+    served = EmulatorBackend() if backend is None else backend
+    async with running_worker(config, served, [url]) as worker:
+        try:
+            yield worker
+        finally:
+            if worker.isolation is not None:
+                await worker.isolation.aclose()
