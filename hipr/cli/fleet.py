@@ -23,6 +23,7 @@ from hipr.cli.common import (
     as_dict,
     connect_from_args,
     dump_json,
+    human_duration,
     human_size,
 )
 from hipr.client.multi import split_urls
@@ -175,7 +176,8 @@ def status_many(args: argparse.Namespace, urls: list[str], token: str) -> int:
         for s in sessions:
             per_device[s.get("device")] = per_device.get(s.get("device"), 0) + 1
         uptime = r.info.get("uptime_s")
-        about = f"{r.info.get('backend', '?')}, up {_duration(uptime)}"
+        up = human_duration(uptime) if isinstance(uptime, int | float) else "?"
+        about = f"{r.info.get('backend', '?')}, up {up}"
         for d in r.devices:
             used, total = d.get("memory_used"), d.get("memory_total")
             util = d.get("utilization")
@@ -196,17 +198,3 @@ def status_many(args: argparse.Namespace, urls: list[str], token: str) -> int:
     reachable = sum(1 for r in reports if not r.error)
     console.print(f"{total} sessions on {reachable} of {len(reports)} workers")
     return _exit(reports)
-
-
-def _duration(seconds: object) -> str:
-    if not isinstance(seconds, int | float):
-        return "?"
-    s = int(seconds)
-    days, s = divmod(s, 86400)
-    hours, s = divmod(s, 3600)
-    minutes, s = divmod(s, 60)
-    if days:
-        return f"{days}d {hours}h"
-    if hours:
-        return f"{hours}h {minutes:02d}m"
-    return f"{minutes}m {s:02d}s" if minutes else f"{s}s"
