@@ -15,8 +15,9 @@ from rich.console import Console
 from hipr._version import __version__
 from hipr.backends.emulator import EmulatorBackend
 from hipr.cli import app as cli
+from hipr.cli.common import human_duration
 from hipr.cli.completion import SHELLS, completion_script, describe
-from hipr.cli.status_view import human_duration, render_status
+from hipr.cli.status_view import render_status
 from hipr.errors import AuthError, HipError, HipErrorCode, QuotaError, VersionMismatchError
 from hipr.observability.log import configure_logging
 from hipr.testing.harness import worker_in_thread
