@@ -8,7 +8,8 @@ connection's I/O callback the frames a client sends, back to back: a null
 ``synchronize()``; a lone fire-and-forget 1-thread ``fill_f32`` launch; such a launch
 and a ``synchronize()`` in one read (``hipr bench``'s launch + synchronize row); the
 same as one request (protocol 1.3's LAUNCH_KERNEL with ``synchronize``, what the native
-proxy sends for a launch then ``hipDeviceSynchronize``); a batch of 64 launches in one LAUNCH_KERNELS frame (the ``1,000 launches`` row's unit).
+proxy sends for a launch then ``hipDeviceSynchronize``); a batch of 64 launches in one
+LAUNCH_KERNELS frame (the ``1,000 launches`` row's unit).
 It prints the microseconds each costs the worker: decoding, checks, the backend's
 calls, bookkeeping and the reply's encoding, all on the event loop's thread as in push
 mode (asyncio; uvloop where installed). What it leaves out (the wake-ups and syscalls
@@ -26,13 +27,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import io
 import pstats
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import numpy as np
@@ -175,26 +177,44 @@ class InProcessLink:
         self._theirs.close()
 
 
-async def _measure(backend_name: str, count: int, profile: int) -> list[str]:
+@contextlib.asynccontextmanager
+async def in_process_link(backend_name: str) -> AsyncIterator[InProcessLink]:
+    """A started :class:`InProcessLink` to a worker (no spin wait) on that backend, closed
+    with the backend on exit."""
     backend = load_backend(backend_name)
-    worker = Worker(WorkerConfig(spin_wait=0.0), backend)
-    link = InProcessLink(worker)
-    lines = [f"per request on the worker, µs ({backend_name}, Python {sys.version.split()[0]})"]
+    link = InProcessLink(Worker(WorkerConfig(spin_wait=0.0), backend))
     try:
         await link.start()
-        fill = await link.call(Opcode.MODULE_BUILTIN, {"name": "fill_f32"})
-        word = (await link.call(Opcode.MALLOC, {"size": 4096}))["ptr"]
-        packed = pack_args([np.uint64(word), np.float32(1.0), np.uint64(1)])
-        launch = {
-            "function": fill["function"],
-            "grid": [1],
-            "block": [1],
-            "shared_mem": 0,
-            "args": packed.data,
-            "ptrs": packed.pointer_offsets(),
-            "stream": None,
-        }
-        batch = {**launch, "args": [packed.data] * BATCH}
+        yield link
+    finally:
+        await link.close()
+        close = getattr(backend, "close", None)
+        if close is not None:
+            close()
+
+
+async def fill_launch(link: InProcessLink) -> dict[str, Any]:
+    """LAUNCH_KERNEL's arguments for a 1-thread ``fill_f32`` of a word allocated here, on
+    the null stream (the smallest launch there is)."""
+    fill = await link.call(Opcode.MODULE_BUILTIN, {"name": "fill_f32"})
+    word = (await link.call(Opcode.MALLOC, {"size": 4096}))["ptr"]
+    packed = pack_args([np.uint64(word), np.float32(1.0), np.uint64(1)])
+    return {
+        "function": fill["function"],
+        "grid": [1],
+        "block": [1],
+        "shared_mem": 0,
+        "args": packed.data,
+        "ptrs": packed.pointer_offsets(),
+        "stream": None,
+    }
+
+
+async def _measure(backend_name: str, count: int, profile: int) -> list[str]:
+    lines = [f"per request on the worker, µs ({backend_name}, Python {sys.version.split()[0]})"]
+    async with in_process_link(backend_name) as link:
+        launch = await fill_launch(link)
+        batch = {**launch, "args": [launch["args"]] * BATCH}
 
         def sync_frames() -> bytes:
             return encode_frame(Opcode.DEVICE_SYNCHRONIZE, link.request_id(), Flags.NONE)
@@ -263,11 +283,6 @@ async def _measure(backend_name: str, count: int, profile: int) -> list[str]:
                 f"launches with synchronize (one request) under cProfile, top {profile} by own time"
             )
             lines.append(text.getvalue())
-    finally:
-        await link.close()
-        close = getattr(backend, "close", None)
-        if close is not None:
-            close()
     return lines
 
 

@@ -6,7 +6,6 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from anyio.from_thread import start_blocking_portal
 
 import hipr
 from hipr.backends.emulator import EmulatorBackend
@@ -14,6 +13,7 @@ from hipr.cpus import auto_spin_wait
 from hipr.errors import AuthError
 from hipr.handlers.admin import HOW_TO_CONFIGURE, check_admin_token
 from hipr.protocol.header import PROTOCOL_VERSION
+from hipr.testing.harness import worker_in_thread
 from hipr.worker.config import WorkerConfig
 from hipr.worker.server import Worker, running_worker
 from hipr.worker.tenants import token_hash
@@ -144,12 +144,7 @@ async def test_without_an_admin_token_admin_calls_are_refused(anyio_backend: str
 def threaded_worker() -> Iterator[Worker]:
     config = WorkerConfig(admin_token_sha256=token_hash(ADMIN))
     backend = EmulatorBackend(device_count=1, total_memory=64 * MiB)
-    with (
-        start_blocking_portal("trio") as portal,
-        portal.wrap_async_context_manager(
-            running_worker(config, backend, ["tcp://127.0.0.1:0"])
-        ) as running,
-    ):
+    with worker_in_thread(config, backend, loop="trio") as running:
         yield running
 
 

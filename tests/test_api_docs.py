@@ -12,13 +12,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from anyio.from_thread import start_blocking_portal
 
 import hipr
 from hipr.backends.emulator import EmulatorBackend
 from hipr.client.sync import sync_class
+from hipr.testing.harness import worker_in_thread
 from hipr.worker.config import WorkerConfig
-from hipr.worker.server import running_worker
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -89,12 +88,7 @@ def test_sync_classes_have_the_async_methods_with_their_docs() -> None:
 
 @pytest.fixture
 def url() -> Iterator[str]:
-    with (
-        start_blocking_portal("asyncio") as portal,
-        portal.wrap_async_context_manager(
-            running_worker(WorkerConfig(), EmulatorBackend(), ["tcp://127.0.0.1:0"])
-        ) as worker,
-    ):
+    with worker_in_thread(WorkerConfig(), EmulatorBackend(), loop="asyncio") as worker:
         yield worker.bound_urls[0]
 
 

@@ -28,6 +28,8 @@ from hipr.errors import (
 from hipr.protocol.header import PROTOCOL_VERSION, version_text
 from hipr.worker.config import ConfigError, GiB, WorkerConfig
 
+pytestmark = pytest.mark.usefixtures("logging_restored")
+
 REPO = Path(__file__).resolve().parent.parent
 
 PROPS = [
@@ -202,20 +204,6 @@ def fake_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     monkeypatch.delenv("HIPR_LOG_LEVEL", raising=False)
     monkeypatch.delenv("HIPR_LOG_FORMAT", raising=False)
     yield seen
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    import logging
-
-    import structlog
-
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-    structlog.reset_defaults()
 
 
 def test_worker_runs_the_server_under_asyncio_by_default_and_trio_on_request(

@@ -14,14 +14,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from anyio.from_thread import start_blocking_portal
 
 import hipr
 from hipr.backends.emulator import EmulatorBackend
 from hipr.cli import app as cli
 from hipr.cli.common import ExitCode
+from hipr.testing.harness import worker_in_thread
 from hipr.worker.config import WorkerConfig
-from hipr.worker.server import Worker, running_worker
+from hipr.worker.server import Worker
 from hipr.worker.tenants import new_token, token_hash
 
 REPO = Path(__file__).resolve().parent.parent
@@ -92,12 +92,7 @@ def tenant_worker(short_tmp: Path) -> Iterator[Worker]:
     tenants.write_text(f'[tenants.alice]\ntokens = ["{token_hash(TOKEN)}"]\n')
     config = WorkerConfig(tenants_file=tenants, resume_grace=0.0)
     backend = EmulatorBackend(device_count=1, total_memory=16 << 20)
-    with (
-        start_blocking_portal("asyncio") as portal,
-        portal.wrap_async_context_manager(
-            running_worker(config, backend, ["tcp://127.0.0.1:0"])
-        ) as running,
-    ):
+    with worker_in_thread(config, backend, loop="asyncio") as running:
         yield running
 
 

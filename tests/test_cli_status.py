@@ -5,40 +5,33 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 import shutil
 import subprocess
 from collections.abc import Iterator
 
 import pytest
-import structlog
-from anyio.from_thread import start_blocking_portal
 from rich.console import Console
 
 from hipr._version import __version__
 from hipr.backends.emulator import EmulatorBackend
 from hipr.cli import app as cli
+from hipr.cli.common import human_duration
 from hipr.cli.completion import SHELLS, completion_script, describe
-from hipr.cli.status_view import human_duration, render_status
+from hipr.cli.status_view import render_status
 from hipr.errors import AuthError, HipError, HipErrorCode, QuotaError, VersionMismatchError
 from hipr.observability.log import configure_logging
+from hipr.testing.harness import worker_in_thread
 from hipr.worker.config import WorkerConfig
-from hipr.worker.server import Worker, running_worker
+from hipr.worker.server import Worker
 from hipr.worker.tenants import token_hash
 
 ADMIN = "admin-token-for-cli-tests"
 
 
 @pytest.fixture
-def quiet_logs() -> Iterator[None]:
+def quiet_logs(logging_restored: None) -> None:
     """The in-process worker logs to a buffer, not to the stdout the CLI prints on."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
     configure_logging("warning", "json", io.StringIO())
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-    structlog.reset_defaults()
 
 
 @pytest.fixture
@@ -47,12 +40,7 @@ def worker(monkeypatch: pytest.MonkeyPatch, quiet_logs: None) -> Iterator[Worker
     monkeypatch.delenv("HIPR_TOKEN", raising=False)
     config = WorkerConfig(admin_token_sha256=token_hash(ADMIN))
     backend = EmulatorBackend(device_count=1, total_memory=64 << 20)
-    with (
-        start_blocking_portal("trio") as portal,
-        portal.wrap_async_context_manager(
-            running_worker(config, backend, ["tcp://127.0.0.1:0"])
-        ) as running,
-    ):
+    with worker_in_thread(config, backend, loop="trio") as running:
         yield running
 
 

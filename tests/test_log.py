@@ -5,11 +5,9 @@ from __future__ import annotations
 import io
 import json
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import structlog
 
 from hipr.observability.log import (
     REDACTED,
@@ -19,15 +17,7 @@ from hipr.observability.log import (
     resolve_level,
 )
 
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-    structlog.reset_defaults()
+pytestmark = pytest.mark.usefixtures("logging_restored")
 
 
 class TtyStream(io.StringIO):

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import structlog
 
 import hipr
 import hipr.observability.log as log_module
@@ -28,17 +27,12 @@ from hipr.worker.server import running_worker
 
 
 @pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
+def _restore_logging(logging_restored: None) -> Iterator[None]:
     yield
     if log_module._limiter is not None:
         log_module._limiter.close()
         log_module._limiter = None  # nothing pending may reach a later test's output
     set_levels("info", {})
-    root.handlers[:] = handlers
-    root.setLevel(level)
-    structlog.reset_defaults()
 
 
 def lines(stream: io.StringIO) -> list[dict[str, Any]]:

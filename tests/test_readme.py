@@ -12,12 +12,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from anyio.from_thread import start_blocking_portal
 
 from hipr.backends.emulator import EmulatorBackend
 from hipr.cli.app import build_parser
+from hipr.testing.harness import worker_in_thread
 from hipr.worker.config import WorkerConfig, iter_keys
-from hipr.worker.server import Worker, running_worker
+from hipr.worker.server import Worker
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
@@ -79,12 +79,7 @@ def test_readme_config_keys_exist() -> None:
 @pytest.fixture
 def worker() -> Iterator[Worker]:
     backend = EmulatorBackend(device_count=1, total_memory=64 << 20)
-    with (
-        start_blocking_portal("asyncio") as portal,
-        portal.wrap_async_context_manager(
-            running_worker(WorkerConfig(), backend, ["tcp://127.0.0.1:0"])
-        ) as running,
-    ):
+    with worker_in_thread(WorkerConfig(), backend, loop="asyncio") as running:
         yield running
 
 

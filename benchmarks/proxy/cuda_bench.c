@@ -17,6 +17,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
+
 typedef int CUresult;
 typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
@@ -50,31 +52,6 @@ CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
 CUresult cuModuleUnload(CUmodule);
 CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                         unsigned, CUstream, void **, void **);
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-#define MUST(call)                                                      \
-    do {                                                                \
-        CUresult rc_ = (call);                                          \
-        if (rc_ != 0) {                                                 \
-            fprintf(stderr, "%s failed: %d\n", #call, rc_);             \
-            return 1;                                                   \
-        }                                                               \
-    } while (0)
 
 enum { N_EACH = 2000, REPEATS = 3 };
 static double each[N_EACH];

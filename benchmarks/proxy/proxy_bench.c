@@ -11,6 +11,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
+
 typedef int hipError_t;
 typedef struct hipr_module *hipModule_t;
 typedef struct hipr_function *hipFunction_t;
@@ -25,30 +27,6 @@ hipError_t hipModuleLoadData(hipModule_t *, const void *);
 hipError_t hipModuleGetFunction(hipFunction_t *, hipModule_t, const char *);
 hipError_t hipModuleLaunchKernel(hipFunction_t, unsigned, unsigned, unsigned, unsigned, unsigned,
                                  unsigned, unsigned, void *, void **, void **);
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-#define MUST(call)                                                      \
-    do {                                                                \
-        if ((call) != 0) {                                              \
-            fprintf(stderr, "%s failed\n", #call);                      \
-            return 1;                                                   \
-        }                                                               \
-    } while (0)
 
 int main(int argc, char **argv) {
     size_t mib = argc > 1 ? (size_t)atol(argv[1]) : 64;

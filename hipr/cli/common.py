@@ -162,6 +162,21 @@ def human_size(n: int | float) -> str:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def human_duration(seconds: float) -> str:
+    """``3d 4h``, ``2h 05m``, ``4m 10s``, ``12s``."""
+    s = int(max(0.0, seconds))
+    days, s = divmod(s, 86400)
+    hours, s = divmod(s, 3600)
+    minutes, s = divmod(s, 60)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    if minutes:
+        return f"{minutes}m {s:02d}s"
+    return f"{s}s"
+
+
 def event_loop(choice: str | None) -> tuple[str, dict[str, Any]]:
     """anyio's backend name and options for ``--loop``: ``uvloop`` (the default where it
     is installed: its I/O costs a fraction of the standard loop's per request),

@@ -9,6 +9,7 @@ client (``hipr.connect([...])``) gives: the workers' devices in the order of the
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,7 @@ from hipr.cli.common import (
     as_dict,
     connect_from_args,
     dump_json,
+    human_duration,
     human_size,
 )
 from hipr.client.multi import split_urls
@@ -63,37 +65,60 @@ def _number(reports: list[WorkerReport]) -> None:
         first += len(r.devices)
 
 
-# --- info ---------------------------------------------------------------------------
-
-
-def info_many(args: argparse.Namespace, urls: list[str]) -> int:
-    """``hipr info URL URL ...``: every worker's devices in one table."""
+def _gather(
+    args: argparse.Namespace,
+    urls: list[str],
+    read: Callable[[Any, WorkerReport], None],
+    errors: tuple[type[Exception], ...],
+) -> list[WorkerReport]:
+    """Each worker's report, numbered: ``read`` fills it in over a session of its own;
+    one of ``errors`` becomes the report's error instead of the command's end."""
     reports = []
     for url in urls:
         report = WorkerReport(url)
         try:
             with _connect_one(args, url) as gpu:
-                report.info = as_dict(gpu.worker_info())
-                for index in range(gpu.device_count()):
-                    props = as_dict(gpu.device_properties(index))
-                    gpu.set_device(index)
-                    free, total = gpu.mem_get_info()
-                    report.devices.append(
-                        {"index": index, **props, "memory_free": free, "memory_total": total}
-                    )
-        except (HipConnectionError, OSError) as exc:
+                read(gpu, report)
+        except errors as exc:
             report.error = str(exc)
         reports.append(report)
     _number(reports)
+    return reports
+
+
+def _table() -> Table:
+    """The table of devices, its first columns (the client-wide device number, the
+    worker, the worker's own device number) given."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("#", justify="right")
+    table.add_column("worker", overflow="fold")
+    table.add_column("dev", justify="right")
+    return table
+
+
+# --- info ---------------------------------------------------------------------------
+
+
+def info_many(args: argparse.Namespace, urls: list[str]) -> int:
+    """``hipr info URL URL ...``: every worker's devices in one table."""
+
+    def read(gpu: Any, report: WorkerReport) -> None:
+        report.info = as_dict(gpu.worker_info())
+        for index in range(gpu.device_count()):
+            props = as_dict(gpu.device_properties(index))
+            gpu.set_device(index)
+            free, total = gpu.mem_get_info()
+            report.devices.append(
+                {"index": index, **props, "memory_free": free, "memory_total": total}
+            )
+
+    reports = _gather(args, urls, read, (HipConnectionError, OSError))
     if args.json:
         dump_json({"urls": urls, "workers": [vars(r) for r in reports]})
         return _exit(reports)
 
     console = Console(highlight=False)
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("#", justify="right")
-    table.add_column("worker", overflow="fold")
-    table.add_column("dev", justify="right")
+    table = _table()
     table.add_column("backend")
     table.add_column("name", overflow="fold")
     table.add_column("arch", overflow="fold")
@@ -124,28 +149,19 @@ def info_many(args: argparse.Namespace, urls: list[str]) -> int:
 
 def status_many(args: argparse.Namespace, urls: list[str], token: str) -> int:
     """``hipr status URL URL ...``: every worker's sessions and devices in one table."""
-    reports = []
-    for url in urls:
-        report = WorkerReport(url)
-        try:
-            with _connect_one(args, url) as gpu:
-                report.info = dict(gpu.admin_status(token))
-                report.devices = [dict(d) for d in report.info.get("devices") or []]
-        except (HipConnectionError, OSError) as exc:
-            report.error = str(exc)
-        except HipError as exc:  # e.g. a wrong admin token on one worker
-            report.error = str(exc)
-        reports.append(report)
-    _number(reports)
+
+    def read(gpu: Any, report: WorkerReport) -> None:
+        report.info = dict(gpu.admin_status(token))
+        report.devices = [dict(d) for d in report.info.get("devices") or []]
+
+    # A HipError too (e.g. a wrong admin token on one worker) is that worker's row.
+    reports = _gather(args, urls, read, (HipError, OSError))
     if args.json:
         dump_json({"urls": urls, "workers": [vars(r) for r in reports]})
         return _exit(reports)
 
     console = Console(highlight=False)
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("#", justify="right")
-    table.add_column("worker", overflow="fold")
-    table.add_column("dev", justify="right")
+    table = _table()
     table.add_column("name", overflow="fold")
     table.add_column("util", justify="right")
     table.add_column("memory used / total", justify="right")
@@ -160,7 +176,8 @@ def status_many(args: argparse.Namespace, urls: list[str], token: str) -> int:
         for s in sessions:
             per_device[s.get("device")] = per_device.get(s.get("device"), 0) + 1
         uptime = r.info.get("uptime_s")
-        about = f"{r.info.get('backend', '?')}, up {_duration(uptime)}"
+        up = human_duration(uptime) if isinstance(uptime, int | float) else "?"
+        about = f"{r.info.get('backend', '?')}, up {up}"
         for d in r.devices:
             used, total = d.get("memory_used"), d.get("memory_total")
             util = d.get("utilization")
@@ -181,17 +198,3 @@ def status_many(args: argparse.Namespace, urls: list[str], token: str) -> int:
     reachable = sum(1 for r in reports if not r.error)
     console.print(f"{total} sessions on {reachable} of {len(reports)} workers")
     return _exit(reports)
-
-
-def _duration(seconds: object) -> str:
-    if not isinstance(seconds, int | float):
-        return "?"
-    s = int(seconds)
-    days, s = divmod(s, 86400)
-    hours, s = divmod(s, 3600)
-    minutes, s = divmod(s, 60)
-    if days:
-        return f"{days}d {hours}h"
-    if hours:
-        return f"{hours}h {minutes:02d}m"
-    return f"{minutes}m {s:02d}s" if minutes else f"{s}s"

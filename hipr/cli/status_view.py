@@ -23,6 +23,7 @@ from hipr.cli.common import (
     add_client_options,
     connect_from_args,
     dump_json,
+    human_duration,
     human_size,
     positive_float,
     positive_int,
@@ -32,21 +33,6 @@ from hipr.cli.runaway_view import runaway_table
 from hipr.errors import HipConnectionError
 from hipr.protocol.header import version_text
 from hipr.worker.config import ConfigError
-
-
-def human_duration(seconds: float) -> str:
-    """``3d 4h``, ``2h 05m``, ``4m 10s``, ``12s``."""
-    s = int(max(0.0, seconds))
-    days, s = divmod(s, 86400)
-    hours, s = divmod(s, 3600)
-    minutes, s = divmod(s, 60)
-    if days:
-        return f"{days}d {hours}h"
-    if hours:
-        return f"{hours}h {minutes:02d}m"
-    if minutes:
-        return f"{minutes}m {s:02d}s"
-    return f"{s}s"
 
 
 def _of(used: int | float | None, limit: int | float | None, fmt: Callable[[Any], str]) -> str:

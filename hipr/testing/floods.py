@@ -20,7 +20,6 @@ worker's RSS when its process id is known.
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -34,6 +33,7 @@ from hipr.protocol.codec import encode_frame
 from hipr.protocol.header import Flags
 from hipr.protocol.opcodes import Opcode
 from hipr.testing.harness import RawClient, percentile
+from hipr.worker.isolation import process_rss
 
 #: Frames written in one send: a write of ~110 KB, as a client batching its posts would.
 BATCH_FRAMES = 2000
@@ -241,15 +241,6 @@ def run_flood(attack: str, url: str, token: str, seconds: float) -> FloodStats:
 def run_victim(url: str, token: str, seconds: float) -> CallTimes:
     """:func:`victim_calls` run to its end in this process (a process of its own)."""
     return anyio.run(victim_calls, url, token, seconds)
-
-
-def process_rss(pid: int) -> int:
-    """The resident set of process ``pid`` now (Linux; 0 where it cannot be read)."""
-    try:
-        with open(f"/proc/{pid}/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 async def fairness_under_flood(

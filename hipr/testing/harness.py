@@ -10,8 +10,8 @@ import socket
 import struct
 import sys
 from collections import Counter
-from collections.abc import Iterator, MutableMapping
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator, MutableMapping
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,12 +19,16 @@ from typing import Any
 import anyio
 import anyio.abc
 import structlog
+from anyio.from_thread import start_blocking_portal
 
+from hipr.backends.emulator import EmulatorBackend
 from hipr.backends.interface import Backend, BackendStats
 from hipr.errors import HipError
 from hipr.protocol.codec import DEFAULT_MAX_PAYLOAD, Frame, FrameDecoder, encode_frame
 from hipr.protocol.header import Flags
 from hipr.protocol.opcodes import Opcode
+from hipr.worker.config import WorkerConfig
+from hipr.worker.server import Worker, running_worker
 from hipr.worker.tenants import new_token, token_hash
 
 #: Log events that the worker writes when something it did not expect went wrong.
@@ -375,3 +379,46 @@ class RawClient:
                 await self.stream.aclose()
             except (anyio.BrokenResourceError, OSError):
                 pass
+
+
+@asynccontextmanager
+async def raw_client_to(backend: Backend) -> AsyncIterator[RawClient]:
+    """A :class:`RawClient`, handshake done, to a worker serving ``backend`` on a free
+    local TCP port with no resume grace (a closed link frees its session at once); the
+    client and the worker end with the block."""
+    config = WorkerConfig(resume_grace=0.0)
+    async with running_worker(config, backend, ["tcp://127.0.0.1:0"]) as worker:
+        client = await RawClient.open(worker.bound_urls[0])
+        try:
+            yield client
+        finally:
+            await client.aclose()
+
+
+@contextmanager
+def worker_in_thread(
+    config: WorkerConfig, backend: Backend, url: str = "tcp://127.0.0.1:0", *, loop: str = "trio"
+) -> Iterator[Worker]:
+    """A worker serving ``backend`` at ``url`` on an event loop (``trio`` or ``asyncio``)
+    in a thread of its own, for the block: blocking clients and CLI calls run beside it."""
+    with (
+        start_blocking_portal(loop) as portal,
+        portal.wrap_async_context_manager(running_worker(config, backend, [url])) as worker,
+    ):
+        yield worker
+
+
+@asynccontextmanager
+async def worker_with_children(
+    config: WorkerConfig, backend: Backend | None = None, url: str = "tcp://127.0.0.1:0"
+) -> AsyncIterator[Worker]:
+    """:func:`running_worker` of ``config`` serving ``backend`` (an emulator by default),
+    its tenant processes (``isolation``) stopped with the block too: the worker's
+    cancellation alone leaves them running."""
+    served = EmulatorBackend() if backend is None else backend
+    async with running_worker(config, served, [url]) as worker:
+        try:
+            yield worker
+        finally:
+            if worker.isolation is not None:
+                await worker.isolation.aclose()

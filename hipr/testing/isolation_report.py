@@ -36,9 +36,10 @@ import numpy as np
 
 import hipr
 from hipr.client.connection import LinkOptions
+from hipr.testing.harness import worker_with_children
 from hipr.worker.config import WorkerConfig
 from hipr.worker.isolation import process_rss
-from hipr.worker.server import Worker, load_configured_backend, running_worker
+from hipr.worker.server import Worker, load_configured_backend
 from hipr.worker.tenants import new_token, token_hash
 
 MODES = ("none", "process", "session")
@@ -127,12 +128,8 @@ async def measure_mode(
         return report
     rss_before = process_rss(os.getpid())
     backend = load_configured_backend(config)
-    async with running_worker(config, backend, [url]) as worker:
-        try:
-            await _measure(worker, url, alice_token, bob_token, report, compiled, rss_before)
-        finally:
-            if worker.isolation is not None:
-                await worker.isolation.aclose()
+    async with worker_with_children(config, backend, url) as worker:
+        await _measure(worker, url, alice_token, bob_token, report, compiled, rss_before)
     if mode == "none":
         backend.close()
     return report

@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from anyio.from_thread import start_blocking_portal
 
 import hipr
 from hipr.backends.emulator import EmulatorBackend
@@ -21,8 +20,9 @@ from hipr.client import link, objects
 from hipr.client.options import LinkOptions
 from hipr.protocol import Flags, FrameDecoder, Opcode
 from hipr.protocol.codec import Frame
+from hipr.testing.harness import worker_in_thread
 from hipr.worker.config import WorkerConfig
-from hipr.worker.server import Worker, running_worker
+from hipr.worker.server import Worker
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -94,12 +94,7 @@ def worker() -> Iterator[Worker]:
     """A worker on its own thread (the sync client blocks the test's thread), that
     pings nobody during a test and cuts uploads into 4 KiB chunks."""
     config = WorkerConfig(heartbeat_interval=30.0, heartbeat_timeout=60.0)
-    with (
-        start_blocking_portal("trio") as portal,
-        portal.wrap_async_context_manager(
-            running_worker(config, EmulatorBackend(), ["tcp://127.0.0.1:0"])
-        ) as running,
-    ):
+    with worker_in_thread(config, EmulatorBackend(), loop="trio") as running:
         running.chunk_bytes = 4096
         yield running
 

@@ -22,12 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from anyio.from_thread import start_blocking_portal
 
 from hipr.backends import BackendUnavailable, load_backend
 from hipr.backends.interface import Backend
+from hipr.testing.harness import worker_in_thread
 from hipr.worker.config import WorkerConfig
-from hipr.worker.server import running_worker
 
 #: Backends the suite tries, in order. ``hip`` needs an AMD GPU: it skips elsewhere.
 BACKENDS = ("emulator", "cuda", "hip")
@@ -78,12 +77,7 @@ def target(request: pytest.FixtureRequest) -> Iterator[Target]:
     tmp = short_tmpdir("hipr-c-")
     url = f"unix://{tmp}/w.sock"
     try:
-        with (
-            start_blocking_portal("trio") as portal,
-            portal.wrap_async_context_manager(
-                running_worker(WorkerConfig(), backend, [url])
-            ) as worker,
-        ):
+        with worker_in_thread(WorkerConfig(), backend, url, loop="trio") as worker:
             yield Target(name, worker.bound_urls[0], backend)
     finally:
         backend.close()

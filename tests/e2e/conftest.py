@@ -16,6 +16,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 import hipr
 from hipr.backends.emulator import EmulatorBackend
+from hipr.testing.harness import worker_in_thread
 from hipr.transports import connect
 from hipr.worker.config import TlsConfig, WorkerConfig
 from hipr.worker.server import Worker, running_worker
@@ -121,12 +122,7 @@ def sync_listen_url(request: pytest.FixtureRequest, short_tmp: Path) -> str:
 def threaded_worker(sync_listen_url: str, backend: EmulatorBackend) -> Iterator[Worker]:
     """A worker on its own event-loop thread, for tests of the synchronous client."""
     config = WorkerConfig(max_frame_bytes=8 << 20)
-    with (
-        start_blocking_portal("trio") as portal,
-        portal.wrap_async_context_manager(
-            running_worker(config, backend, [sync_listen_url])
-        ) as running,
-    ):
+    with worker_in_thread(config, backend, sync_listen_url, loop="trio") as running:
         yield running
 
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from anyio.from_thread import start_blocking_portal
 
 import hipr
 from hipr.backends.emulator import EmulatorBackend
 from hipr.errors import HipErrorCode as E
 from hipr.protocol.opcodes import Opcode
+from hipr.testing.harness import worker_in_thread
 from hipr.worker.config import WorkerConfig
 from hipr.worker.server import running_worker
 
@@ -69,12 +69,7 @@ async def test_malloc_zero_is_the_null_pointer(url: str) -> None:
 def thread_url() -> Iterator[str]:
     """A worker on a thread of its own, for synchronous clients."""
     backend = EmulatorBackend(device_count=1, total_memory=16 << 20)
-    with (
-        start_blocking_portal("asyncio") as portal,
-        portal.wrap_async_context_manager(
-            running_worker(WorkerConfig(), backend, ["tcp://127.0.0.1:0"])
-        ) as worker,
-    ):
+    with worker_in_thread(WorkerConfig(), backend, loop="asyncio") as worker:
         yield worker.bound_urls[0]
 
 

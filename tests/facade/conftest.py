@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from anyio.from_thread import start_blocking_portal
 
 from hipr import hip
 from hipr.backends import emulator as emu
@@ -29,8 +28,8 @@ from hipr.backends._emulator_objects import Module
 from hipr.backends._errmap import rtc_error
 from hipr.backends.interface import Backend
 from hipr.kernels.builtins import BUILTINS
+from hipr.testing.harness import worker_in_thread
 from hipr.worker.config import WorkerConfig
-from hipr.worker.server import running_worker
 
 BACKEND = os.environ.get("HIPR_TEST_BACKEND", "emulator")
 _IMAGE = b"HIPR-EMULATED-CODE-OBJECT\0"
@@ -108,12 +107,8 @@ def target() -> Iterator[FacadeTarget]:
     backend = make_backend()
     tmp = Path(tempfile.mkdtemp(prefix="hipr-f-", dir="/tmp"))
     try:
-        with (
-            start_blocking_portal("trio") as portal,
-            portal.wrap_async_context_manager(
-                running_worker(WorkerConfig(), backend, [f"unix://{tmp}/w.sock"])
-            ) as worker,
-        ):
+        url = f"unix://{tmp}/w.sock"
+        with worker_in_thread(WorkerConfig(), backend, url, loop="trio") as worker:
             yield FacadeTarget(BACKEND, worker.bound_urls[0], backend)
     finally:
         backend.close()

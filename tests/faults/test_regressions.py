@@ -174,17 +174,22 @@ async def _serve_while_logging_fails(url: str) -> None:
         await bad.aclose()
 
 
+async def _serves_with_logging_failing() -> None:
+    """A worker whose log writes fail serves a client through it, then frees everything."""
+    backend = EmulatorBackend()
+    async with running_worker(
+        WorkerConfig(resume_grace=0.0), backend, ["tcp://127.0.0.1:0"]
+    ) as worker:
+        await _serve_while_logging_fails(worker.bound_urls[0])
+        assert await wait_for_no_sessions(worker)
+        assert leaks(backend, worker) == []
+
+
 async def test_disk_full_for_logs_through_the_stdlib_handler(anyio_backend: str) -> None:
     old = structlog.get_config()
     configure_logging("debug", "json", stream=_FullDisk())
     try:
-        backend = EmulatorBackend()
-        async with running_worker(
-            WorkerConfig(resume_grace=0.0), backend, ["tcp://127.0.0.1:0"]
-        ) as worker:
-            await _serve_while_logging_fails(worker.bound_urls[0])
-            assert await wait_for_no_sessions(worker)
-            assert leaks(backend, worker) == []
+        await _serves_with_logging_failing()
     finally:
         configure_logging("info", "json")
         structlog.configure(**old)
@@ -200,13 +205,7 @@ async def test_disk_full_for_logs_with_logging_left_unconfigured(
     install_library_default()
     monkeypatch.setattr("sys.stdout", _FullDisk())
     try:
-        backend = EmulatorBackend()
-        async with running_worker(
-            WorkerConfig(resume_grace=0.0), backend, ["tcp://127.0.0.1:0"]
-        ) as worker:
-            await _serve_while_logging_fails(worker.bound_urls[0])
-            assert await wait_for_no_sessions(worker)
-            assert leaks(backend, worker) == []
+        await _serves_with_logging_failing()
     finally:
         structlog.configure(**old)
 

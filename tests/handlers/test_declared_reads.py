@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from anyio.from_thread import start_blocking_portal
 
 import hipr
 import hipr.handlers  # registers every handler
@@ -26,8 +25,8 @@ from hipr.handlers.context import Reply
 from hipr.handlers.registry import LATER, REGISTRY, HandlerRegistry, RegistrationError
 from hipr.protocol import messages as m
 from hipr.protocol.opcodes import Opcode, OpcodeRange
+from hipr.testing.harness import worker_in_thread
 from hipr.worker.config import WorkerConfig
-from hipr.worker.server import running_worker
 
 HANDLERS = Path(hipr.handlers.__file__).parent
 #: The Args reader methods and the wire types each may read.
@@ -254,10 +253,7 @@ def test_a_session_reads_only_declared_keys_and_replies_as_declared(
     recorder = Recorder(monkeypatch)
     backend = EmulatorBackend(device_count=1, total_memory=64 << 20)
     with (
-        start_blocking_portal("asyncio") as portal,
-        portal.wrap_async_context_manager(
-            running_worker(WorkerConfig(), backend, ["tcp://127.0.0.1:0"])
-        ) as worker,
+        worker_in_thread(WorkerConfig(), backend, loop="asyncio") as worker,
         hipr.connect(worker.bound_urls[0]) as gpu,
     ):
         _session(gpu)

@@ -14,9 +14,7 @@ import pytest
 from hipr.backends.emulator import EmulatorBackend
 from hipr.errors import HipError, HipErrorCode
 from hipr.protocol.opcodes import Opcode
-from hipr.testing.harness import RawClient
-from hipr.worker.config import WorkerConfig
-from hipr.worker.server import running_worker
+from hipr.testing.harness import RawClient, raw_client_to
 
 pytestmark = pytest.mark.anyio
 E = HipErrorCode
@@ -60,115 +58,89 @@ async def _reply(client: RawClient, opcode: int, args: Any, bulk: bytes = b"") -
 
 
 async def test_the_emulator_refuses_to_link_and_keeps_serving(anyio_backend: str) -> None:
-    async with running_worker(
-        WorkerConfig(resume_grace=0.0), EmulatorBackend(), ["tcp://127.0.0.1:0"]
-    ) as worker:
-        client = await RawClient.open(worker.bound_urls[0])
-        try:
-            error = await _refused(
-                client, Opcode.PROGRAM_LINK, {"kinds": [1, 1], "sizes": [3, 2]}, b"abcde"
-            )
-            assert error.code == E.hipErrorNotSupported and "no device linker" in error.message
-            assert await client.call(Opcode.DEVICE_COUNT, {}) == {"count": 1}
-        finally:
-            await client.aclose()
+    async with raw_client_to(EmulatorBackend()) as client:
+        error = await _refused(
+            client, Opcode.PROGRAM_LINK, {"kinds": [1, 1], "sizes": [3, 2]}, b"abcde"
+        )
+        assert error.code == E.hipErrorNotSupported and "no device linker" in error.message
+        assert await client.call(Opcode.DEVICE_COUNT, {}) == {"count": 1}
 
 
 async def test_link_inputs_are_checked_and_sliced(anyio_backend: str) -> None:
     backend = LinkingEmulator()
-    async with running_worker(
-        WorkerConfig(resume_grace=0.0), backend, ["tcp://127.0.0.1:0"]
-    ) as worker:
-        client = await RawClient.open(worker.bound_urls[0])
-        try:
-            args = {"kinds": [1, 100], "sizes": [3, 2], "names": ["a.ptx", "b.bc"]}
-            reply, image = await _reply(client, Opcode.PROGRAM_LINK, args, b"abcde")
-            assert reply == {"size": 6, "log": "linked 2"} and image == b"abc|de"
-            assert backend.linked == [(1, b"abc", "a.ptx"), (100, b"de", "b.bc")]
-            await _reply(client, Opcode.PROGRAM_LINK, {"kinds": [0], "sizes": [1]}, b"x")
-            assert backend.linked == [(0, b"x", "input0")]
-            bad = [
-                ({"kinds": [], "sizes": []}, b""),
-                ({"kinds": [1], "sizes": [4]}, b"abc"),  # the bulk is shorter
-                ({"kinds": [1], "sizes": [2]}, b"abc"),  # and longer
-                ({"kinds": [1, 1], "sizes": [3]}, b"abc"),
-                ({"kinds": [7], "sizes": [3]}, b"abc"),  # no such input kind
-                ({"kinds": [1, 1], "sizes": [3, 0]}, b"abc"),
-                ({"kinds": [1], "sizes": [3], "names": ["a", "b"]}, b"abc"),
-                ({"kinds": [1], "sizes": [3], "names": [7]}, b"abc"),
-                ({"kinds": "ptx", "sizes": [3]}, b"abc"),
-            ]
-            for args, bulk in bad:
-                error = await _refused(client, Opcode.PROGRAM_LINK, args, bulk)
-                assert error.code == E.hipErrorInvalidValue, args
-                assert "PROGRAM_LINK" in error.message
-            assert await client.call(Opcode.DEVICE_COUNT, {}) == {"count": 1}
-        finally:
-            await client.aclose()
+    async with raw_client_to(backend) as client:
+        args = {"kinds": [1, 100], "sizes": [3, 2], "names": ["a.ptx", "b.bc"]}
+        reply, image = await _reply(client, Opcode.PROGRAM_LINK, args, b"abcde")
+        assert reply == {"size": 6, "log": "linked 2"} and image == b"abc|de"
+        assert backend.linked == [(1, b"abc", "a.ptx"), (100, b"de", "b.bc")]
+        await _reply(client, Opcode.PROGRAM_LINK, {"kinds": [0], "sizes": [1]}, b"x")
+        assert backend.linked == [(0, b"x", "input0")]
+        bad = [
+            ({"kinds": [], "sizes": []}, b""),
+            ({"kinds": [1], "sizes": [4]}, b"abc"),  # the bulk is shorter
+            ({"kinds": [1], "sizes": [2]}, b"abc"),  # and longer
+            ({"kinds": [1, 1], "sizes": [3]}, b"abc"),
+            ({"kinds": [7], "sizes": [3]}, b"abc"),  # no such input kind
+            ({"kinds": [1, 1], "sizes": [3, 0]}, b"abc"),
+            ({"kinds": [1], "sizes": [3], "names": ["a", "b"]}, b"abc"),
+            ({"kinds": [1], "sizes": [3], "names": [7]}, b"abc"),
+            ({"kinds": "ptx", "sizes": [3]}, b"abc"),
+        ]
+        for args, bulk in bad:
+            error = await _refused(client, Opcode.PROGRAM_LINK, args, bulk)
+            assert error.code == E.hipErrorInvalidValue, args
+            assert "PROGRAM_LINK" in error.message
+        assert await client.call(Opcode.DEVICE_COUNT, {}) == {"count": 1}
 
 
 async def test_a_programs_headers_reach_the_compiler(anyio_backend: str) -> None:
     backend = LinkingEmulator()
-    async with running_worker(
-        WorkerConfig(resume_grace=0.0), backend, ["tcp://127.0.0.1:0"]
-    ) as worker:
-        client = await RawClient.open(worker.bound_urls[0])
-        try:
-            args = {
-                "source": '#include "k.h"\n',
-                "headers": ["#define N 4\n", "int x;"],
-                "include_names": ["k.h", "sub/x.h"],
-            }
-            reply, image = await _reply(client, Opcode.PROGRAM_COMPILE, args)
-            assert image == b'#include "k.h"\n' and reply["size"] == len(image)
-            assert backend.headers == [("k.h", "#define N 4\n"), ("sub/x.h", "int x;")]
-            for bad in (
-                {"source": "", "headers": ["a"], "include_names": []},
-                {"source": "", "headers": ["a"], "include_names": [""]},
-                {"source": "", "headers": "a", "include_names": ["a"]},
-            ):
-                error = await _refused(client, Opcode.PROGRAM_COMPILE, bad)
-                assert error.code == E.hipErrorInvalidValue
-        finally:
-            await client.aclose()
+    async with raw_client_to(backend) as client:
+        args = {
+            "source": '#include "k.h"\n',
+            "headers": ["#define N 4\n", "int x;"],
+            "include_names": ["k.h", "sub/x.h"],
+        }
+        reply, image = await _reply(client, Opcode.PROGRAM_COMPILE, args)
+        assert image == b'#include "k.h"\n' and reply["size"] == len(image)
+        assert backend.headers == [("k.h", "#define N 4\n"), ("sub/x.h", "int x;")]
+        for bad in (
+            {"source": "", "headers": ["a"], "include_names": []},
+            {"source": "", "headers": ["a"], "include_names": [""]},
+            {"source": "", "headers": "a", "include_names": ["a"]},
+        ):
+            error = await _refused(client, Opcode.PROGRAM_COMPILE, bad)
+            assert error.code == E.hipErrorInvalidValue
 
 
 async def test_the_builtin_modules_variable_is_read_by_its_kernel(anyio_backend: str) -> None:
-    async with running_worker(
-        WorkerConfig(resume_grace=0.0), EmulatorBackend(), ["tcp://127.0.0.1:0"]
-    ) as worker:
-        client = await RawClient.open(worker.bound_urls[0])
-        try:
-            got = await client.call(Opcode.MODULE_BUILTIN, {"name": "add_bias_f32"})
-            var = await client.call(
-                Opcode.MODULE_GET_GLOBAL, {"module": got["module"], "name": "hipr_builtin_bias"}
-            )
-            assert var["size"] == 4 and var["ptr"]
-            x = (await client.call(Opcode.MALLOC, {"size": 16}))["ptr"]
-            ones = np.ones(4, np.float32).tobytes()
-            await client.call(Opcode.MEMCPY_HTOD, {"dst": x, "size": 16}, ones)
-            bias = np.float32(0.25).tobytes()
-            await client.call(Opcode.MEMCPY_HTOD, {"dst": var["ptr"], "size": 4}, bias)
-            launch = {
-                "function": got["function"],
-                "grid": [1],
-                "block": [4],
-                "args": struct.pack("<QQ", x, 4),
-                "ptrs": [0],
-            }
-            await client.call(Opcode.LAUNCH_KERNEL, launch)
-            _, out = await _reply(client, Opcode.MEMCPY_DTOH, {"src": x, "size": 16})
-            assert np.frombuffer(out, np.float32).tolist() == [1.25] * 4
-            # The variable is the module's: FREE refuses it, and so does a copy past it.
-            error = await _refused(client, Opcode.FREE, {"ptr": var["ptr"]})
-            assert error.code == E.hipErrorInvalidValue
-            error = await _refused(
-                client, Opcode.MEMCPY_HTOD, {"dst": var["ptr"], "size": 8}, bytes(8)
-            )
-            assert error.code == E.hipErrorInvalidValue
-            error = await _refused(
-                client, Opcode.MODULE_GET_GLOBAL, {"module": got["module"], "name": "nope"}
-            )
-            assert error.code == E.hipErrorNotFound and "hipr_builtin_bias" in error.message
-        finally:
-            await client.aclose()
+    async with raw_client_to(EmulatorBackend()) as client:
+        got = await client.call(Opcode.MODULE_BUILTIN, {"name": "add_bias_f32"})
+        var = await client.call(
+            Opcode.MODULE_GET_GLOBAL, {"module": got["module"], "name": "hipr_builtin_bias"}
+        )
+        assert var["size"] == 4 and var["ptr"]
+        x = (await client.call(Opcode.MALLOC, {"size": 16}))["ptr"]
+        ones = np.ones(4, np.float32).tobytes()
+        await client.call(Opcode.MEMCPY_HTOD, {"dst": x, "size": 16}, ones)
+        bias = np.float32(0.25).tobytes()
+        await client.call(Opcode.MEMCPY_HTOD, {"dst": var["ptr"], "size": 4}, bias)
+        launch = {
+            "function": got["function"],
+            "grid": [1],
+            "block": [4],
+            "args": struct.pack("<QQ", x, 4),
+            "ptrs": [0],
+        }
+        await client.call(Opcode.LAUNCH_KERNEL, launch)
+        _, out = await _reply(client, Opcode.MEMCPY_DTOH, {"src": x, "size": 16})
+        assert np.frombuffer(out, np.float32).tolist() == [1.25] * 4
+        # The variable is the module's: FREE refuses it, and so does a copy past it.
+        error = await _refused(client, Opcode.FREE, {"ptr": var["ptr"]})
+        assert error.code == E.hipErrorInvalidValue
+        error = await _refused(client, Opcode.MEMCPY_HTOD, {"dst": var["ptr"], "size": 8}, bytes(8))
+        assert error.code == E.hipErrorInvalidValue
+        error = await _refused(
+            client, Opcode.MODULE_GET_GLOBAL, {"module": got["module"], "name": "nope"}
+        )
+        assert error.code == E.hipErrorNotFound and "hipr_builtin_bias" in error.message

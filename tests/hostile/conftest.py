@@ -6,14 +6,12 @@ from __future__ import annotations
 import gc
 import io
 import json
-import logging
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 
 import hipr.observability.log as log_module
 from hipr.backends.emulator import EmulatorBackend
@@ -49,9 +47,7 @@ class Hostile:
 
 
 @pytest.fixture
-def quiet_logging() -> Iterator[io.StringIO]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
+def quiet_logging(logging_restored: None) -> Iterator[io.StringIO]:
     out = io.StringIO()
     configure_logging("info", "json", out)
     yield out
@@ -59,9 +55,6 @@ def quiet_logging() -> Iterator[io.StringIO]:
         log_module._limiter.close()
         log_module._limiter = None
     set_levels("info", {})
-    root.handlers[:] = handlers
-    root.setLevel(level)
-    structlog.reset_defaults()
 
 
 def settle_memory() -> None:

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from hipr.proxy.build import SANITIZE, WARNINGS, compiler
+from hipr.proxy.build import SANITIZE, WARNINGS
 from tests.proxy.conftest import stop_worker
-from tests.proxy.sanitized import SANITIZER_ENV, assert_sanitizer_clean
+from tests.proxy.sanitized import SANITIZER_ENV, assert_sanitizer_clean, cc
 from tests.transports.conftest import Pki, SshServer, pki, sshd  # noqa: F401 - fixtures
 
 C_DIR = Path(__file__).resolve().parent / "c"
@@ -49,16 +49,10 @@ def program(sanitized_libs: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     root = tmp_path_factory.mktemp("core")
     libs = sanitized_libs
     path = root / "core_check"
-    cc = compiler()
-    assert cc is not None
-    result = subprocess.run(
-        [
-            cc, *SANITIZE, *WARNINGS, "-std=c11", str(C_DIR / "core_check.c"), "-o", str(path),
-            f"-L{libs}", "-l:libamdhip64.so", f"-Wl,-rpath,{libs}", "-pthread",
-        ],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
+    cc([
+        *SANITIZE, *WARNINGS, "-std=c11", str(C_DIR / "core_check.c"), "-o", str(path),
+        f"-L{libs}", "-l:libamdhip64.so", f"-Wl,-rpath,{libs}", "-pthread",
+    ])  # fmt: skip
     return Program(path)
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from hipr.proxy.build import CUDA_LIBRARY, CUDA_SUBDIR, SANITIZE, WARNINGS, compiler
-from tests.proxy.sanitized import SANITIZER_ENV, assert_sanitizer_clean
+from hipr.proxy.build import CUDA_LIBRARY, CUDA_SUBDIR, SANITIZE, WARNINGS
+from tests.proxy.sanitized import SANITIZER_ENV, assert_sanitizer_clean, cc
 
 C_FILE = Path(__file__).resolve().parent / "c" / "cuda_sync_trips.c"
 _CALL = re.compile(r"^hipr trace: (\w+) -> (\d+)[^(]*(?:\((\d+) round trips?\))?$")
@@ -39,14 +39,10 @@ def test_synchronize_goes_to_the_worker_only_when_something_may_be_pending(
     libs = sanitized_libs
     cuda = libs / CUDA_SUBDIR
     program = tmp_path / "cuda_sync_trips"
-    cc = compiler()
-    assert cc is not None
-    cmd = [
-        cc, *SANITIZE, *WARNINGS, "-std=c11", str(C_FILE), "-o", str(program),
+    cc([
+        *SANITIZE, *WARNINGS, "-std=c11", str(C_FILE), "-o", str(program),
         f"-L{cuda}", f"-l:{CUDA_LIBRARY}", f"-Wl,-rpath,{cuda}",
-    ]  # fmt: skip
-    built = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    assert built.returncode == 0, built.stderr
+    ])  # fmt: skip
     env = dict(os.environ, HIPR_URL=worker_url, HIPR_PROXY_TRACE="1", **SANITIZER_ENV)
     run = subprocess.run(
         [str(program)], env=env, capture_output=True, text=True, timeout=60, check=False

@@ -19,9 +19,8 @@ from hipr.proxy.build import (
     LIB_DIR,
     SANITIZE,
     WARNINGS,
-    compiler,
 )
-from tests.proxy.sanitized import SANITIZER_ENV, assert_sanitizer_clean
+from tests.proxy.sanitized import SANITIZER_ENV, assert_sanitizer_clean, cc
 
 C_FILE = Path(__file__).resolve().parent / "c" / "cuda_trace_check.c"
 
@@ -32,14 +31,10 @@ def _program(tmp_path: Path, sanitized_libs: Path | None) -> Path:
     libs = sanitized_libs if sanitized_libs is not None else LIB_DIR
     cuda = libs / CUDA_SUBDIR
     program = tmp_path / "cuda_trace_check"
-    cc = compiler()
-    assert cc is not None
-    cmd = [
-        cc, *(SANITIZE if sanitize else ()), *WARNINGS, "-std=c11", str(C_FILE), "-o", str(program),
+    cc([
+        *(SANITIZE if sanitize else ()), *WARNINGS, "-std=c11", str(C_FILE), "-o", str(program),
         f"-L{cuda}", f"-l:{CUDA_LIBRARY}", f"-Wl,-rpath,{cuda}",
-    ]  # fmt: skip
-    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    assert result.returncode == 0, result.stderr
+    ])  # fmt: skip
     return program
 
 

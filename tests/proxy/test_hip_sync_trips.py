@@ -11,9 +11,9 @@ import os
 import subprocess
 from pathlib import Path
 
-from hipr.proxy.build import HIP_LIBRARY, SANITIZE, WARNINGS, compiler
+from hipr.proxy.build import HIP_LIBRARY, SANITIZE, WARNINGS
 from tests.proxy.conftest import start_worker, stop_worker
-from tests.proxy.sanitized import SANITIZER_ENV, assert_sanitizer_clean
+from tests.proxy.sanitized import SANITIZER_ENV, assert_sanitizer_clean, cc
 
 C_FILE = Path(__file__).resolve().parent / "c" / "hip_sync_trips.c"
 
@@ -23,14 +23,10 @@ def test_hip_synchronize_goes_to_the_worker_only_when_something_may_be_pending(
 ) -> None:
     libs = sanitized_libs
     program = tmp_path / "hip_sync_trips"
-    cc = compiler()
-    assert cc is not None
-    cmd = [
-        cc, *SANITIZE, *WARNINGS, "-std=c11", str(C_FILE), "-o", str(program),
+    cc([
+        *SANITIZE, *WARNINGS, "-std=c11", str(C_FILE), "-o", str(program),
         f"-L{libs}", f"-l:{HIP_LIBRARY}", f"-Wl,-rpath,{libs}",
-    ]  # fmt: skip
-    built = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    assert built.returncode == 0, built.stderr
+    ])  # fmt: skip
     # Two devices: the program checks what changes once another one is selected.
     worker, url = start_worker(short_tmp, "[emulator]\ndevice_count = 2\n")
     try:

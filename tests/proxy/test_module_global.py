@@ -14,9 +14,7 @@ import pytest
 from hipr.backends.emulator import EmulatorBackend
 from hipr.errors import HipError, HipErrorCode
 from hipr.protocol.opcodes import Opcode
-from hipr.testing.harness import RawClient
-from hipr.worker.config import WorkerConfig
-from hipr.worker.server import running_worker
+from hipr.testing.harness import RawClient, raw_client_to
 
 pytestmark = pytest.mark.anyio
 
@@ -43,62 +41,45 @@ async def _refused(client: RawClient, opcode: int, args: Any, bulk: bytes = b"")
 
 
 async def test_the_emulator_has_only_the_builtin_variable(anyio_backend: str) -> None:
-    async with running_worker(
-        WorkerConfig(resume_grace=0.0), EmulatorBackend(), ["tcp://127.0.0.1:0"]
-    ) as worker:
-        client = await RawClient.open(worker.bound_urls[0])
-        try:
-            module = (await client.call(Opcode.MODULE_BUILTIN, {"name": "fill_f32"}))["module"]
-            args = {"module": module, "name": "flag"}
-            code = await _refused(client, Opcode.MODULE_GET_GLOBAL, args)
-            assert code == HipErrorCode.hipErrorNotFound
-            code = await _refused(client, Opcode.MODULE_GET_GLOBAL, {"module": 999, "name": "x"})
-            assert code == HipErrorCode.hipErrorInvalidHandle
-            code = await _refused(client, Opcode.MODULE_GET_GLOBAL, {"module": module})
-            assert code == HipErrorCode.hipErrorInvalidValue
-            assert await client.call(Opcode.DEVICE_COUNT, {}) == {"count": 1}
-        finally:
-            await client.aclose()
+    async with raw_client_to(EmulatorBackend()) as client:
+        module = (await client.call(Opcode.MODULE_BUILTIN, {"name": "fill_f32"}))["module"]
+        args = {"module": module, "name": "flag"}
+        code = await _refused(client, Opcode.MODULE_GET_GLOBAL, args)
+        assert code == HipErrorCode.hipErrorNotFound
+        code = await _refused(client, Opcode.MODULE_GET_GLOBAL, {"module": 999, "name": "x"})
+        assert code == HipErrorCode.hipErrorInvalidHandle
+        code = await _refused(client, Opcode.MODULE_GET_GLOBAL, {"module": module})
+        assert code == HipErrorCode.hipErrorInvalidValue
+        assert await client.call(Opcode.DEVICE_COUNT, {}) == {"count": 1}
 
 
 async def test_a_global_is_reachable_until_its_module_goes(anyio_backend: str) -> None:
     backend = GlobalsBackend()
-    async with running_worker(
-        WorkerConfig(resume_grace=0.0), backend, ["tcp://127.0.0.1:0"]
-    ) as worker:
-        client = await RawClient.open(worker.bound_urls[0])
-        try:
-            module = (await client.call(Opcode.MODULE_BUILTIN, {"name": "fill_f32"}))["module"]
-            got = await client.call(Opcode.MODULE_GET_GLOBAL, {"module": module, "name": "flag"})
-            ptr, size = got["ptr"], got["size"]
-            assert size == 64 and ptr == backend.globals[next(iter(backend.globals))]
-            again = await client.call(Opcode.MODULE_GET_GLOBAL, {"module": module, "name": "flag"})
-            assert again == got
-            code = await _refused(
-                client, Opcode.MODULE_GET_GLOBAL, {"module": module, "name": "other"}
-            )
-            assert code == HipErrorCode.hipErrorNotFound
+    async with raw_client_to(backend) as client:
+        module = (await client.call(Opcode.MODULE_BUILTIN, {"name": "fill_f32"}))["module"]
+        got = await client.call(Opcode.MODULE_GET_GLOBAL, {"module": module, "name": "flag"})
+        ptr, size = got["ptr"], got["size"]
+        assert size == 64 and ptr == backend.globals[next(iter(backend.globals))]
+        again = await client.call(Opcode.MODULE_GET_GLOBAL, {"module": module, "name": "flag"})
+        assert again == got
+        code = await _refused(client, Opcode.MODULE_GET_GLOBAL, {"module": module, "name": "other"})
+        assert code == HipErrorCode.hipErrorNotFound
 
-            data = bytes(range(16))
-            await client.call(Opcode.MEMCPY_HTOD, {"dst": ptr + 8, "size": 16}, data)
-            back = bytearray(16)
-            backend.memcpy_dtoh(memoryview(back), ptr + 8)
-            assert bytes(back) == data
-            # Past its end, and FREE of it, are refused; the variable is the module's.
-            code = await _refused(
-                client, Opcode.MEMCPY_HTOD, {"dst": ptr + 60, "size": 8}, data[:8]
-            )
-            assert code == HipErrorCode.hipErrorInvalidValue
-            assert (
-                await _refused(client, Opcode.FREE, {"ptr": ptr})
-                == HipErrorCode.hipErrorInvalidValue
-            )
+        data = bytes(range(16))
+        await client.call(Opcode.MEMCPY_HTOD, {"dst": ptr + 8, "size": 16}, data)
+        back = bytearray(16)
+        backend.memcpy_dtoh(memoryview(back), ptr + 8)
+        assert bytes(back) == data
+        # Past its end, and FREE of it, are refused; the variable is the module's.
+        code = await _refused(client, Opcode.MEMCPY_HTOD, {"dst": ptr + 60, "size": 8}, data[:8])
+        assert code == HipErrorCode.hipErrorInvalidValue
+        assert (
+            await _refused(client, Opcode.FREE, {"ptr": ptr}) == HipErrorCode.hipErrorInvalidValue
+        )
 
-            await client.call(Opcode.MODULE_UNLOAD, {"module": module})
-            code = await _refused(client, Opcode.MEMCPY_HTOD, {"dst": ptr, "size": 4}, data[:4])
-            assert code == HipErrorCode.hipErrorInvalidValue
-        finally:
-            await client.aclose()
+        await client.call(Opcode.MODULE_UNLOAD, {"module": module})
+        code = await _refused(client, Opcode.MEMCPY_HTOD, {"dst": ptr, "size": 4}, data[:4])
+        assert code == HipErrorCode.hipErrorInvalidValue
 
 
 class LimitsBackend(EmulatorBackend):
@@ -112,21 +93,15 @@ class LimitsBackend(EmulatorBackend):
 
 async def test_device_limits_are_read_from_the_backend(anyio_backend: str) -> None:
     for backend, expected in ((EmulatorBackend(), None), (LimitsBackend(), 1024)):
-        async with running_worker(
-            WorkerConfig(resume_grace=0.0), backend, ["tcp://127.0.0.1:0"]
-        ) as worker:
-            client = await RawClient.open(worker.bound_urls[0])
-            try:
-                if expected is None:
-                    code = await _refused(client, Opcode.DEVICE_LIMIT, {"limit": 0})
-                    assert code == HipErrorCode.hipErrorNotSupported
-                else:
-                    got = await client.call(Opcode.DEVICE_LIMIT, {"limit": 0})
-                    assert got == {"value": expected}
-                    code = await _refused(client, Opcode.DEVICE_LIMIT, {"limit": 5})
-                    assert code == HipErrorCode.hipErrorUnsupportedLimit
-                code = await _refused(client, Opcode.DEVICE_LIMIT, {"limit": 1000})
-                assert code == HipErrorCode.hipErrorInvalidValue
-                assert await client.call(Opcode.DEVICE_COUNT, {}) == {"count": 1}
-            finally:
-                await client.aclose()
+        async with raw_client_to(backend) as client:
+            if expected is None:
+                code = await _refused(client, Opcode.DEVICE_LIMIT, {"limit": 0})
+                assert code == HipErrorCode.hipErrorNotSupported
+            else:
+                got = await client.call(Opcode.DEVICE_LIMIT, {"limit": 0})
+                assert got == {"value": expected}
+                code = await _refused(client, Opcode.DEVICE_LIMIT, {"limit": 5})
+                assert code == HipErrorCode.hipErrorUnsupportedLimit
+            code = await _refused(client, Opcode.DEVICE_LIMIT, {"limit": 1000})
+            assert code == HipErrorCode.hipErrorInvalidValue
+            assert await client.call(Opcode.DEVICE_COUNT, {}) == {"count": 1}

@@ -31,6 +31,7 @@ from hipr.errors import RunawayKernelError
 from hipr.handlers.admin import worker_status
 from hipr.kernels.spin_kernel import SPIN_KERNEL_NAME
 from hipr.observability.runaway_metrics import runaway_metrics
+from hipr.testing.harness import worker_with_children
 from hipr.worker.config import WorkerConfig
 from hipr.worker.deadline import EXIT_CUT_SHORT, EXIT_MARGIN
 from hipr.worker.runaway import EXIT_RUNAWAY, MAX_KERNEL_SECONDS, SESSION_ENDED
@@ -216,12 +217,8 @@ async def isolated(anyio_backend: str, short_tmp: Path) -> AsyncIterator[Worker]
         runaway_grace=0.5,
         log_level="warning",
     )
-    async with running_worker(config, EmulatorBackend(), ["tcp://127.0.0.1:0"]) as worker:
-        try:
-            yield worker
-        finally:
-            assert worker.isolation is not None
-            await worker.isolation.aclose()
+    async with worker_with_children(config) as worker:
+        yield worker
 
 
 async def test_work_outliving_its_session_ends_the_tenants_process(isolated: Worker) -> None:

@@ -24,6 +24,7 @@ import hipr
 from hipr.backends.emulator import EmulatorBackend
 from hipr.client.connection import LinkOptions
 from hipr.errors import HipErrorCode
+from hipr.testing.harness import worker_with_children
 from hipr.worker.config import WorkerConfig
 from hipr.worker.server import Worker, running_worker
 from hipr.worker.tenants import new_token, token_hash
@@ -55,12 +56,8 @@ def _tenants(directory: Path) -> Path:
 async def default_worker(anyio_backend: str, short_tmp: Path) -> AsyncIterator[Worker]:
     """Two tenants, isolation left at its default."""
     config = WorkerConfig(tenants_file=_tenants(short_tmp), log_level="warning")
-    async with running_worker(config, EmulatorBackend(), ["tcp://127.0.0.1:0"]) as worker:
-        try:
-            yield worker
-        finally:
-            if worker.isolation is not None:
-                await worker.isolation.aclose()
+    async with worker_with_children(config) as worker:
+        yield worker
 
 
 @pytest.fixture

@@ -11,10 +11,10 @@ import anyio
 import pytest
 
 import hipr
-from hipr.backends.emulator import EmulatorBackend
 from hipr.client.connection import LinkOptions
+from hipr.testing.harness import worker_with_children
 from hipr.worker.config import WorkerConfig
-from hipr.worker.server import Worker, running_worker
+from hipr.worker.server import Worker
 from hipr.worker.tenants import new_token, token_hash
 from tests.resilience.proxy import faulty_proxy
 
@@ -46,12 +46,8 @@ async def isolated_worker(anyio_backend: str, short_tmp: Path) -> AsyncIterator[
         resume_grace=10.0,
         log_level="warning",
     )
-    async with running_worker(config, EmulatorBackend(), ["tcp://127.0.0.1:0"]) as worker:
-        try:
-            yield worker
-        finally:
-            assert worker.isolation is not None
-            await worker.isolation.aclose()
+    async with worker_with_children(config) as worker:
+        yield worker
 
 
 async def test_tenants_run_in_separate_processes_and_cannot_see_each_other(

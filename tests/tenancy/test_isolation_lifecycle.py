@@ -16,10 +16,9 @@ import anyio
 import pytest
 from prometheus_client.samples import Sample
 
-from hipr.backends.emulator import EmulatorBackend
 from hipr.observability.metrics import WorkerCollector
 from hipr.protocol.opcodes import Opcode
-from hipr.testing.harness import RawClient
+from hipr.testing.harness import RawClient, worker_with_children
 from hipr.worker.config import WorkerConfig
 from hipr.worker.isolation import (
     DIR_PREFIX,
@@ -27,7 +26,7 @@ from hipr.worker.isolation import (
     TenantProcesses,
     remove_stale_dirs,
 )
-from hipr.worker.server import Worker, running_worker
+from hipr.worker.server import Worker
 from hipr.worker.tenants import new_token, token_hash
 
 pytestmark = pytest.mark.anyio
@@ -167,12 +166,8 @@ async def isolated_worker(anyio_backend: str, short_tmp: Path) -> AsyncIterator[
         admin_token_sha256=token_hash(ADMIN),
         log_level="warning",
     )
-    async with running_worker(config, EmulatorBackend(), ["tcp://127.0.0.1:0"]) as worker:
-        try:
-            yield worker
-        finally:
-            assert worker.isolation is not None
-            await worker.isolation.aclose()
+    async with worker_with_children(config) as worker:
+        yield worker
 
 
 async def test_status_and_metrics_count_the_childrens_sessions_and_memory(

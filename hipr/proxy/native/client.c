@@ -17,7 +17,6 @@
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +25,7 @@
 #include <unistd.h>
 
 #include "opcodes.h"
+#include "quiet_thread.h"
 #include "transport.h"
 #include "wire.h"
 
@@ -956,19 +956,7 @@ static int connect_locked(void) {
         return code;
     }
     S.state = S_READY;
-    if (!S.keeper_running) {
-        pthread_t th;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        /* Signals are the program's threads' business, not this one's. */
-        sigset_t all, old;
-        sigfillset(&all);
-        pthread_sigmask(SIG_SETMASK, &all, &old);
-        if (pthread_create(&th, &attr, keeper, NULL) == 0) S.keeper_running = 1;
-        pthread_sigmask(SIG_SETMASK, &old, NULL);
-        pthread_attr_destroy(&attr);
-    }
+    if (!S.keeper_running && hipr_start_quiet_thread(keeper) == 0) S.keeper_running = 1;
     return HIPR_SUCCESS;
 }
 

@@ -31,6 +31,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "quiet_thread.h"
+
 #define DEFAULT_TCP_PORT 18515
 #define DEFAULT_TLS_PORT 18516
 /* As hipr/transports/unix.py's size_send_buffer: a large copy moves in fewer, larger
@@ -570,17 +572,7 @@ static void *spawner(void *arg) {
 static pid_t spawn(char *const *argv, int err_fd) {
     pthread_mutex_lock(&sp_lock);
     if (!sp_running) {
-        pthread_t th;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        /* The spawner must not take signals meant for the program's own threads. */
-        sigset_t all, old;
-        sigfillset(&all);
-        pthread_sigmask(SIG_SETMASK, &all, &old);
-        int rc = pthread_create(&th, &attr, spawner, NULL);
-        pthread_sigmask(SIG_SETMASK, &old, NULL);
-        pthread_attr_destroy(&attr);
+        int rc = hipr_start_quiet_thread(spawner);
         if (rc != 0) {
             pthread_mutex_unlock(&sp_lock);
             errno = rc;

@@ -1,5 +1,6 @@
-/* What the proxy's C test programs share: a count of failures and the two ways to add to
- * it. A program that uses CHECK defines NAME_OF(e), the name of a non-zero result, first. */
+/* What the proxy's C test programs share: a count of failures, the two ways to add to it
+ * and the verdict. A program that uses CHECK defines NAME_OF(e), the name of a non-zero
+ * result, first. */
 #ifndef HIPR_TEST_CHECK_H
 #define HIPR_TEST_CHECK_H
 
@@ -24,5 +25,15 @@ static int failures;
             failures++;                                                                    \
         }                                                                                  \
     } while (0)
+
+/* main's last word: the count on stderr and 1 when a check failed, else "ok" and 0. */
+static inline int verdict(void) {
+    if (failures) {
+        fprintf(stderr, "%d failures\n", failures);
+        return 1;
+    }
+    puts("ok");
+    return 0;
+}
 
 #endif

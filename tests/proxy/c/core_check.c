@@ -83,41 +83,71 @@ static int basic(void) {
     return failures != 0;
 }
 
-static int stream(long rounds) {
-    enum { N = 256 };
+/* y += x over AXPY_N floats (x all ones, y zero at first) with the built-in axpy_f32, one
+ * block: after `rounds` launches that each ran exactly once, every y is `rounds`. */
+enum { AXPY_N = 256 };
+typedef struct {
     hipModule_t mod;
-    hipFunction_t axpy;
-    CHECK(hipModuleLoadData(&mod, "hipr:builtin"));
-    CHECK(hipModuleGetFunction(&axpy, mod, "axpy_f32"));
-    float ones[N];
-    for (int i = 0; i < N; i++) ones[i] = 1.0f;
-    void *y = NULL, *x = NULL, *marks = NULL;
-    CHECK(hipMalloc(&y, sizeof ones));
-    CHECK(hipMalloc(&x, sizeof ones));
+    hipFunction_t fn;
+    void *y, *x;
+    float a;
+    unsigned long long n;
+    void *params[4];
+} axpy;
+
+static void axpy_open(axpy *k, unsigned n) {
+    float ones[AXPY_N];
+    for (unsigned i = 0; i < n; i++) ones[i] = 1.0f;
+    k->y = k->x = NULL;
+    k->a = 1.0f;
+    k->n = n;
+    CHECK(hipModuleLoadData(&k->mod, "hipr:builtin"));
+    CHECK(hipModuleGetFunction(&k->fn, k->mod, "axpy_f32"));
+    CHECK(hipMalloc(&k->y, n * sizeof(float)));
+    CHECK(hipMalloc(&k->x, n * sizeof(float)));
+    CHECK(hipMemset(k->y, 0, n * sizeof(float)));
+    CHECK(hipMemcpy(k->x, ones, n * sizeof(float), H2D));
+    k->params[0] = &k->y;
+    k->params[1] = &k->x;
+    k->params[2] = &k->a;
+    k->params[3] = &k->n;
+}
+
+static void axpy_launch(axpy *k) {
+    CHECK(hipModuleLaunchKernel(k->fn, 1, 1, 1, (unsigned)k->n, 1, 1, 0, NULL, k->params, NULL));
+}
+
+/* Every y is `rounds`, else a launch was lost or repeated; then the memory and module go. */
+static void axpy_close(axpy *k, long rounds) {
+    float got[AXPY_N];
+    CHECK(hipMemcpy(got, k->y, k->n * sizeof(float), D2H));
+    for (unsigned i = 0; i < k->n; i++)
+        if (got[i] != (float)rounds) {
+            fprintf(stderr, "y[%u] = %g after %ld launches: a launch was %s\n", i, got[i], rounds,
+                    got[i] > (float)rounds ? "repeated" : "lost");
+            failures++;
+            break;
+        }
+    CHECK(hipFree(k->y));
+    CHECK(hipFree(k->x));
+    CHECK(hipModuleUnload(k->mod));
+}
+
+static int stream(long rounds) {
+    axpy k;
+    axpy_open(&k, AXPY_N);
+    void *marks = NULL;
     CHECK(hipMalloc(&marks, (size_t)rounds * sizeof(uint32_t)));
-    CHECK(hipMemset(y, 0, sizeof ones));
     CHECK(hipMemset(marks, 0xff, (size_t)rounds * sizeof(uint32_t)));
-    CHECK(hipMemcpy(x, ones, sizeof ones, H2D));
-    float a = 1.0f;
-    unsigned long long n = N;
-    void *params[] = {&y, &x, &a, &n};
     for (long i = 0; i < rounds; i++) {
-        CHECK(hipModuleLaunchKernel(axpy, 1, 1, 1, N, 1, 1, 0, NULL, params, NULL));
+        axpy_launch(&k);
         uint32_t mark = (uint32_t)i;
         CHECK(hipMemcpy((uint32_t *)marks + i, &mark, sizeof mark, H2D));
         if (i % 64 == 63) CHECK(hipDeviceSynchronize());
         if (i % 256 == 255) round_trip(2 << 20, (unsigned)i);
     }
     CHECK(hipDeviceSynchronize());
-    float got[N];
-    CHECK(hipMemcpy(got, y, sizeof got, D2H));
-    for (int i = 0; i < N; i++)
-        if (got[i] != (float)rounds) {
-            fprintf(stderr, "y[%d] = %g after %ld launches: a launch was %s\n", i, got[i], rounds,
-                    got[i] > (float)rounds ? "repeated" : "lost");
-            failures++;
-            break;
-        }
+    axpy_close(&k, rounds);
     uint32_t *m = malloc((size_t)rounds * sizeof *m);
     CHECK(hipMemcpy(m, marks, (size_t)rounds * sizeof *m, D2H));
     for (long i = 0; i < rounds; i++)
@@ -127,49 +157,22 @@ static int stream(long rounds) {
             break;
         }
     free(m);
-    CHECK(hipFree(y));
-    CHECK(hipFree(x));
     CHECK(hipFree(marks));
-    CHECK(hipModuleUnload(mod));
     CHECK(hipDeviceSynchronize());
     printf("ok stream rounds=%ld resumes=%u\n", rounds, hipr_resumes());
     return failures != 0;
 }
 
 static int fused(long rounds) {
-    enum { N = 64 };
-    hipModule_t mod;
-    hipFunction_t axpy;
-    CHECK(hipModuleLoadData(&mod, "hipr:builtin"));
-    CHECK(hipModuleGetFunction(&axpy, mod, "axpy_f32"));
-    float ones[N];
-    for (int i = 0; i < N; i++) ones[i] = 1.0f;
-    void *y = NULL, *x = NULL;
-    CHECK(hipMalloc(&y, sizeof ones));
-    CHECK(hipMalloc(&x, sizeof ones));
-    CHECK(hipMemset(y, 0, sizeof ones));
-    CHECK(hipMemcpy(x, ones, sizeof ones, H2D));
-    float a = 1.0f;
-    unsigned long long n = N;
-    void *params[] = {&y, &x, &a, &n};
+    axpy k;
+    axpy_open(&k, 64);
     unsigned trips = hipr_round_trips();
     for (long i = 0; i < rounds; i++) {
-        CHECK(hipModuleLaunchKernel(axpy, 1, 1, 1, N, 1, 1, 0, NULL, params, NULL));
+        axpy_launch(&k);
         CHECK(hipDeviceSynchronize());
     }
     trips = hipr_round_trips() - trips;
-    float got[N];
-    CHECK(hipMemcpy(got, y, sizeof got, D2H));
-    for (int i = 0; i < N; i++)
-        if (got[i] != (float)rounds) {
-            fprintf(stderr, "y[%d] = %g after %ld launches: a launch was %s\n", i, got[i], rounds,
-                    got[i] > (float)rounds ? "repeated" : "lost");
-            failures++;
-            break;
-        }
-    CHECK(hipFree(y));
-    CHECK(hipFree(x));
-    CHECK(hipModuleUnload(mod));
+    axpy_close(&k, rounds);
     printf("ok fused rounds=%ld trips=%u resumes=%u\n", rounds, trips, hipr_resumes());
     return failures != 0;
 }

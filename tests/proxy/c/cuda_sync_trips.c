@@ -6,55 +6,34 @@
 #include <stdio.h>
 #include <string.h>
 
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
-typedef struct CUmod_st *CUmodule;
-typedef struct CUfunc_st *CUfunction;
-typedef struct CUstream_st *CUstream;
-
-CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
-
-#include "check.h"
-static void *get(const char *name) {
-    void *fn = NULL;
-    int status = -1;
-    CUresult rc = cuGetProcAddress_v2(name, &fn, 12000, 0, &status);
-    EXPECT(rc == 0 && fn != NULL && status == 0);
-    return fn;
-}
+#include "cuda_proc.h"
 
 static void step(const char *name) { fprintf(stderr, "== %s\n", name); }
 
 int main(void) {
-    CUresult (*init)(unsigned) = (CUresult (*)(unsigned))get("cuInit");
-    CUresult (*retain)(void **, int) = (CUresult (*)(void **, int))get("cuDevicePrimaryCtxRetain");
-    CUresult (*set)(void *) = (CUresult (*)(void *))get("cuCtxSetCurrent");
-    CUresult (*release)(int) = (CUresult (*)(int))get("cuDevicePrimaryCtxRelease");
-    CUresult (*alloc)(CUdeviceptr *, size_t) = (CUresult (*)(CUdeviceptr *, size_t))get("cuMemAlloc");
-    CUresult (*mfree)(CUdeviceptr) = (CUresult (*)(CUdeviceptr))get("cuMemFree");
-    CUresult (*memset8)(CUdeviceptr, unsigned char, size_t) =
-        (CUresult (*)(CUdeviceptr, unsigned char, size_t))get("cuMemsetD8");
-    CUresult (*dtoh)(void *, CUdeviceptr, size_t) =
-        (CUresult (*)(void *, CUdeviceptr, size_t))get("cuMemcpyDtoH");
-    CUresult (*load)(CUmodule *, const void *) = (CUresult (*)(CUmodule *, const void *))get("cuModuleLoadData");
-    CUresult (*function)(CUfunction *, CUmodule, const char *) =
-        (CUresult (*)(CUfunction *, CUmodule, const char *))get("cuModuleGetFunction");
-    CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                       unsigned, CUstream, void **, void **) =
-        (CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                      unsigned, CUstream, void **, void **))get("cuLaunchKernel");
-    CUresult (*ctx_sync)(void) = (CUresult (*)(void))get("cuCtxSynchronize");
-    CUresult (*stream_sync)(CUstream) = (CUresult (*)(CUstream))get("cuStreamSynchronize");
-    CUresult (*stream_create)(CUstream *, unsigned) =
-        (CUresult (*)(CUstream *, unsigned))get("cuStreamCreate");
-    CUresult (*stream_destroy)(CUstream) = (CUresult (*)(CUstream))get("cuStreamDestroy");
-    CUresult (*unload)(CUmodule) = (CUresult (*)(CUmodule))get("cuModuleUnload");
-    CUresult (*stream_query)(CUstream) = (CUresult (*)(CUstream))get("cuStreamQuery");
-    CUresult (*event_create)(void **, unsigned) = (CUresult (*)(void **, unsigned))get("cuEventCreate");
-    CUresult (*event_record)(void *, CUstream) = (CUresult (*)(void *, CUstream))get("cuEventRecord");
-    CUresult (*event_query)(void *) = (CUresult (*)(void *))get("cuEventQuery");
-    CUresult (*event_sync)(void *) = (CUresult (*)(void *))get("cuEventSynchronize");
-    CUresult (*event_destroy)(void *) = (CUresult (*)(void *))get("cuEventDestroy");
+    PROC(init, (unsigned), "cuInit");
+    PROC(retain, (void **, int), "cuDevicePrimaryCtxRetain");
+    PROC(set, (void *), "cuCtxSetCurrent");
+    PROC(release, (int), "cuDevicePrimaryCtxRelease");
+    PROC(alloc, (CUdeviceptr *, size_t), "cuMemAlloc");
+    PROC(mfree, (CUdeviceptr), "cuMemFree");
+    PROC(memset8, (CUdeviceptr, unsigned char, size_t), "cuMemsetD8");
+    PROC(dtoh, (void *, CUdeviceptr, size_t), "cuMemcpyDtoH");
+    PROC(load, (CUmodule *, const void *), "cuModuleLoadData");
+    PROC(function, (CUfunction *, CUmodule, const char *), "cuModuleGetFunction");
+    PROC(launch, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                  unsigned, CUstream, void **, void **), "cuLaunchKernel");
+    PROC(ctx_sync, (void), "cuCtxSynchronize");
+    PROC(stream_sync, (CUstream), "cuStreamSynchronize");
+    PROC(stream_create, (CUstream *, unsigned), "cuStreamCreate");
+    PROC(stream_destroy, (CUstream), "cuStreamDestroy");
+    PROC(unload, (CUmodule), "cuModuleUnload");
+    PROC(stream_query, (CUstream), "cuStreamQuery");
+    PROC(event_create, (void **, unsigned), "cuEventCreate");
+    PROC(event_record, (void *, CUstream), "cuEventRecord");
+    PROC(event_query, (void *), "cuEventQuery");
+    PROC(event_sync, (void *), "cuEventSynchronize");
+    PROC(event_destroy, (void *), "cuEventDestroy");
     if (failures) return 1;
 
     EXPECT(init(0) == 0);

@@ -5,25 +5,10 @@
 #include <stdio.h>
 #include <string.h>
 
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
-typedef struct CUmod_st *CUmodule;
-typedef struct CUfunc_st *CUfunction;
-typedef struct CUstream_st *CUstream;
-
-CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
-
-#include "check.h"
-static void *get(const char *name) {
-    void *fn = NULL;
-    int status = -1;
-    CUresult rc = cuGetProcAddress_v2(name, &fn, 12000, 0, &status);
-    EXPECT(rc == 0 && fn != NULL && status == 0);
-    return fn;
-}
+#include "cuda_proc.h"
 
 int main(int argc, char **argv) {
-    CUresult (*init)(unsigned) = (CUresult (*)(unsigned))get("cuInit");
+    PROC(init, (unsigned), "cuInit");
     if (argc > 1 && strcmp(argv[1], "crash") == 0) {
         /* a runtime calling an empty export-table slot: the trace says where and after what */
         EXPECT(init(0) == 0);
@@ -31,26 +16,20 @@ int main(int argc, char **argv) {
         empty();
         return 3; /* not reached */
     }
-    CUresult (*count)(int *) = (CUresult (*)(int *))get("cuDeviceGetCount");
-    CUresult (*retain)(void **, int) = (CUresult (*)(void **, int))get("cuDevicePrimaryCtxRetain");
-    CUresult (*set)(void *) = (CUresult (*)(void *))get("cuCtxSetCurrent");
-    CUresult (*release)(int) = (CUresult (*)(int))get("cuDevicePrimaryCtxRelease");
-    CUresult (*alloc)(CUdeviceptr *, size_t) = (CUresult (*)(CUdeviceptr *, size_t))get("cuMemAlloc");
-    CUresult (*htod)(CUdeviceptr, const void *, size_t) =
-        (CUresult (*)(CUdeviceptr, const void *, size_t))get("cuMemcpyHtoD");
-    CUresult (*dtoh)(void *, CUdeviceptr, size_t) =
-        (CUresult (*)(void *, CUdeviceptr, size_t))get("cuMemcpyDtoH");
-    CUresult (*mfree)(CUdeviceptr) = (CUresult (*)(CUdeviceptr))get("cuMemFree");
-    CUresult (*load)(CUmodule *, const void *) = (CUresult (*)(CUmodule *, const void *))get("cuModuleLoadData");
-    CUresult (*function)(CUfunction *, CUmodule, const char *) =
-        (CUresult (*)(CUfunction *, CUmodule, const char *))get("cuModuleGetFunction");
-    CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                       unsigned, CUstream, void **, void **) =
-        (CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                      unsigned, CUstream, void **, void **))get("cuLaunchKernel");
-    CUresult (*unload)(CUmodule) = (CUresult (*)(CUmodule))get("cuModuleUnload");
-    CUresult (*managed)(CUdeviceptr *, size_t, unsigned) =
-        (CUresult (*)(CUdeviceptr *, size_t, unsigned))get("cuMemAllocManaged");
+    PROC(count, (int *), "cuDeviceGetCount");
+    PROC(retain, (void **, int), "cuDevicePrimaryCtxRetain");
+    PROC(set, (void *), "cuCtxSetCurrent");
+    PROC(release, (int), "cuDevicePrimaryCtxRelease");
+    PROC(alloc, (CUdeviceptr *, size_t), "cuMemAlloc");
+    PROC(htod, (CUdeviceptr, const void *, size_t), "cuMemcpyHtoD");
+    PROC(dtoh, (void *, CUdeviceptr, size_t), "cuMemcpyDtoH");
+    PROC(mfree, (CUdeviceptr), "cuMemFree");
+    PROC(load, (CUmodule *, const void *), "cuModuleLoadData");
+    PROC(function, (CUfunction *, CUmodule, const char *), "cuModuleGetFunction");
+    PROC(launch, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                  unsigned, CUstream, void **, void **), "cuLaunchKernel");
+    PROC(unload, (CUmodule), "cuModuleUnload");
+    PROC(managed, (CUdeviceptr *, size_t, unsigned), "cuMemAllocManaged");
     if (failures) return 1;
 
     EXPECT(init(1) == 1); /* CUDA_ERROR_INVALID_VALUE passes back through */
@@ -86,10 +65,5 @@ int main(int argc, char **argv) {
     EXPECT(mfree(a) == 0);
     EXPECT(set(NULL) == 0);
     EXPECT(release(0) == 0);
-    if (failures) {
-        fprintf(stderr, "%d failures\n", failures);
-        return 1;
-    }
-    printf("ok\n");
-    return 0;
+    return verdict();
 }
