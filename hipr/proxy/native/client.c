@@ -1164,7 +1164,9 @@ static void *keeper(void *arg) {
     }
 }
 
-#define MAX_GUARDS 8
+/* Each front registers a few (8 in libamdhip64 today): room for growth, and a
+ * registration past it is a build-time mistake that must not pass silently. */
+#define MAX_GUARDS 32
 struct guard {
     pthread_mutex_t *lock;
     void (*child)(void);
@@ -1174,7 +1176,15 @@ static int n_guards;
 
 void hipr_fork_guard(pthread_mutex_t *m, void (*child)(void)) {
     /* Called from the fronts' constructors, before any thread of the program exists. */
-    if (n_guards < MAX_GUARDS) guards[n_guards++] = (struct guard){m, child};
+    if (n_guards < MAX_GUARDS) {
+        guards[n_guards++] = (struct guard){m, child};
+        return;
+    }
+    /* A lock not taken around fork() may be held by another thread in the child: say so
+     * rather than leave a child that can deadlock without a word. */
+    fputs("hipr proxy: too many fork guards (raise MAX_GUARDS in client.c); a fork() may "
+          "deadlock the child\n",
+          stderr);
 }
 
 static void before_fork(void) {
