@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from types import ModuleType
 from typing import Any
 
 from hipr.backends._callmap import CUDA_CALLS, NVRTC_CALLS, RuntimeConstants, resolve_constants
@@ -224,10 +223,7 @@ class CudaRuntime(RuntimeBase):
         """``cuLaunchKernel`` and ``cuStreamQuery`` straight into the driver that
         cuda-bindings loaded (see :mod:`hipr.backends._direct_calls`); None with
         simulated bindings (tests), which must see every call."""
-        # The module itself: a stand-in that forwards attributes (even ``__name__``) to
-        # the real module must still see every call, and its handles are not the
-        # driver's.
-        if not isinstance(self.api, ModuleType) or self.api.__name__ != "cuda.bindings.driver":
+        if getattr(self.api, "__name__", "") != "cuda.bindings.driver":
             return None
         return load_direct_calls(LIBCUDA, self.calls.launch_kernel, self.calls.stream_query)
 
