@@ -89,9 +89,6 @@ class GpuCore:
         # Bound once: the hot path pays no lookup of the runtime on each call.
         self._call: Callable[..., Any] = runtime.call
         self._launch_kernel = runtime.function(self._calls.launch_kernel)
-        #: The launch and stream query without the bindings' per-call work, where the
-        #: runtime offers them (the tiny op's hot path; hipr.backends._direct_calls).
-        self._direct = runtime.direct_calls()
         #: Each OS thread's reused launch ``extra`` (the loop's and every session's).
         self._launch_extras = threading.local()
         self._props: dict[int, DeviceProperties] = {}
@@ -236,15 +233,11 @@ class GpuCore:
 
     def _query(self, fn: str, handle: Any) -> bool:
         """A stream or event query: True when done, False when not ready."""
-        direct = self._direct
-        if direct is not None and fn == self._calls.stream_query:
-            err = direct.stream_query(int(handle))
-        else:
-            err = int(self._rt.raw(fn, handle)[0])
-        if err == self._rt.not_ready:
+        (err,) = self._rt.raw(fn, handle)
+        if int(err) == self._rt.not_ready:
             return False
-        if err != SUCCESS:
-            raise self._rt.error(err, fn)
+        if int(err) != SUCCESS:
+            raise self._rt.error(int(err), fn)
         return True
 
     # --- payload buffers ----------------------------------------------------------------

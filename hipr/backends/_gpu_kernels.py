@@ -214,13 +214,8 @@ class GpuKernels(GpuCore):
             address = fresh.address
         # The runtime's function bound once (the launch is the hot path): no look-up by
         # name, no generic result handling, per launch.
-        direct = self._direct
-        if direct is not None:
-            err = direct.launch(int(function), *dims, shared_mem, int(raw_stream), None, address)
-        else:
-            err = int(
-                self._launch_kernel(function, *dims, shared_mem, raw_stream, None, address)[0]
-            )
+        result = self._launch_kernel(function, *dims, shared_mem, raw_stream, None, address)
+        err = int(result[0])
         if err != SUCCESS:
             raise self._rt.error(err, self._calls.launch_kernel)
 

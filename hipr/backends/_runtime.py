@@ -10,7 +10,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from hipr.backends._callmap import DriverCalls, RtcCalls, RuntimeConstants
-from hipr.backends._direct_calls import DirectCalls
 from hipr.backends._errmap import rtc_error
 from hipr.backends.interface import BackendUnavailable, DeviceProperties, Dim3
 from hipr.errors import HipError, HipErrorCode
@@ -67,11 +66,6 @@ class Runtime(Protocol):
 
     def raw(self, fn: str, *args: Any) -> Any:
         """Call driver function ``fn`` and return its result tuple unchecked."""
-        ...
-
-    def direct_calls(self) -> DirectCalls | None:
-        """The launch and stream query straight into the driver library (after
-        :meth:`open`), or None where they go through the bindings."""
         ...
 
     def function(self, fn: str) -> Callable[..., Any]:
@@ -241,10 +235,6 @@ class RuntimeBase:
     def raw(self, fn: str, *args: Any) -> Any:
         """Call driver function ``fn``; its result tuple, unchecked."""
         return getattr(self.api, fn)(*args)
-
-    def direct_calls(self) -> DirectCalls | None:
-        """None: every call goes through the bindings (an adapter may do better)."""
-        return None
 
     def function(self, fn: str) -> Callable[..., Any]:
         """Driver function ``fn`` itself (see :meth:`Runtime.function`)."""

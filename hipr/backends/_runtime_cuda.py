@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from hipr.backends._callmap import CUDA_CALLS, NVRTC_CALLS, RuntimeConstants, resolve_constants
-from hipr.backends._direct_calls import DirectCalls, load_direct_calls
 from hipr.backends._errmap import cu_error, cu_result_name
 from hipr.backends._hipprops import cuda_attribute_lists, cuda_hip_props
 from hipr.backends._link import cuda_link
@@ -218,14 +217,6 @@ class CudaRuntime(RuntimeBase):
     def error(self, code: int, call: str) -> HipError:
         """HIP's translation of CUresult ``code`` (see :mod:`hipr.backends._errmap`)."""
         return cu_error(code, call)
-
-    def direct_calls(self) -> DirectCalls | None:
-        """``cuLaunchKernel`` and ``cuStreamQuery`` straight into the driver that
-        cuda-bindings loaded (see :mod:`hipr.backends._direct_calls`); None with
-        simulated bindings (tests), which must see every call."""
-        if getattr(self.api, "__name__", "") != "cuda.bindings.driver":
-            return None
-        return load_direct_calls(LIBCUDA, self.calls.launch_kernel, self.calls.stream_query)
 
     def open(self) -> int:
         """cuInit, then the devices; BackendUnavailable when none is usable."""
