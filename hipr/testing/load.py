@@ -20,6 +20,7 @@ from array import array
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import anyio
@@ -170,6 +171,7 @@ async def _one_session(
     rng: random.Random,
     max_bytes: int,
     seconds: float,
+    connected: anyio.Event,
     everyone_in: anyio.Event,
     arrived: list[int],
     total: int,
@@ -188,7 +190,7 @@ async def _one_session(
             stats.connected += 1
             arrived[0] += 1
             if arrived[0] >= total:
-                everyone_in.set()
+                connected.set()
             await everyone_in.wait()
             fill = await timed(gpu.builtin("fill_f32"))
             deadline = time.monotonic() + seconds
@@ -212,17 +214,32 @@ async def _one_session(
                 await timed(gpu.free(b))
     except HipError as exc:
         stats.errors.append(repr(exc))
+        connected.set()
         everyone_in.set()
 
 
 async def run_sessions(
-    url: str, token: str | None, sessions: int, seconds: float, seed: int, max_bytes: int
+    url: str,
+    token: str | None,
+    sessions: int,
+    seconds: float,
+    seed: int,
+    max_bytes: int,
+    other_processes_in: Callable[[], object] | None = None,
 ) -> ClientStats:
-    """Run ``sessions`` verified sessions concurrently in the current event loop."""
+    """Run ``sessions`` verified sessions concurrently in the current event loop. With
+    ``other_processes_in`` (a blocking wait, e.g. a barrier's), the sessions start their
+    work only once it returns as well, so that sessions of several processes are all
+    held at once however slowly the processes started."""
     stats = ClientStats()
+    connected = anyio.Event()
     everyone_in = anyio.Event()
     arrived = [0]
     async with anyio.create_task_group() as tg:
+        if other_processes_in is None:
+            everyone_in = connected
+        else:
+            tg.start_soon(_after_other_processes, connected, other_processes_in, everyone_in)
         for i in range(sessions):
             rng = random.Random(f"{seed}:{i}")
             tg.start_soon(
@@ -232,12 +249,27 @@ async def run_sessions(
                 rng,
                 max_bytes,
                 seconds,
+                connected,
                 everyone_in,
                 arrived,
                 sessions,
                 stats,
             )
     return stats
+
+
+async def _after_other_processes(
+    connected: anyio.Event, wait: Callable[[], object], everyone_in: anyio.Event
+) -> None:
+    await connected.wait()
+    try:
+        await anyio.to_thread.run_sync(wait)
+    finally:  # a broken or timed-out barrier must not hold the sessions forever
+        everyone_in.set()
+
+
+#: How long a client process waits for the others to connect before it starts anyway.
+_BARRIER_SECONDS = 120.0
 
 
 def _client_process(
@@ -248,9 +280,13 @@ def _client_process(
     seed: int,
     max_bytes: int,
     loop: str,
+    all_in: Any = None,
 ) -> ClientStats:
-    """Entry point of a client process."""
-    return anyio.run(run_sessions, url, token, sessions, seconds, seed, max_bytes, backend=loop)
+    """Entry point of a client process; ``all_in``: a barrier of every client process."""
+    wait = None if all_in is None else partial(all_in.wait, _BARRIER_SECONDS)
+    return anyio.run(
+        run_sessions, url, token, sessions, seconds, seed, max_bytes, wait, backend=loop
+    )
 
 
 async def run_load(
@@ -416,7 +452,13 @@ async def _clients(url: str, options: LoadOptions, round_index: int = 0) -> Clie
     for i in range(options.sessions % options.processes):
         per[i] += 1
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(options.processes, mp_context=context) as pool:
+    with (
+        context.Manager() as manager,
+        ProcessPoolExecutor(options.processes, mp_context=context) as pool,
+    ):
+        # The processes start their sessions' work together: one spawned late on a
+        # loaded machine must not find the others' sessions already gone.
+        all_in = manager.Barrier(sum(1 for n in per if n))
         futures = [
             pool.submit(
                 _client_process,
@@ -427,6 +469,7 @@ async def _clients(url: str, options: LoadOptions, round_index: int = 0) -> Clie
                 seed + i,
                 options.max_bytes,
                 options.client_loop,
+                all_in,
             )
             for i, n in enumerate(per)
             if n
