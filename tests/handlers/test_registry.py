@@ -97,7 +97,6 @@ def test_the_worker_answers_now_only_calls_that_cannot_block() -> None:
         Opcode.LAUNCH_KERNELS,
         Opcode.MEMCPY_HTOD,
         Opcode.MEMCPY_HTOD_MANY,
-        Opcode.MEMCPY_DTOH,  # only once its stream is idle, and up to 64 KiB
         Opcode.EVENT_RECORD,
         Opcode.STREAM_WAIT_EVENT,
         Opcode.GET_DEVICE,
