@@ -41,12 +41,6 @@ _MANY_STREAM = m.MemcpyHtodMany.stream
 PIPELINE_DEPTH = 4
 #: Device-to-host reply chunk; the client learns the worker's limits at HELLO.
 DTOH_CHUNK = 4 << 20
-#: Copies back up to this size run on the event loop (in the I/O callback, or in the
-#: executor's task) once their stream is idle. PyTorch's ``item()``, and a loss read
-#: each step, is a 4-byte copy: through the session's GPU thread it cost two hand-offs,
-#: 120-180 µs against a 60 µs launch + synchronize on the H200 hosts (docs/proxy.md).
-#: Small enough that the copy holds the loop for a few µs.
-INLINE_DTOH_BYTES = 64 << 10
 
 
 def _host_buffer(size: int) -> memoryview:
@@ -200,12 +194,15 @@ def memcpy_htod_now(session: Session, request: Request) -> Any:
 @handler(m.MemcpyDtoh)
 async def memcpy_dtoh(session: Session, request: Request) -> Any:
     """``{src, size, stream?}`` -> the bytes, in REPLY|MORE chunks then the final reply."""
-    src, size, stream = _dtoh_args(session, request)
+    args = request.args
+    src = args.address(m.MemcpyDtoh.src)
+    size = args.size(m.MemcpyDtoh.size)
+    session.check_range(src, size, "source")
+    stream = session.stream(args.handle(m.MemcpyDtoh.stream, optional=True))
     session.observer.bytes_copied(session.tenant, "dtoh", size)
     if size <= DTOH_CHUNK:
         out = _host_buffer(size)
-        if not (size <= INLINE_DTOH_BYTES and _read_here(session, out, src, stream)):
-            await session.gpu(session.backend.memcpy_dtoh, out, src, stream)
+        await session.gpu(session.backend.memcpy_dtoh, out, src, stream)
         return Reply({"size": size}, out)
     # Double-buffered: the GPU fills chunk k+1 while chunk k is on the wire.
     pending: PendingCall[None] | None = None
@@ -225,35 +222,6 @@ async def memcpy_dtoh(session: Session, request: Request) -> Any:
     assert pending is not None
     await pending.result()
     return Reply({"size": size}, pending_buffer)
-
-
-def _dtoh_args(session: Session, request: Request) -> tuple[int, int, Any]:
-    """A copy back's source, size and stream, checked."""
-    args = request.args
-    src = args.address(m.MemcpyDtoh.src)
-    size = args.size(m.MemcpyDtoh.size)
-    session.check_range(src, size, "source")
-    return src, size, session.stream(args.handle(m.MemcpyDtoh.stream, optional=True))
-
-
-@answers_now(m.MemcpyDtoh)
-def memcpy_dtoh_now(session: Session, request: Request) -> Any:
-    """A small copy back, run in the worker's I/O callback when its stream has no work
-    left (asked without waiting, polled briefly); else the executor's."""
-    src, size, stream = _dtoh_args(session, request)
-    if size > INLINE_DTOH_BYTES:
-        return LATER
-    out = _host_buffer(size)
-    if not _read_here(session, out, src, stream):
-        return LATER
-    session.observer.bytes_copied(session.tenant, "dtoh", size)
-    return Reply({"size": size}, out)
-
-
-def _read_here(session: Session, out: memoryview, src: int, stream: Any) -> bool:
-    """The copy back run on the event loop, if its stream has no work left (True)."""
-    ran, _ = session.read_here(stream, session.backend.memcpy_dtoh, out, src, stream)
-    return ran
 
 
 @handler(m.MemcpyDtod)

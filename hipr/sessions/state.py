@@ -270,20 +270,6 @@ class Session:
             return False
         return await self._busy_poll.wait_until(lambda: self.settled(query, *args))
 
-    def read_here(self, stream: Any, fn: Callable[..., T], *args: Any) -> tuple[bool, T | None]:
-        """``(True, fn(*args))`` run right here on the event loop when ``stream``'s
-        earlier work has finished (the default stream: all of the session's work), so
-        that ``fn``, a call that waits for its stream (a small copy back), returns at
-        once; ``(False, None)``, with nothing run, when it would wait: it then goes to
-        the GPU thread as before."""
-        if stream is None:
-            done = self.work_done()
-        else:
-            done = self.settled(self.backend.stream_query, stream)
-        if not done:
-            return False, None
-        return True, self._run_here(fn, *args)
-
     def settled(self, query: Callable[..., bool], *args: Any) -> bool:
         """True when ``query(*args)`` (a stream or event query) says done, asked inline
         when the backend allows; False when the caller must wait on the GPU thread."""

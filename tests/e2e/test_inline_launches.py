@@ -53,13 +53,8 @@ async def fill_launch(session: RawSession, count: int) -> tuple[int, Any]:
 
 
 async def read_floats(session: RawSession, ptr: int, count: int) -> np.ndarray:
-    await session.stream.send(session.frame(Opcode.MEMCPY_DTOH, {"src": ptr, "size": 4 * count}))
-    return await receive_floats(session)
-
-
-async def receive_floats(session: RawSession) -> np.ndarray:
-    """The reply of a MEMCPY_DTOH already sent, as floats (its error raised)."""
     stream_bytes = bytearray()
+    await session.stream.send(session.frame(Opcode.MEMCPY_DTOH, {"src": ptr, "size": 4 * count}))
     with anyio.fail_after(10):
         while True:
             for frame in session.decoder.frames():
