@@ -533,11 +533,17 @@ _levelled: set[str] = set()
 
 @atexit.register
 def _flush_at_exit() -> None:
-    if _limiter is not None:
-        try:
-            _limiter.flush()
-        except Exception:
-            pass
+    if _limiter is None:
+        return
+    # At exit a handler's stream may already be closed (a test runner's capture): the
+    # last summaries are then dropped without logging's "--- Logging error ---" report.
+    raise_exceptions, logging.raiseExceptions = logging.raiseExceptions, False
+    try:
+        _limiter.flush()
+    except Exception:
+        pass
+    finally:
+        logging.raiseExceptions = raise_exceptions
 
 
 def get_logger(name: str, **bound: Any) -> structlog.stdlib.BoundLogger:
