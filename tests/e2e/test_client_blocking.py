@@ -576,7 +576,7 @@ def test_cut_links_resume_exactly_once(
     with blocking_endpoint.portal.wrap_async_context_manager(
         faulty_proxy(blocking_endpoint.url)
     ) as proxy:
-        proxy.cut_every = 40_000  # bytes: a cut every few hundred requests, mid-frame
+        proxy.cut_every = 20_000  # bytes: a cut every couple of hundred requests, mid-frame
         with connect_one(proxy.url, link=FAST, on_event=recorder(events)) as gpu:
             cut = sync_workload(gpu)
             proxy.cut_every = None
