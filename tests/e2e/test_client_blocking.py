@@ -518,7 +518,9 @@ def test_idle_client_keeps_its_session(
         session = gpu.session_id
         p = gpu.malloc_htod(b"idle")
         for _ in range(2):
-            time.sleep(3.5)  # several heartbeat timeouts of both sides without a call
+            # More than two heartbeat timeouts of both sides without a call (each spell;
+            # the link would have been taken for dead after one without heartbeats).
+            time.sleep(2.2)
             # The first call after the idle spell is slower than a heartbeat interval:
             # still no reason to take the link for dead.
             backend.gate.clear()
