@@ -14,6 +14,9 @@ from hipr.worker import heap_trim
 from hipr.worker.config import WorkerConfig
 from hipr.worker.server import IDLE_TRIM_DELAY, running_worker
 
+#: The worker's idle delay before a trim, shortened for the test (the default is a second).
+TRIM_DELAY = 0.3
+
 pytestmark = pytest.mark.anyio
 
 
@@ -28,6 +31,8 @@ async def test_the_last_session_ending_trims_the_heap(
 ) -> None:
     trims: list[int] = []
     monkeypatch.setattr("hipr.worker.server.trim_heap", lambda: trims.append(rss_bytes()))
+    assert TRIM_DELAY < IDLE_TRIM_DELAY
+    monkeypatch.setattr("hipr.worker.server.IDLE_TRIM_DELAY", TRIM_DELAY)
     config = WorkerConfig(resume_grace=0.0)
     with anyio.fail_after(30):
         async with running_worker(config, EmulatorBackend(), ["tcp://127.0.0.1:0"]) as worker:
@@ -35,7 +40,7 @@ async def test_the_last_session_ending_trims_the_heap(
             first, second = await RawClient.open(url), await RawClient.open(url)
             await first.call(Opcode.MALLOC, {"size": 1 << 20})
             await first.aclose()
-            await anyio.sleep(IDLE_TRIM_DELAY + 0.5)
+            await anyio.sleep(TRIM_DELAY + 0.5)
             assert trims == []  # a session is still open
             await second.aclose()
             assert await wait_for_no_sessions(worker)
