@@ -41,6 +41,11 @@ FAST = LinkOptions(
     reconnect_attempts=50,
     connect_timeout=5.0,
 )
+#: One transport per way the sync client moves bytes (hipr/client/stream_io.py): a plain
+#: socket (SocketIO: tcp; unix is the same class and calls), a TLS stream (PolledIO: tls;
+#: mutual TLS differs only in its handshake) and ssh's forwarded socket (a process in
+#: between). For the slow tests whose claim is about those ways, not about connecting.
+IO_PATHS = ["tcp", "tls", "ssh"]
 #: Bigger than the worker's chunk (4 MiB), and not a multiple of it.
 BIG = (9 << 20) + 12_345
 
@@ -297,6 +302,7 @@ def test_synchronizes_skip_the_coroutines_and_keep_errors_and_timeouts(
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("transport_kind", IO_PATHS)
 def test_threads_share_one_gpu(blocking_endpoint: BlockingEndpoint, backend: GatedEmulator) -> None:
     threads, rounds = 8, 100
 
@@ -506,6 +512,7 @@ def test_usable_cpus_honour_a_cgroup_quota(
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport_kind", IO_PATHS)
 def test_idle_client_keeps_its_session(
     blocking_endpoint: BlockingEndpoint, backend: GatedEmulator, events: list[str]
 ) -> None:
