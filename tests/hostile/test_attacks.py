@@ -3,19 +3,25 @@ two tenants, and the bounds it must keep: the worker's RSS, the other tenant's c
 against its own baseline measured in the same test, log lines written, counters moved.
 
 The worker runs in this process (its RSS is this process's) and each attack in a
-process of its own, as attackers are: their sockets and Python work must not be
-counted against the worker. Handshake and frame timeouts are short, so that every
+process apart from it, as attackers are: their sockets and Python work must not be
+counted against the worker. One attacker process serves the module's attacks, one
+after the other (``hipr.testing.attacker``): a Python start per attack cost a second
+each, no part of the attack. Handshake and frame timeouts are short, so that every
 test takes seconds. The idle-connection test opens 300 connections here (``scripts/reliability-
 report --hostile`` opens 1,000 against a worker process).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from functools import partial
+
 import anyio
 import pytest
 
+from hipr.testing.attacker import AttackerProcess
 from hipr.testing.harness import rss_bytes
-from hipr.testing.hostile import ATTACKS, Outcome, attack_process, measure
+from hipr.testing.hostile import ATTACKS, Outcome, measure
 from tests.hostile.conftest import FRAME_TIMEOUT, HANDSHAKE_TIMEOUT, Hostile, settle_memory
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -47,25 +53,34 @@ def assert_unharmed(outcome: Outcome) -> None:
     assert outcome.worst_ms <= outcome.baseline_worst_ms + 500, shown
 
 
-async def run(hostile: Hostile, name: str) -> Outcome:
-    """Attack ``name`` of ATTACKS (by a word of it), from a process of its own."""
+@pytest.fixture(scope="module")
+def attacker() -> Iterator[AttackerProcess]:
+    """The process that runs this module's attacks (started once: see the module doc)."""
+    with AttackerProcess() as process:
+        yield process
+
+
+async def run(hostile: Hostile, attacker: AttackerProcess, name: str) -> Outcome:
+    """Attack ``name`` of ATTACKS (by a word of it), from the attacker's process."""
     (found,) = [full for full, _ in ATTACKS if name in full]
     settle_memory()
     return await measure(
         hostile.target,
         found,
-        attack_process(found, hostile.target),
+        partial(attacker.attack, found, hostile.target),
         rss_bytes,
         baseline_calls=100,
         settle=0.2,
     )
 
 
-async def test_hello_bombs_are_refused_from_their_header(hostile: Hostile) -> None:
+async def test_hello_bombs_are_refused_from_their_header(
+    hostile: Hostile, attacker: AttackerProcess
+) -> None:
     """32 MiB of empty maps and 8 MiB of empty arrays in a HELLO, no token: refused
     before their payload is read. (Before: +2.4 GB and a 7.7 s freeze.)"""
     for name in ("HELLO bomb: 32 MiB", "HELLO bomb: 8 MiB"):
-        outcome = await run(hostile, name)
+        outcome = await run(hostile, attacker, name)
         assert outcome.notes["closed"], outcome.notes
         assert outcome.rss_peak - outcome.rss_idle < 64 * MiB
         assert_unharmed(outcome)
@@ -73,20 +88,24 @@ async def test_hello_bombs_are_refused_from_their_header(hostile: Hostile) -> No
     assert hostile.counter("protocol_errors", kind="protocol") == 2
 
 
-async def test_hello_bombs_that_fit_are_decoded_within_bounds(hostile: Hostile) -> None:
+async def test_hello_bombs_that_fit_are_decoded_within_bounds(
+    hostile: Hostile, attacker: AttackerProcess
+) -> None:
     """A HELLO exactly max_hello_bytes long, all empty maps, ten times: each decoded
     within the item bound, refused as a HELLO, the connection closed."""
-    outcome = await run(hostile, "max_hello_bytes")
+    outcome = await run(hostile, attacker, "max_hello_bytes")
     assert outcome.notes["closed"] and outcome.notes["answer"], outcome.notes
     assert outcome.rss_peak - outcome.rss_idle < 64 * MiB
     assert_unharmed(outcome)
 
 
-async def test_authenticated_bombs_cost_their_sender_the_connection(hostile: Hostile) -> None:
+async def test_authenticated_bombs_cost_their_sender_the_connection(
+    hostile: Hostile, attacker: AttackerProcess
+) -> None:
     """Tenant alice's request of 8 MiB of empty arrays, then 32 MiB of empty maps: a
     clear error naming max_cbor_items, a closed connection; bob notices nothing."""
     for name in ("session bomb: 8 MiB", "session bomb: 32 MiB"):
-        outcome = await run(hostile, name)
+        outcome = await run(hostile, attacker, name)
         assert outcome.notes["closed"], outcome.notes
         answer = outcome.notes["answer"]
         assert answer is None or "max_cbor_items" in answer, answer
@@ -95,12 +114,14 @@ async def test_authenticated_bombs_cost_their_sender_the_connection(hostile: Hos
     assert hostile.counter("frames_refused", reason="cbor_items") == 2
 
 
-async def test_unfinished_hellos_hold_little_memory(hostile: Hostile) -> None:
+async def test_unfinished_hellos_hold_little_memory(
+    hostile: Hostile, attacker: AttackerProcess
+) -> None:
     """20 connections announce a maximum-size HELLO (refused from the header), 20 more
     send all but the last byte of a max_hello_bytes one and wait: under 32 MiB in all,
     and every one closed by the handshake timeout. (Before: +1.3 GB.)"""
     started = anyio.current_time()
-    outcome = await run(hostile, "unfinished")
+    outcome = await run(hostile, attacker, "unfinished")
     assert outcome.notes["closed"] == 40, outcome.notes
     assert outcome.rss_peak - outcome.rss_idle < 32 * MiB
     assert anyio.current_time() - started < HANDSHAKE_TIMEOUT + 10
@@ -109,11 +130,13 @@ async def test_unfinished_hellos_hold_little_memory(hostile: Hostile) -> None:
     assert_unharmed(outcome)
 
 
-async def test_idle_connections_write_a_handful_of_lines(hostile: Hostile) -> None:
+async def test_idle_connections_write_a_handful_of_lines(
+    hostile: Hostile, attacker: AttackerProcess
+) -> None:
     """300 connections that never say HELLO: closed at the handshake timeout, one
     counter, a handful of log lines (before: one line each)."""
     lines_before = len(hostile.log_lines())
-    outcome = await run(hostile, "idle")
+    outcome = await run(hostile, attacker, "idle")
     assert outcome.notes["closed"] == outcome.notes["opened"] == 300, outcome.notes
     await anyio.sleep(0.1)
     assert hostile.counter("handshake_timeouts") == 300
@@ -130,10 +153,12 @@ async def test_idle_connections_write_a_handful_of_lines(hostile: Hostile) -> No
     [{"max_pending_handshakes": 64, "max_pending_handshakes_per_peer": 32}],
     indirect=True,
 )
-async def test_pending_handshakes_over_the_caps_are_closed_at_once(hostile: Hostile) -> None:
+async def test_pending_handshakes_over_the_caps_are_closed_at_once(
+    hostile: Hostile, attacker: AttackerProcess
+) -> None:
     """Over max_pending_handshakes_per_peer, connections from one source are closed as
     they come (counted); another source still connects, and bob's session goes on."""
-    outcome = await run(hostile, "idle")
+    outcome = await run(hostile, attacker, "idle")
     assert outcome.notes["closed"] == 300
     refused = hostile.counter("preauth_refusals", reason="pending_handshakes_per_peer")
     timed_out = hostile.counter("handshake_timeouts")
@@ -145,11 +170,13 @@ async def test_pending_handshakes_over_the_caps_are_closed_at_once(hostile: Host
     assert admission.pending == 0
 
 
-async def test_a_log_flood_writes_a_handful_of_lines(hostile: Hostile) -> None:
+async def test_a_log_flood_writes_a_handful_of_lines(
+    hostile: Hostile, attacker: AttackerProcess
+) -> None:
     """300 connections speaking HTTP: 300 protocol errors, each with its own text
     (before: one line each, never collapsed, as the sizes and paths differed)."""
     lines_before = len(hostile.log_lines())
-    outcome = await run(hostile, "bad-magic")
+    outcome = await run(hostile, attacker, "bad-magic")
     assert outcome.notes["connections"] == 300
     await anyio.sleep(0.1)
     written = hostile.log_lines()[lines_before:]
@@ -158,12 +185,14 @@ async def test_a_log_flood_writes_a_handful_of_lines(hostile: Hostile) -> None:
     assert_unharmed(outcome)
 
 
-async def test_wrong_tokens_from_one_source_are_slowed(hostile: Hostile) -> None:
+async def test_wrong_tokens_from_one_source_are_slowed(
+    hostile: Hostile, attacker: AttackerProcess
+) -> None:
     """Wrong tokens, 16 at a time from one source for 2 s: each refusal waits longer
     (exponentially, capped), so the source gets few tries; a wrong token from another
     source is answered at once; every failure is counted by source. (Before: 2,638
     tries a second.)"""
-    outcome = await run(hostile, "wrong-token")
+    outcome = await run(hostile, attacker, "wrong-token")
     notes = outcome.notes
     assert notes["attempts"] < 400, notes  # 16 parallel, most waiting out 2 s delays
     assert notes["slowest_s"] >= 1.0, notes
@@ -174,10 +203,10 @@ async def test_wrong_tokens_from_one_source_are_slowed(hostile: Hostile) -> None
     assert_unharmed(outcome)
 
 
-async def test_a_dripping_link_is_closed(hostile: Hostile) -> None:
+async def test_a_dripping_link_is_closed(hostile: Hostile, attacker: AttackerProcess) -> None:
     """An authenticated link that sends one byte of a frame every tenth of
     frame_timeout is never silent, yet closed once the frame is overdue."""
-    outcome = await run(hostile, "drip")
+    outcome = await run(hostile, attacker, "drip")
     assert outcome.notes["closed"], outcome.notes
     assert outcome.notes["closed_after_s"] < FRAME_TIMEOUT + 3, outcome.notes
     assert hostile.counter("frames_refused", reason="frame_timeout") == 1
