@@ -243,6 +243,16 @@ def run_victim(url: str, token: str, seconds: float) -> CallTimes:
     return anyio.run(victim_calls, url, token, seconds)
 
 
+#: Runs ``function(*args)`` in another process and returns its result (the flood and
+#: the victim: never in the worker's process, whose loop is what is measured).
+InProcess = Callable[..., Awaitable[Any]]
+
+
+async def in_new_processes(function: Callable[..., Any], *args: Any) -> Any:
+    """``function(*args)`` in one of anyio's worker processes (started per event loop)."""
+    return await anyio.to_process.run_sync(function, *args, cancellable=True)
+
+
 async def fairness_under_flood(
     url: str,
     victim_token: str,
@@ -253,40 +263,34 @@ async def fairness_under_flood(
     baseline_seconds: float = 1.5,
     rss: Callable[[], int] | None = None,
     worker_pid: int | None = None,
+    in_process: InProcess | None = None,
 ) -> FairnessFigures:
     """The victim's calls unloaded, then during ``attack`` (a key of :data:`FLOODS`)
     from another tenant, each client in a process of its own. The victim starts a
     quarter of the flood in (the flood's read-ahead is full by then) and stops before
     it ends; it is measured unloaded again once the flood is over. ``rss`` (or
-    ``worker_pid``, on this machine) reads the worker's memory."""
+    ``worker_pid``, on this machine) reads the worker's memory. ``in_process`` runs a
+    client in another process (default: :func:`in_new_processes`; a test module that
+    measures several floods may keep two processes for all of them)."""
     if rss is None and worker_pid is not None:
         pid = worker_pid
 
         def rss() -> int:
             return process_rss(pid)
 
-    baseline = await anyio.to_process.run_sync(
-        run_victim, url, victim_token, baseline_seconds, cancellable=True
-    )
+    run_sync = in_process or in_new_processes
+    baseline = await run_sync(run_victim, url, victim_token, baseline_seconds)
     rss_idle = rss() if rss else 0
     peak = [rss_idle]
     flood: list[FloodStats] = []
     loaded: list[CallTimes] = []
 
     async def attacker() -> None:
-        flood.append(
-            await anyio.to_process.run_sync(
-                run_flood, attack, url, attacker_token, seconds, cancellable=True
-            )
-        )
+        flood.append(await run_sync(run_flood, attack, url, attacker_token, seconds))
 
     async def victim() -> None:
         await anyio.sleep(seconds / 4)
-        loaded.append(
-            await anyio.to_process.run_sync(
-                run_victim, url, victim_token, seconds / 2, cancellable=True
-            )
-        )
+        loaded.append(await run_sync(run_victim, url, victim_token, seconds / 2))
 
     async def sample_rss() -> None:
         assert rss is not None
@@ -301,9 +305,7 @@ async def fairness_under_flood(
             clients.start_soon(attacker)
             clients.start_soon(victim)
         tg.cancel_scope.cancel()
-    after = await anyio.to_process.run_sync(
-        run_victim, url, victim_token, baseline_seconds, cancellable=True
-    )
+    after = await run_sync(run_victim, url, victim_token, baseline_seconds)
     return FairnessFigures(attack, baseline, after, loaded[0], flood[0], rss_idle, peak[0])
 
 
