@@ -2,7 +2,8 @@
 median (issue 29, fair service). The worker runs in the test's event loop (trio or
 asyncio: under asyncio its connections decode in the loop's I/O callback, under trio in
 a reader task); the attacker and the victim are clients in processes of their own, as
-they would be on other machines (``hipr.testing.floods``).
+they would be on other machines (``hipr.testing.floods``): two processes that serve
+every test of the module (a Python start costs a second of CPU, no part of a flood).
 
 On a 2-core machine before fair service, a fire-and-forget flood left the victim ~6
 calls in 15 s (a median of 2.5 s), with or without a rate limit, and a flood that never
@@ -10,17 +11,21 @@ read its replies grew the worker by gigabytes."""
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import anyio.to_thread
 import pytest
 
 from hipr.backends.emulator import EmulatorBackend
 from hipr.observability.observer import NullObserver
-from hipr.testing.floods import FairnessFigures, fairness_under_flood
+from hipr.testing.floods import FairnessFigures, InProcess, fairness_under_flood
 from hipr.testing.harness import rss_bytes
 from hipr.worker.config import WorkerConfig
 from hipr.worker.server import Worker, running_worker
@@ -58,14 +63,25 @@ class CountingObserver(NullObserver):
 class FloodWorker:
     worker: Worker
     observer: CountingObserver
+    #: Runs a client (the flood, the victim) in one of the module's two client processes.
+    in_process: InProcess
 
     @property
     def url(self) -> str:
         return self.worker.bound_urls[0]
 
 
+@pytest.fixture(scope="module")
+def client_processes() -> Iterator[ProcessPoolExecutor]:
+    """Two processes, for the flood and the victim at once, kept for the whole module."""
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield pool
+
+
 @pytest.fixture
-async def flood_worker(anyio_backend: str, tmp_path: Path) -> AsyncIterator[FloodWorker]:
+async def flood_worker(
+    anyio_backend: str, tmp_path: Path, client_processes: ProcessPoolExecutor
+) -> AsyncIterator[FloodWorker]:
     """A worker with three tenants: alice (no limits but the defaults), bob (the
     victim), carol (alice's flood with a rate limit of 2,000 requests/s)."""
     tenants = tmp_path / "tenants.toml"
@@ -89,7 +105,12 @@ max_request_rate = 2000
     async with running_worker(config, backend, ["tcp://127.0.0.1:0"]) as worker:
         observer = CountingObserver()
         worker.observer = observer  # sessions opened from now on report to it
-        yield FloodWorker(worker, observer)
+
+        async def in_process(function: Callable[..., Any], *args: Any) -> Any:
+            future = client_processes.submit(function, *args)
+            return await anyio.to_thread.run_sync(future.result)
+
+        yield FloodWorker(worker, observer, in_process)
 
 
 def _check_victim(figures: FairnessFigures) -> None:
@@ -109,6 +130,7 @@ async def test_fire_and_forget_flood_leaves_the_other_tenant_its_pace(
         "fire_and_forget",
         seconds=FLOOD_SECONDS,
         baseline_seconds=BASELINE_SECONDS,
+        in_process=flood_worker.in_process,
         rss=rss_bytes,
     )
     _check_victim(figures)
@@ -131,6 +153,7 @@ async def test_rate_limited_flood_is_refused_cheaply_and_throttled(
         "fire_and_forget",
         seconds=FLOOD_SECONDS,
         baseline_seconds=BASELINE_SECONDS,
+        in_process=flood_worker.in_process,
         rss=rss_bytes,
     )
     elapsed = time.monotonic() - started
@@ -160,6 +183,7 @@ async def test_unread_replies_pause_reading_and_bound_memory(
         "unread_replies",
         seconds=FLOOD_SECONDS,
         baseline_seconds=BASELINE_SECONDS,
+        in_process=flood_worker.in_process,
         rss=rss_bytes,
     )
     _check_victim(figures)
