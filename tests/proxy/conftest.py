@@ -87,9 +87,11 @@ def stop_worker(process: subprocess.Popen[bytes]) -> None:
         process.wait()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def worker_url(tmp_path_factory: pytest.TempPathFactory, proxy_libs: None) -> Iterator[str]:
-    """The URL of an emulator worker shared by a module's tests."""
+    """The URL of an emulator worker shared by the tests that need one of default
+    config (a worker process's start is a second or more of CPU; each program opens a
+    session of its own, and a test that needs a fresh or other worker starts its own)."""
     # A short path: unix socket paths are limited to ~100 bytes.
     directory = Path(tmp_path_factory.mktemp("pw", numbered=True))
     process, url = start_worker(directory)
