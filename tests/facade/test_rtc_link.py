@@ -14,24 +14,11 @@ import pytest
 
 from hipr import hip, hiprtc
 from tests.facade.conftest import FacadeTarget
+from tests.proxy.link_program import APPLY, HELPER
 
 pytestmark = pytest.mark.timeout(120)
 R = hiprtc.hiprtcResult
 BITCODE = hiprtc.hiprtcJITInputType.hipJitInputLLVMBitcode
-
-APPLY = b"""
-#include <hip/hip_runtime.h>
-#include "offset.h"
-extern __device__ float helper(float v);
-extern "C" __global__ void apply(float *x, unsigned long long n) {
-  unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
-  if (i < n) x[i] = helper(x[i]) + OFFSET;
-}
-"""
-HELPER = b"""
-#include <hip/hip_runtime.h>
-__device__ float helper(float v) { return 2.0f * v; }
-"""
 
 
 def _ok(result: tuple[object, ...]) -> tuple[object, ...]:

@@ -5,11 +5,8 @@ with ``from hipr import hip, hiprtc``, the two print the same lines (scripts/pro
 on a cuda worker; tests/proxy/test_link_program.py on the emulator, where the compile and
 the link are refused and both say so alike)."""
 
-PROGRAM = r'''
-IMPORT
-import ctypes
-import numpy as np
-
+#: The two sources linked: ``apply`` calls ``helper`` from the other compile and adds
+#: OFFSET from a header given to hiprtcCreateProgram (tests/facade/test_rtc_link.py too).
 APPLY = b"""
 #include <hip/hip_runtime.h>
 #include "offset.h"
@@ -23,6 +20,14 @@ HELPER = b"""
 #include <hip/hip_runtime.h>
 __device__ float helper(float v) { return 2.0f * v; }
 """
+
+_PROGRAM = r"""
+IMPORT
+import ctypes
+import numpy as np
+
+APPLY = APPLY_SOURCE
+HELPER = HELPER_SOURCE
 BITCODE = hiprtc.hiprtcJITInputType.hipJitInputLLVMBitcode
 
 
@@ -80,4 +85,5 @@ print("link destroy", name(hiprtc.hiprtcLinkDestroy(state)))
 state, image = link([(a, b"apply")])
 print("without helper", image is None)
 hiprtc.hiprtcLinkDestroy(state)
-'''
+"""
+PROGRAM = _PROGRAM.replace("APPLY_SOURCE", repr(APPLY)).replace("HELPER_SOURCE", repr(HELPER))
