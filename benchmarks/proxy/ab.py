@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.proxy.compare import proxy
 from hipr.bench import floors as fl
 
 MIB = 1 << 20
@@ -61,20 +62,6 @@ def _start_worker(tree: Path, sock: Path, backend: str, log: Path) -> subprocess
             raise RuntimeError(f"worker of {tree} did not start: {log.read_text()[-2000:]}")
         time.sleep(0.1)
     return worker
-
-
-def _bench(bench: Path, sock: Path, mib: int) -> dict[str, float]:
-    env = dict(os.environ, HIPR_URL=f"unix://{sock}")
-    done = subprocess.run(
-        [str(bench), str(mib)], env=env, capture_output=True, text=True, timeout=300
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"proxy_bench failed: {done.stderr[-2000:]}")
-    figures: dict[str, float] = {}
-    for line in done.stdout.splitlines():
-        name, _, value = line.partition(" ")
-        figures[name] = float(value)
-    return figures
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in order:
                 pid = workers[name].pid
                 cpu = _cpu_seconds(pid)
-                figures = _bench(benches[name], directory / f"{name}.sock", options.mib)
+                figures = proxy(benches[name], f"unix://{directory / f'{name}.sock'}", size)
                 figures["worker_cpu_s"] = _cpu_seconds(pid) - cpu
                 record[name] = figures
             rounds.append(record)
