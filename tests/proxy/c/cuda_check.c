@@ -12,14 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef int CUresult;
-typedef int CUdevice;
-typedef unsigned long long CUdeviceptr;
-typedef struct CUctx_st *CUcontext;
-typedef struct CUmod_st *CUmodule;
-typedef struct CUfunc_st *CUfunction;
-typedef struct CUstream_st *CUstream;
-typedef struct CUevent_st *CUevent;
+#include "cuda_api.h"
 typedef struct { char bytes[16]; } CUuuid;
 typedef struct {
     int id;
@@ -33,37 +26,26 @@ typedef struct {
     unsigned n_attrs;
 } CUlaunchConfig;
 
-CUresult cuInit(unsigned);
 CUresult cuDriverGetVersion(int *);
 CUresult cuDeviceGetCount(int *);
-CUresult cuDeviceGet(CUdevice *, int);
 CUresult cuDeviceGetName(char *, int, CUdevice);
-CUresult cuDeviceGetAttribute(int *, int, CUdevice);
 CUresult cuDeviceTotalMem_v2(size_t *, CUdevice);
 CUresult cuDeviceGetUuid_v2(CUuuid *, CUdevice);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
-CUresult cuDevicePrimaryCtxRelease_v2(CUdevice);
 CUresult cuDevicePrimaryCtxGetState(CUdevice, unsigned *, int *);
 CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice, unsigned);
 CUresult cuCtxCreate_v2(CUcontext *, unsigned, CUdevice);
 CUresult cuCtxDestroy_v2(CUcontext);
-CUresult cuCtxSetCurrent(CUcontext);
 CUresult cuCtxGetCurrent(CUcontext *);
 CUresult cuCtxPushCurrent_v2(CUcontext);
 CUresult cuCtxPopCurrent_v2(CUcontext *);
 CUresult cuCtxGetDevice(CUdevice *);
-CUresult cuCtxSynchronize(void);
 CUresult cuCtxGetStreamPriorityRange(int *, int *);
-CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
-CUresult cuMemFree_v2(CUdeviceptr);
 CUresult cuMemGetInfo_v2(size_t *, size_t *);
 CUresult cuMemGetAddressRange_v2(CUdeviceptr *, size_t *, CUdeviceptr);
 CUresult cuMemAllocHost_v2(void **, size_t);
 CUresult cuMemHostAlloc(void **, size_t, unsigned);
 CUresult cuMemFreeHost(void *);
 CUresult cuPointerGetAttribute(void *, int, CUdeviceptr);
-CUresult cuMemcpyHtoD_v2(CUdeviceptr, const void *, size_t);
-CUresult cuMemcpyDtoH_v2(void *, CUdeviceptr, size_t);
 CUresult cuMemcpyDtoD_v2(CUdeviceptr, CUdeviceptr, size_t);
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr, const void *, size_t, CUstream);
 CUresult cuMemcpyDtoHAsync_v2(void *, CUdeviceptr, size_t, CUstream);
@@ -87,14 +69,9 @@ CUresult cuEventSynchronize(CUevent);
 CUresult cuEventQuery(CUevent);
 CUresult cuEventElapsedTime(float *, CUevent, CUevent);
 CUresult cuEventDestroy_v2(CUevent);
-CUresult cuGetErrorName(CUresult, const char **);
 CUresult cuGetErrorString(CUresult, const char **);
 CUresult cuGetProcAddress(const char *, void **, int, unsigned long long);
-CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
-CUresult cuModuleLoadData(CUmodule *, const void *);
 CUresult cuModuleLoad(CUmodule *, const char *);
-CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
-CUresult cuModuleUnload(CUmodule);
 CUresult cuModuleGetGlobal_v2(CUdeviceptr *, size_t *, CUmodule, const char *);
 typedef struct CUlib_st *CUlibrary;
 typedef struct CUkern_st *CUkernel;
@@ -105,8 +82,6 @@ CUresult cuLibraryGetKernel(CUkernel *, CUlibrary, const char *);
 CUresult cuKernelGetFunction(CUfunction *, CUkernel);
 CUresult cuCtxGetLimit(size_t *, int);
 CUresult cuFuncGetParamInfo(CUfunction, size_t, size_t *, size_t *);
-CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                        unsigned, CUstream, void **, void **);
 CUresult cuLaunchKernelEx(const CUlaunchConfig *, CUfunction, void **, void **);
 CUresult cuMemAllocManaged(CUdeviceptr *, size_t, unsigned);
 CUresult cuFuncGetAttribute(int *, int, CUfunction);
@@ -115,20 +90,16 @@ CUresult cuStreamIsCapturing(CUstream, int *);
 CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *, CUfunction, int, size_t);
 CUresult cuOccupancyMaxActiveClusters(int *, CUfunction, const CUlaunchConfig *);
 
-#define NAME_OF(e) name_of((CUresult)(e))
+#define NAME_OF(e) cu_name_of((CUresult)(e))
 #include "check.h"
 
-static const char *name_of(CUresult e) {
-    const char *s = NULL;
-    return cuGetErrorName(e, &s) == 0 ? s : "(unnamed)";
-}
 
 #define EXPECT_RC(want, call)                                                             \
     do {                                                                                  \
         CUresult e_ = (call);                                                             \
         if (e_ != (want)) {                                                               \
             fprintf(stderr, "%s:%d: %s -> %s, want %d\n", __FILE__, __LINE__, #call,      \
-                    name_of(e_), (want));                                                 \
+                    cu_name_of(e_), (want));                                              \
             failures++;                                                                   \
         }                                                                                 \
     } while (0)

@@ -6,16 +6,7 @@
 #ifndef HIPR_TEST_CUDA_PROC_H
 #define HIPR_TEST_CUDA_PROC_H
 
-#include <stddef.h>
-
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
-typedef struct CUmod_st *CUmodule;
-typedef struct CUfunc_st *CUfunction;
-typedef struct CUstream_st *CUstream;
-
-CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
-
+#include "cuda_api.h"
 #include "check.h"
 
 /* The entry point `name` as CUDA 12.0 asks for it. */

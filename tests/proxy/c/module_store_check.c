@@ -28,31 +28,8 @@ hipError_t hipModuleLaunchKernel(hipFunction_t, unsigned, unsigned, unsigned, un
 const char *hipGetErrorName(hipError_t);
 #define NAME_OF(e) hipGetErrorName((hipError_t)(e))
 #else
-typedef int CUresult;
-typedef int CUdevice;
-typedef unsigned long long CUdeviceptr;
-typedef struct CUctx_st *CUcontext;
-typedef struct CUmod_st *CUmodule;
-typedef struct CUfunc_st *CUfunction;
-CUresult cuInit(unsigned);
-CUresult cuDeviceGet(CUdevice *, int);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
-CUresult cuDevicePrimaryCtxRelease_v2(CUdevice);
-CUresult cuCtxSetCurrent(CUcontext);
-CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
-CUresult cuMemFree_v2(CUdeviceptr);
-CUresult cuMemcpyDtoH_v2(void *, CUdeviceptr, size_t);
-CUresult cuModuleLoadData(CUmodule *, const void *);
-CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
-CUresult cuModuleUnload(CUmodule);
-CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                        unsigned, void *, void **, void **);
-CUresult cuGetErrorName(CUresult, const char **);
-static const char *name_of(CUresult e) {
-    const char *s = NULL;
-    return cuGetErrorName(e, &s) == 0 ? s : "(unnamed)";
-}
-#define NAME_OF(e) name_of((CUresult)(e))
+#include "cuda_api.h"
+#define NAME_OF(e) cu_name_of((CUresult)(e))
 #endif
 #include "check.h"
 

@@ -12,14 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef int CUresult;
-typedef int CUdevice;
-typedef unsigned long long CUdeviceptr;
-typedef unsigned long long cuuint64_t;
-typedef struct CUctx_st *CUcontext;
-typedef struct CUmod_st *CUmodule;
-typedef struct CUfunc_st *CUfunction;
-typedef struct CUstream_st *CUstream;
+#include "cuda_api.h"
 typedef struct CUgraph_st *CUgraph;
 typedef struct CUgraphExec_st *CUgraphExec;
 typedef struct CUgraphNode_st *CUgraphNode;
@@ -60,17 +53,6 @@ typedef struct {
     int result;
 } InstantiateParams;
 
-CUresult cuInit(unsigned);
-CUresult cuDeviceGet(CUdevice *, int);
-CUresult cuDeviceGetAttribute(int *, int, CUdevice);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
-CUresult cuDevicePrimaryCtxRelease_v2(CUdevice);
-CUresult cuCtxSetCurrent(CUcontext);
-CUresult cuCtxSynchronize(void);
-CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
-CUresult cuMemFree_v2(CUdeviceptr);
-CUresult cuMemcpyHtoD_v2(CUdeviceptr, const void *, size_t);
-CUresult cuMemcpyDtoH_v2(void *, CUdeviceptr, size_t);
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr, const void *, size_t, CUstream);
 CUresult cuMemcpyDtoHAsync_v2(void *, CUdeviceptr, size_t, CUstream);
 CUresult cuMemsetD8_v2(CUdeviceptr, unsigned char, size_t);
@@ -78,13 +60,6 @@ CUresult cuMemsetD8Async(CUdeviceptr, unsigned char, size_t, CUstream);
 CUresult cuStreamCreate(CUstream *, unsigned);
 CUresult cuStreamDestroy_v2(CUstream);
 CUresult cuStreamSynchronize(CUstream);
-CUresult cuGetErrorName(CUresult, const char **);
-CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
-CUresult cuModuleLoadData(CUmodule *, const void *);
-CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
-CUresult cuModuleUnload(CUmodule);
-CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                        unsigned, CUstream, void **, void **);
 CUresult cuStreamBeginCapture(CUstream);
 CUresult cuStreamBeginCapture_v2(CUstream, int);
 CUresult cuStreamEndCapture(CUstream, CUgraph *);
@@ -119,13 +94,9 @@ CUresult cuMemPoolGetAttribute(CUmemoryPool, int, void *);
 CUresult cuMemPoolTrimTo(CUmemoryPool, size_t);
 CUresult cuMemAllocManaged(CUdeviceptr *, size_t, unsigned);
 
-#define NAME_OF(e) name_of((CUresult)(e))
+#define NAME_OF(e) cu_name_of((CUresult)(e))
 #include "check.h"
 
-static const char *name_of(CUresult e) {
-    const char *s = NULL;
-    return cuGetErrorName(e, &s) == 0 ? s : "(unnamed)";
-}
 
 #define EXPECT_RC(want, call) EXPECT((call) == (want))
 
