@@ -4,14 +4,24 @@ settings (leak checking on, a distinct exit code per sanitizer) and the verdict 
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
-from hipr.proxy.build import compiler
+from hipr.proxy.build import SANITIZE, WARNINGS, compiler
+
+#: The compiler flags of every sanitized test program.
+SANITIZED_FLAGS = (*SANITIZE, *WARNINGS, "-std=c11")
 
 SANITIZER_ENV = {
     "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0:exitcode=23",
     "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1:exitcode=24",
     "LSAN_OPTIONS": "exitcode=25",
 }
+
+
+def linked_to(folder: Path, *libraries: str) -> list[str]:
+    """The flags that link a program to ``libraries`` (file names) of ``folder`` and let it
+    find them there when it runs."""
+    return [f"-L{folder}", *(f"-l:{name}" for name in libraries), f"-Wl,-rpath,{folder}"]
 
 
 def cc(args: list[str]) -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.proxy import ab
-from hipr.proxy.build import LIB_DIR
-from tests.proxy.sanitized import cc
+from hipr.proxy.build import HIP_LIBRARY, LIB_DIR
+from tests.proxy.sanitized import cc, linked_to
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,7 +20,7 @@ def test_ab_runs_proxy_bench_against_each_worker(
 ) -> None:
     bench = tmp_path / "proxy_bench"
     cc(["-std=c11", "-O1", str(ROOT / "benchmarks/proxy/proxy_bench.c"), "-o", str(bench),
-        f"-L{LIB_DIR}", "-l:libamdhip64.so", f"-Wl,-rpath,{LIB_DIR}"])  # fmt: skip
+        *linked_to(LIB_DIR, HIP_LIBRARY)])  # fmt: skip
     record = tmp_path / "rounds.json"
     argv = ["--bench", str(bench), "--backend", "emulator", "--mib", "1", "--rounds", "1",
             "--worker", f"one:{ROOT}", "--worker", f"two:{ROOT}:{bench}",

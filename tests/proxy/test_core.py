@@ -18,9 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from hipr.proxy.build import SANITIZE, WARNINGS
+from hipr.proxy.build import HIP_LIBRARY
 from tests.proxy.conftest import stop_worker
-from tests.proxy.sanitized import SANITIZER_ENV, assert_sanitizer_clean, cc
+from tests.proxy.sanitized import (
+    SANITIZED_FLAGS,
+    SANITIZER_ENV,
+    assert_sanitizer_clean,
+    cc,
+    linked_to,
+)
 from tests.transports.conftest import Pki, SshServer, pki, sshd  # noqa: F401 - fixtures
 
 C_DIR = Path(__file__).resolve().parent / "c"
@@ -50,8 +56,8 @@ def program(sanitized_libs: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     libs = sanitized_libs
     path = root / "core_check"
     cc([
-        *SANITIZE, *WARNINGS, "-std=c11", str(C_DIR / "core_check.c"), "-o", str(path),
-        f"-L{libs}", "-l:libamdhip64.so", f"-Wl,-rpath,{libs}", "-pthread",
+        *SANITIZED_FLAGS, str(C_DIR / "core_check.c"), "-o", str(path),
+        *linked_to(libs, HIP_LIBRARY), "-pthread",
     ])  # fmt: skip
     return Program(path)
 

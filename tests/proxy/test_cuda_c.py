@@ -21,7 +21,7 @@ from hipr.proxy.build import (
     SANITIZE,
     WARNINGS,
 )
-from tests.proxy.sanitized import SANITIZER_ENV, assert_sanitizer_clean, cc
+from tests.proxy.sanitized import SANITIZER_ENV, assert_sanitizer_clean, cc, linked_to
 
 C_DIR = Path(__file__).resolve().parent / "c"
 
@@ -32,7 +32,7 @@ def _check_program(libs: Path, tmp_path: Path, flags: tuple[str, ...]) -> Path:
     cc(
         [
             *flags, *WARNINGS, "-std=c11", str(C_DIR / "cuda_check.c"), "-o", str(program),
-            f"-L{cuda}", f"-l:{CUDA_LIBRARY}", f"-Wl,-rpath,{cuda}",
+            *linked_to(cuda, CUDA_LIBRARY),
         ]
     )  # fmt: skip
     return program

@@ -13,8 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from hipr.proxy.build import CUDA_LIBRARY, CUDA_SUBDIR, SANITIZE, WARNINGS
-from tests.proxy.sanitized import SANITIZER_ENV, assert_sanitizer_clean, cc
+from hipr.proxy.build import CUDA_LIBRARY, CUDA_SUBDIR
+from tests.proxy.sanitized import (
+    SANITIZED_FLAGS,
+    SANITIZER_ENV,
+    assert_sanitizer_clean,
+    cc,
+    linked_to,
+)
 
 C_FILE = Path(__file__).resolve().parent / "c" / "cuda_etbl_check.c"
 
@@ -26,8 +32,8 @@ def program(sanitized_libs: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     cuda = libs / CUDA_SUBDIR
     out = tmp / "cuda_etbl_check"
     cc([
-        *SANITIZE, *WARNINGS, "-std=c11", str(C_FILE), "-o", str(out),
-        f"-L{cuda}", f"-l:{CUDA_LIBRARY}", f"-Wl,-rpath,{cuda}",
+        *SANITIZED_FLAGS, str(C_FILE), "-o", str(out),
+        *linked_to(cuda, CUDA_LIBRARY),
     ])  # fmt: skip
     return out
 

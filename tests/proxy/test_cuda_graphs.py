@@ -9,8 +9,14 @@ import os
 import subprocess
 from pathlib import Path
 
-from hipr.proxy.build import CUDA_LIBRARY, CUDA_SUBDIR, SANITIZE, WARNINGS
-from tests.proxy.sanitized import SANITIZER_ENV, assert_sanitizer_clean, cc
+from hipr.proxy.build import CUDA_LIBRARY, CUDA_SUBDIR
+from tests.proxy.sanitized import (
+    SANITIZED_FLAGS,
+    SANITIZER_ENV,
+    assert_sanitizer_clean,
+    cc,
+    linked_to,
+)
 
 HERE = Path(__file__).resolve().parent
 PROGRAM = HERE / "cuda" / "graph_check.c"
@@ -23,8 +29,8 @@ def test_capture_graphs_and_pools_under_sanitizers(
     cuda = sanitized_libs / CUDA_SUBDIR
     cc(
         [
-            *SANITIZE, *WARNINGS, "-std=c11", f"-I{HERE / 'c'}", str(PROGRAM), "-o", str(program),
-            f"-L{cuda}", f"-l:{CUDA_LIBRARY}", f"-Wl,-rpath,{cuda}",
+            *SANITIZED_FLAGS, f"-I{HERE / 'c'}", str(PROGRAM), "-o", str(program),
+            *linked_to(cuda, CUDA_LIBRARY),
         ]
     )  # fmt: skip
     env = dict(os.environ, HIPR_URL=worker_url, **SANITIZER_ENV)

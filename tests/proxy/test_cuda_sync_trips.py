@@ -13,8 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from hipr.proxy.build import CUDA_LIBRARY, CUDA_SUBDIR, SANITIZE, WARNINGS
-from tests.proxy.sanitized import SANITIZER_ENV, assert_sanitizer_clean, cc
+from hipr.proxy.build import CUDA_LIBRARY, CUDA_SUBDIR
+from tests.proxy.sanitized import (
+    SANITIZED_FLAGS,
+    SANITIZER_ENV,
+    assert_sanitizer_clean,
+    cc,
+    linked_to,
+)
 
 C_FILE = Path(__file__).resolve().parent / "c" / "cuda_sync_trips.c"
 _CALL = re.compile(r"^hipr trace: (\w+) -> (\d+)[^(]*(?:\((\d+) round trips?\))?$")
@@ -40,8 +46,8 @@ def test_synchronize_goes_to_the_worker_only_when_something_may_be_pending(
     cuda = libs / CUDA_SUBDIR
     program = tmp_path / "cuda_sync_trips"
     cc([
-        *SANITIZE, *WARNINGS, "-std=c11", str(C_FILE), "-o", str(program),
-        f"-L{cuda}", f"-l:{CUDA_LIBRARY}", f"-Wl,-rpath,{cuda}",
+        *SANITIZED_FLAGS, str(C_FILE), "-o", str(program),
+        *linked_to(cuda, CUDA_LIBRARY),
     ])  # fmt: skip
     env = dict(os.environ, HIPR_URL=worker_url, HIPR_PROXY_TRACE="1", **SANITIZER_ENV)
     run = subprocess.run(

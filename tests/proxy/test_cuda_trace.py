@@ -20,7 +20,7 @@ from hipr.proxy.build import (
     SANITIZE,
     WARNINGS,
 )
-from tests.proxy.sanitized import SANITIZER_ENV, assert_sanitizer_clean, cc
+from tests.proxy.sanitized import SANITIZER_ENV, assert_sanitizer_clean, cc, linked_to
 
 C_FILE = Path(__file__).resolve().parent / "c" / "cuda_trace_check.c"
 
@@ -33,7 +33,7 @@ def _program(tmp_path: Path, sanitized_libs: Path | None) -> Path:
     program = tmp_path / "cuda_trace_check"
     cc([
         *(SANITIZE if sanitize else ()), *WARNINGS, "-std=c11", str(C_FILE), "-o", str(program),
-        f"-L{cuda}", f"-l:{CUDA_LIBRARY}", f"-Wl,-rpath,{cuda}",
+        *linked_to(cuda, CUDA_LIBRARY),
     ])  # fmt: skip
     return program
 

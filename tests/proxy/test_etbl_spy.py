@@ -16,7 +16,7 @@ import pytest
 from hipr.proxy.build import CUDA_LIBRARY, CUDA_SUBDIR, LIB_DIR, WARNINGS
 from tests.proxy.cuda.build_spy import main as build_spy
 from tests.proxy.cuda.spy_summary import summarise
-from tests.proxy.sanitized import cc
+from tests.proxy.sanitized import cc, linked_to
 
 HERE = Path(__file__).resolve().parent
 
@@ -30,7 +30,7 @@ def test_spy_forwards_describes_and_traces(
     program = tmp_path / "cuda_etbl_check"
     cc([
         *WARNINGS, "-std=c11", str(HERE / "c" / "cuda_etbl_check.c"), "-o", str(program),
-        f"-L{cuda}", f"-l:{CUDA_LIBRARY}", f"-Wl,-rpath,{cuda}",
+        *linked_to(cuda, CUDA_LIBRARY),
     ])  # fmt: skip
     env = dict(
         os.environ,

@@ -11,9 +11,15 @@ import os
 import subprocess
 from pathlib import Path
 
-from hipr.proxy.build import HIP_LIBRARY, SANITIZE, WARNINGS
+from hipr.proxy.build import HIP_LIBRARY
 from tests.proxy.conftest import start_worker, stop_worker
-from tests.proxy.sanitized import SANITIZER_ENV, assert_sanitizer_clean, cc
+from tests.proxy.sanitized import (
+    SANITIZED_FLAGS,
+    SANITIZER_ENV,
+    assert_sanitizer_clean,
+    cc,
+    linked_to,
+)
 
 C_FILE = Path(__file__).resolve().parent / "c" / "hip_sync_trips.c"
 
@@ -24,8 +30,8 @@ def test_hip_synchronize_goes_to_the_worker_only_when_something_may_be_pending(
     libs = sanitized_libs
     program = tmp_path / "hip_sync_trips"
     cc([
-        *SANITIZE, *WARNINGS, "-std=c11", str(C_FILE), "-o", str(program),
-        f"-L{libs}", f"-l:{HIP_LIBRARY}", f"-Wl,-rpath,{libs}",
+        *SANITIZED_FLAGS, str(C_FILE), "-o", str(program),
+        *linked_to(libs, HIP_LIBRARY),
     ])  # fmt: skip
     # Two devices: the program checks what changes once another one is selected.
     worker, url = start_worker(short_tmp, "[emulator]\ndevice_count = 2\n")

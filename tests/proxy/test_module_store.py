@@ -16,8 +16,14 @@ import pytest
 
 from benchmarks.proxy.module_bytes import HASH_REQUEST_BYTES, ModuleFigures, free_port, scrape
 from benchmarks.proxy.module_bytes import wait_for as wait_for_socket
-from hipr.proxy.build import CUDA_LIBRARY, CUDA_SUBDIR, SANITIZE, WARNINGS
-from tests.proxy.sanitized import SANITIZER_ENV, assert_sanitizer_clean, cc
+from hipr.proxy.build import CUDA_LIBRARY, CUDA_SUBDIR, HIP_LIBRARY
+from tests.proxy.sanitized import (
+    SANITIZED_FLAGS,
+    SANITIZER_ENV,
+    assert_sanitizer_clean,
+    cc,
+    linked_to,
+)
 
 C_DIR = Path(__file__).resolve().parent / "c"
 LARGE = 256 << 10
@@ -36,14 +42,14 @@ def sanitized_programs(
     programs = {"cuda": tmp / "check_cuda", "hip": tmp / "check_hip"}
     cc(
         [
-            *SANITIZE, *WARNINGS, "-std=c11", source, "-o", str(programs["cuda"]),
-            f"-L{cuda}", f"-l:{CUDA_LIBRARY}", f"-Wl,-rpath,{cuda}",
+            *SANITIZED_FLAGS, source, "-o", str(programs["cuda"]),
+            *linked_to(cuda, CUDA_LIBRARY),
         ]
     )  # fmt: skip
     cc(
         [
-            *SANITIZE, *WARNINGS, "-std=c11", "-DHIP_API", source, "-o", str(programs["hip"]),
-            f"-L{libs}", "-l:libamdhip64.so", f"-Wl,-rpath,{libs}",
+            *SANITIZED_FLAGS, "-DHIP_API", source, "-o", str(programs["hip"]),
+            *linked_to(libs, HIP_LIBRARY),
         ]
     )  # fmt: skip
     return programs

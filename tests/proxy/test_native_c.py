@@ -15,14 +15,20 @@ from pathlib import Path
 
 from hipr.protocol.opcodes import Opcode
 from hipr.proxy.build import (
+    HIP_LIBRARY,
     LIB_DIR,
     NATIVE,
-    SANITIZE,
-    WARNINGS,
+    RTC_LIBRARY,
 )
 from hipr.proxy.coverage import coverage, update
 from hipr.proxy.tables import loaded_symbols, render_tables
-from tests.proxy.sanitized import SANITIZER_ENV, assert_sanitizer_clean, cc
+from tests.proxy.sanitized import (
+    SANITIZED_FLAGS,
+    SANITIZER_ENV,
+    assert_sanitizer_clean,
+    cc,
+    linked_to,
+)
 
 C_DIR = Path(__file__).resolve().parent / "c"
 
@@ -32,8 +38,8 @@ def test_c_program_under_sanitizers(sanitized_libs: Path, worker_url: str, tmp_p
     program = tmp_path / "proxy_check"
     cc(
         [
-            *SANITIZE, *WARNINGS, "-std=c11", str(C_DIR / "proxy_check.c"), "-o", str(program),
-            f"-L{libs}", "-l:libamdhip64.so", f"-Wl,-rpath,{libs}", "-lm",
+            *SANITIZED_FLAGS, str(C_DIR / "proxy_check.c"), "-o", str(program),
+            *linked_to(libs, HIP_LIBRARY), "-lm",
         ]
     )  # fmt: skip
     env = dict(os.environ, HIPR_URL=worker_url, **SANITIZER_ENV)
@@ -54,8 +60,8 @@ def test_hipcc_path_and_extras_under_sanitizers(
     program = tmp_path / "hipcc_check"
     cc(
         [
-            *SANITIZE, *WARNINGS, "-std=c11", str(C_DIR / "hipcc_check.c"), "-o", str(program),
-            f"-L{libs}", "-l:libamdhip64.so", f"-Wl,-rpath,{libs}", "-pthread",
+            *SANITIZED_FLAGS, str(C_DIR / "hipcc_check.c"), "-o", str(program),
+            *linked_to(libs, HIP_LIBRARY), "-pthread",
         ]
     )  # fmt: skip
     env = dict(os.environ, HIPR_URL=worker_url, **SANITIZER_ENV)
@@ -71,7 +77,7 @@ def test_decoder_fuzz_under_sanitizers(proxy_libs: None, tmp_path: Path) -> None
     harness = tmp_path / "fuzz_wire"
     cc(
         [
-            *SANITIZE, *WARNINGS, "-std=c11", f"-I{NATIVE}", str(C_DIR / "fuzz_wire.c"),
+            *SANITIZED_FLAGS, f"-I{NATIVE}", str(C_DIR / "fuzz_wire.c"),
             str(NATIVE / "wire.c"), str(NATIVE / "cborx.c"), "-lcbor", "-o", str(harness),
         ]
     )  # fmt: skip
@@ -96,7 +102,7 @@ def test_pointer_set_agrees_with_a_plain_array(tmp_path: Path) -> None:
     harness = tmp_path / "ptr_set_check"
     cc(
         [
-            *SANITIZE, *WARNINGS, "-std=c11", f"-I{NATIVE}", str(C_DIR / "ptr_set_check.c"),
+            *SANITIZED_FLAGS, f"-I{NATIVE}", str(C_DIR / "ptr_set_check.c"),
             str(NATIVE / "ptr_set.c"), "-o", str(harness),
         ]
     )  # fmt: skip
@@ -220,8 +226,8 @@ def test_hiprtc_link_headers_globals_and_stream_devices_under_sanitizers(
     program = tmp_path / "front_check"
     cc(
         [
-            *SANITIZE, *WARNINGS, "-std=c11", str(C_DIR / "front_check.c"), "-o", str(program),
-            f"-L{libs}", "-l:libamdhip64.so", "-l:libhiprtc.so", f"-Wl,-rpath,{libs}",
+            *SANITIZED_FLAGS, str(C_DIR / "front_check.c"), "-o", str(program),
+            *linked_to(libs, HIP_LIBRARY, RTC_LIBRARY),
             "-pthread",
         ]
     )  # fmt: skip

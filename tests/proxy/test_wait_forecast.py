@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 from hipr.proxy.build import HIP_LIBRARY, WARNINGS
-from tests.proxy.sanitized import cc
+from tests.proxy.sanitized import cc, linked_to
 
 C_FILE = Path(__file__).resolve().parent / "c" / "wait_forecast.c"
 
@@ -35,7 +35,7 @@ def test_synchronizes_of_milliseconds_are_polled_through_napped_or_slept(
     program = tmp_path / "wait_forecast"
     cc([
         *WARNINGS, "-O2", "-std=c11", str(C_FILE), "-o", str(program),
-        f"-L{LIB_DIR}", f"-l:{HIP_LIBRARY}", f"-Wl,-rpath,{LIB_DIR}",
+        *linked_to(LIB_DIR, HIP_LIBRARY),
     ])  # fmt: skip
     # 30 waits of a 16 MiB memset each: a few milliseconds, well past the 200 µs spin and
     # within the 10 ms polled through. A loaded machine may stretch them out of that
