@@ -13,7 +13,7 @@ from hipr.protocol import messages as m
 from hipr.protocol.opcodes import Opcode
 from hipr.sessions.state import Session
 
-__all__ = ["WAITING", "asks_to_wait", "finish_waiting", "wait_for_device"]
+__all__ = ["LAUNCHES", "WAITING", "asks_to_wait", "finish_waiting", "wait_for_device"]
 
 
 class _Waiting:
@@ -30,7 +30,7 @@ class _Waiting:
 WAITING: Any = _Waiting()
 
 #: The launches that may carry ``synchronize``.
-_LAUNCHES = frozenset({Opcode.LAUNCH_KERNEL, Opcode.LAUNCH_KERNELS})
+LAUNCHES = frozenset({Opcode.LAUNCH_KERNEL, Opcode.LAUNCH_KERNELS})
 _SYNCHRONIZE = m.LaunchKernel.synchronize
 
 
@@ -61,7 +61,7 @@ def asks_to_wait(opcode: int, no_reply: bool, args: Any) -> bool:
     connection reports the earlier fire-and-forget error after it ran, not instead of
     running it. Read from the raw arguments (the handler checks their types)."""
     return (
-        opcode in _LAUNCHES
+        opcode in LAUNCHES
         and not no_reply
         and (type(args) is dict or isinstance(args, Mapping))
         and args.get(_SYNCHRONIZE) is True

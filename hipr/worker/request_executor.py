@@ -23,7 +23,7 @@ import anyio
 from hipr.errors import HipError, HipErrorCode, ProtocolError
 from hipr.handlers.args import Args
 from hipr.handlers.context import Reply, Request
-from hipr.handlers.device_wait import WAITING, asks_to_wait, finish_waiting
+from hipr.handlers.device_wait import LAUNCHES, WAITING, asks_to_wait, finish_waiting
 from hipr.handlers.registry import LATER, HandlerRegistry
 from hipr.observability.observer import WorkerObserver
 from hipr.protocol.codec import Frame, FrameDecoder, encode_frame, encode_frame_parts
@@ -54,8 +54,6 @@ _NOT_SYNCHRONISING = frozenset({Opcode.PING, Opcode.GOODBYE, Opcode.BARRIER})
 _SETTLED_BY_WAITING = frozenset(
     {Opcode.DEVICE_SYNCHRONIZE, Opcode.STREAM_SYNCHRONIZE, Opcode.EVENT_SYNCHRONIZE}
 )
-#: Launches: sent for a reply, the executor runs them (``synchronize`` may wait).
-_LAUNCHES = frozenset({Opcode.LAUNCH_KERNEL, Opcode.LAUNCH_KERNELS})
 #: Requests that do not report the earlier fire-and-forget errors before they run.
 _REPORTS_NOTHING_EARLIER = _NOT_SYNCHRONISING | _SETTLED_BY_WAITING
 
@@ -322,7 +320,7 @@ class RequestExecutor:
         # A launch awaiting its reply is the executor's, unless it asks to be waited for
         # (``synchronize``): that one waits for the earlier work as a synchronize does.
         waits = False
-        if not no_reply and opcode in _LAUNCHES:
+        if not no_reply and opcode in LAUNCHES:
             if not asks_to_wait(opcode, no_reply, frame.args):
                 return False
             waits = True
