@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 from hipr.backends._code_cache import CodeCache
 from hipr.backends._gpu_handles import GpuModule, GpuStream, Ledger, PinnedBlock, live
+from hipr.backends._launch_wait import LaunchWait, load_launch_wait
 from hipr.backends._pinned import PinnedPayloads, PinnedStaging
 from hipr.backends._runtime import SUCCESS, Runtime
 from hipr.backends.interface import BackendStats, DeviceProperties, Handle
@@ -89,6 +90,12 @@ class GpuCore:
         # Bound once: the hot path pays no lookup of the runtime on each call.
         self._call: Callable[..., Any] = runtime.call
         self._launch_kernel = runtime.function(self._calls.launch_kernel)
+        entries = runtime.native_entries()
+        #: The launch and its wait as one native call (``launch_waited``); None where
+        #: the runtime gives no C entry points or the library cannot be had.
+        self._launch_wait: LaunchWait | None = (
+            None if entries is None else load_launch_wait(*entries, runtime.not_ready)
+        )
         #: Each OS thread's reused launch ``extra`` (the loop's and every session's).
         self._launch_extras = threading.local()
         self._props: dict[int, DeviceProperties] = {}

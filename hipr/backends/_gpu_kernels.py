@@ -13,6 +13,12 @@ from hipr.backends._gpu_core import GpuCore
 from hipr.backends._gpu_handles import GpuModule, GpuStream, live
 from hipr.backends._image_kind import check_image
 from hipr.backends._launch_extra import LaunchExtra, ReusedLaunchExtra, check_dims
+from hipr.backends._launch_wait import (
+    DONE,
+    LAUNCH_FAILED,
+    MAX_WAIT_STREAMS,
+    QUERY_FAILED,
+)
 from hipr.backends._runtime import INVALID_VALUE, SUCCESS
 from hipr.backends.interface import Dim3, Handle
 from hipr.errors import HipError, HipErrorCode
@@ -218,6 +224,59 @@ class GpuKernels(GpuCore):
         err = int(result[0])
         if err != SUCCESS:
             raise self._rt.error(err, self._calls.launch_kernel)
+
+    def launch_waited(
+        self,
+        function: Handle,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: int,
+        args: bytes,
+        streams: Sequence[Handle],
+        spin_seconds: float,
+        reply: tuple[int, bytes] | None = None,
+    ) -> tuple[bool, HipError | None, int] | None:
+        """:meth:`launch` on the lane's default stream, then :meth:`work_done` asked until
+        it says done or ``spin_seconds`` pass, as one native call (``_launch_wait``);
+        once done, ``reply`` (a socket descriptor and a frame) is sent from there too.
+        ``(done, None, sent)`` with the bytes of the reply sent (0: none; negative: the
+        send's ``-errno``); ``(False, error, 0)`` when the runtime refused the launch
+        (nothing polled, nothing sent); None, with nothing done, where the native call
+        is not to be had. A failed query (a faulted kernel) raises, as :meth:`work_done`
+        does."""
+        native = self._launch_wait
+        if native is None:
+            return None
+        check_dims(grid, block)
+        raw_stream, extra = self._launch_target(None)
+        defaults: dict[int, Any] = getattr(self._tls, "default_streams", {})
+        first = int(raw_stream)
+        waits = [first]
+        if len(defaults) > 1:  # the lane's default streams on its other devices
+            waits += [int(raw) for raw in defaults.values() if int(raw) != first]
+        if streams:
+            waits += [int(live(s, GpuStream, "stream")) for s in streams]
+        if len(waits) > MAX_WAIT_STREAMS:
+            return None
+        size = self._param_size(function)
+        packed = args if size is None or len(args) <= size else _fit(size, args)
+        held: LaunchExtra | None = None
+        if len(packed) <= extra.capacity:
+            address = extra.fill(packed)
+        else:  # more than the protocol carries (a direct caller): a buffer of its own
+            held = self._extra(packed)
+            address = held.address
+        dims = (*grid, *block)
+        status = native.run(int(function), dims, shared_mem, waits, address, spin_seconds, reply)
+        del held  # kept alive through the call
+        if status == DONE:
+            return True, None, native.results().reply_sent if reply is not None else 0
+        if status == LAUNCH_FAILED:
+            code = native.results().launch_result
+            return False, self._rt.error(code, self._calls.launch_kernel), 0
+        if status == QUERY_FAILED:
+            raise self._rt.error(native.results().query_result, self._calls.stream_query)
+        return False, None, 0
 
     def _launch_target(self, stream: Handle | None) -> tuple[Any, ReusedLaunchExtra]:
         """The raw stream of a launch and the calling thread's reused ``extra`` array."""

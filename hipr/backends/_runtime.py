@@ -5,12 +5,14 @@ helpers for reading a binding's answers. :mod:`~hipr.backends._runtime_cuda` and
 
 from __future__ import annotations
 
+import ctypes
 import re
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from hipr.backends._callmap import DriverCalls, RtcCalls, RuntimeConstants
 from hipr.backends._errmap import rtc_error
+from hipr.backends._launch_wait import entry_address
 from hipr.backends.interface import BackendUnavailable, DeviceProperties, Dim3
 from hipr.errors import HipError, HipErrorCode
 
@@ -75,6 +77,10 @@ class Runtime(Protocol):
 
     def provides(self, fn: str) -> bool:
         """True when the loaded binding has driver function ``fn``."""
+        ...
+
+    def native_entries(self) -> tuple[int, int] | None:
+        """The C addresses of the kernel launch and the stream query, or None."""
         ...
 
     def error(self, code: int, call: str) -> HipError:
@@ -209,11 +215,32 @@ class RuntimeBase:
     batch_copy_call: str | None = None
 
     def __init__(self, api: Any = None, rtc_api: Any = None) -> None:
+        # Only the real bindings' library may be opened for its C entry points: a
+        # simulated binding on a GPU host must never reach the real driver.
+        self._real_library = api is None
         if api is None:
             api, real_rtc = self.load_bindings()
             rtc_api = rtc_api or real_rtc
         self.api: Any = api
         self.rtc_api: Any = rtc_api
+
+    def native_entries(self) -> tuple[int, int] | None:
+        """The C addresses of the runtime's kernel launch and stream query (for the
+        native launch-and-wait, ``hipr.backends._launch_wait``); None where there are
+        none to give. A simulated binding offers its own through ``native_entries()``."""
+        offered = getattr(self.api, "native_entries", None)
+        if offered is not None:
+            entries: tuple[int, int] | None = offered()
+            return entries
+        if not self._real_library:
+            return None
+        try:
+            library = ctypes.CDLL(self.library)
+            launch = getattr(library, self.calls.launch_kernel)
+            query = getattr(library, self.calls.stream_query)
+        except (OSError, AttributeError):
+            return None
+        return entry_address(launch), entry_address(query)
 
     @staticmethod
     def load_bindings() -> tuple[Any, Any]:

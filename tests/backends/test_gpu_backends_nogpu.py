@@ -59,6 +59,7 @@ from hipr.backends._errmap import (
     rtc_error,
 )
 from hipr.backends._launch_extra import LaunchExtra, ReusedLaunchExtra
+from hipr.backends._launch_wait import LAUNCH_PROTOTYPE, QUERY_PROTOTYPE, entry_address
 from hipr.backends._pinned import PinnedPayloads, PinnedStaging, host_address
 from hipr.backends._runtime_cuda import CudaRuntime
 from hipr.backends._runtime_hip import HipRuntime
@@ -826,6 +827,10 @@ class SimStream:
     def __repr__(self) -> str:
         return f"<SimStream {self.label}>"
 
+    def __int__(self) -> int:
+        # What a native caller is given for the stream (``SimGpu.stream`` maps it back).
+        return id(self)
+
 
 class SimEvent:
     def __init__(self) -> None:
@@ -864,6 +869,8 @@ class SimGpu:
         #: things read the fault at a synchronisation and carry on).
         self.poisoning = False
         self.lock = threading.RLock()
+        #: The native entry points offered (``_make(..., native=True)``), if any.
+        self.native: SimNativeEntries | None = None
 
     def param_layout(self, fn: int) -> list[tuple[int, int]]:
         """(offset, size) of each parameter of a built-in kernel."""
@@ -909,6 +916,9 @@ class SimGpu:
         if isinstance(s, SimStream):
             return s
         value = _addr(s)
+        for stream in self.streams:  # a native caller's int(stream)
+            if id(stream) == value:
+                return stream
         assert value == 2, f"only the per-thread default stream may be passed raw: {s!r}"
         return self.ptds
 
@@ -946,6 +956,11 @@ class SimGpu:
                 old = np.frombuffer(self.read(ptr, 4 * n), np.float32)
                 new = np.full(n, value, np.float32) if name == "fill_f32" else old * value
                 self.write(ptr, new.astype(np.float32).tobytes())
+            elif name == "axpy_f32":
+                y, x, a, n = struct.unpack_from("<QQf4xQ", args)
+                xs = np.frombuffer(self.read(x, 4 * n), np.float32)
+                ys = np.frombuffer(self.read(y, 4 * n), np.float32)
+                self.write(y, (ys + np.float32(a) * xs).astype(np.float32).tobytes())
             elif name == "mixed_args_probe":
                 out, a8, a32, f, d, a16, sa, sb, sc, n = struct.unpack_from(
                     "<Qb3xif4xdh6xb7xdh6xQ", args
@@ -1043,6 +1058,35 @@ class SimBinding:
             return (0, *out) if isinstance(out, tuple) else (0,) if out is None else (0, out)
 
         return call
+
+
+class SimNativeEntries:
+    """C entry points for a simulated binding's launch and stream query (what the
+    worker's native launch-and-wait calls, ``hipr.backends._launch_wait``): ctypes
+    callbacks into the binding's own functions, so their arity checks and the call log
+    hold. ``not_ready_polls`` queries answer "not ready" first (a kernel still running)."""
+
+    def __init__(self, binding: SimBinding, launch: str, query: str, not_ready: int) -> None:
+        self.not_ready_polls = 0
+        self.queries = 0
+
+        def launch_entry(f: int, *rest: Any) -> int:
+            *dims, shared, stream, params, extra = rest
+            assert params is None
+            return int(getattr(binding, launch)(f, *dims, shared, stream, None, extra)[0])
+
+        def query_entry(stream: int) -> int:
+            self.queries += 1
+            if self.not_ready_polls > 0:
+                self.not_ready_polls -= 1
+                return not_ready
+            return int(getattr(binding, query)(stream)[0])
+
+        self._launch = LAUNCH_PROTOTYPE(launch_entry)
+        self._query = QUERY_PROTOTYPE(query_entry)
+
+    def __call__(self) -> tuple[int, int]:
+        return entry_address(self._launch), entry_address(self._query)
 
 
 def _common_handlers(
@@ -1420,7 +1464,9 @@ def make_sim_hip(gpu: SimGpu) -> tuple[SimBinding, SimBinding]:
     return SimBinding(hip, gpu, hip_handlers), SimBinding(hiprtc, gpu, rtc_handlers)
 
 
-def _make(kind: str) -> tuple[Any, SimGpu]:
+def _make(kind: str, native: bool = False) -> tuple[Any, SimGpu]:
+    """A GPU backend of ``kind`` over a simulated runtime; with ``native``, the runtime
+    offers C entry points for the native launch-and-wait (``gpu.native``)."""
     gpu = SimGpu()
     if kind == "cuda":
         if not HAVE_CUDA_BINDINGS:
@@ -1428,12 +1474,20 @@ def _make(kind: str) -> tuple[Any, SimGpu]:
         from hipr.backends.cuda_backend import CudaBackend
 
         drv, rtc = make_sim_cuda(gpu)
+        if native:
+            gpu.native = drv.native_entries = SimNativeEntries(  # type: ignore[attr-defined]
+                drv, "cuLaunchKernel", "cuStreamQuery", CudaRuntime.not_ready
+            )
         return CudaBackend(_driver=drv, _nvrtc=rtc), gpu
     if not HAVE_HIP_PYTHON:
         pytest.skip("hip-python absent")
     from hipr.backends.hip_backend import HipBackend
 
     hip_mod, rtc_mod = make_sim_hip(gpu)
+    if native:
+        gpu.native = hip_mod.native_entries = SimNativeEntries(  # type: ignore[attr-defined]
+            hip_mod, "hipModuleLaunchKernel", "hipStreamQuery", HipRuntime.not_ready
+        )
     return HipBackend(_hip=hip_mod, _hiprtc=rtc_mod), gpu
 
 

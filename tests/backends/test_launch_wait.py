@@ -1,0 +1,228 @@
+"""The native launch-and-wait (``hipr.backends._launch_wait``, ``native/launch_wait.c``):
+the C library on its own under AddressSanitizer and UndefinedBehaviorSanitizer, and both
+GPU backends' ``launch_waited`` on the simulated runtimes of
+:mod:`tests.backends.test_gpu_backends_nogpu`, whose entry points it then calls through C:
+the same bytes reach the runtime as through ``launch``, a refused launch and a faulted
+kernel come back as the runtime's errors, and a kernel still running is told apart."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hipr.backends import _launch_wait
+from hipr.errors import HipError, HipErrorCode
+from tests.backends.test_gpu_backends_nogpu import _fill_args, _make
+from tests.proxy.sanitized import SANITIZED_FLAGS, SANITIZER_ENV, assert_sanitizer_clean, cc
+
+E = HipErrorCode
+CHECK = Path(__file__).parent / "c" / "launch_wait_check.c"
+
+
+@pytest.fixture(params=["cuda", "hip"])
+def native_sim(request: pytest.FixtureRequest) -> Iterator[tuple[Any, Any]]:
+    """A simulated GPU backend whose runtime offers native entry points."""
+    backend, gpu = _make(str(request.param), native=True)
+    if backend._launch_wait is None:
+        backend.close()
+        pytest.fail("the native launch-and-wait library could not be built or loaded")
+    backend.bind_thread(0)
+    yield backend, gpu
+    backend.close()
+
+
+def _fill(backend: Any) -> Any:
+    return backend.module_get_function(backend.builtin_module(), "fill_f32")
+
+
+def _read(backend: Any, ptr: int, n: int) -> np.ndarray:
+    out = np.empty(n, np.float32)
+    backend.memcpy_dtoh(out.data, ptr)
+    return out
+
+
+def test_a_launch_waited_for_runs_and_reports_done(native_sim: tuple[Any, Any]) -> None:
+    backend, gpu = native_sim
+    fill, n = _fill(backend), 8
+    x = backend.malloc(4 * n)
+    before = len(gpu.launches)
+    assert backend.launch_waited(
+        fill, (1, 1, 1), (32, 1, 1), 0, _fill_args(x, 3.0, n), [], 1e-3
+    ) == (True, None, 0)
+    # A sizeof-style packer's tail: trimmed for CUDA as launch() trims it, kept for HIP.
+    padded = _fill_args(x, 4.0, n) + b"\0" * 8
+    assert backend.launch_waited(fill, (1, 1, 1), (32, 1, 1), 0, padded, [], 1e-3) == (
+        True,
+        None,
+        0,
+    )
+    sent = [args for _, args in gpu.launches[before:]]
+    assert sent[0] == _fill_args(x, 3.0, n)
+    assert sent[1] == (_fill_args(x, 4.0, n) if backend.name == "cuda" else padded)
+    assert (_read(backend, x, n) == 4.0).all()
+    assert gpu.native is not None and gpu.native.queries >= 2  # polled through C
+
+
+def test_every_stream_of_the_session_is_waited_for(native_sim: tuple[Any, Any]) -> None:
+    """Done means the session's other streams are idle too, as ``work_done`` says."""
+    backend, gpu = native_sim
+    fill, n = _fill(backend), 4
+    x, y = backend.malloc(4 * n), backend.malloc(4 * n)
+    stream = backend.stream_create()
+    backend.launch(fill, (1, 1, 1), (32, 1, 1), 0, stream, _fill_args(y, 7.0, n))
+    assert gpu.native is not None
+    gpu.native.queries = 0
+    done = backend.launch_waited(
+        fill, (1, 1, 1), (32, 1, 1), 0, _fill_args(x, 1.0, n), [stream], 1e-3
+    )
+    assert done == (True, None, 0)
+    assert gpu.native.queries >= 2  # the launch's stream and the session's other one
+    assert (_read(backend, y, n) == 7.0).all()
+    backend.stream_destroy(stream)
+
+
+def test_the_reply_leaves_once_the_work_is_done(native_sim: tuple[Any, Any]) -> None:
+    """With a descriptor, the reply is sent the moment the work is seen done, and only
+    then: not for a kernel still running, nor for a refused launch."""
+    backend, gpu = native_sim
+    fill, n = _fill(backend), 4
+    x = backend.malloc(4 * n)
+    ours, peer = socket.socketpair()
+    with ours, peer:
+        peer.setblocking(False)
+        reply = (ours.fileno(), b"reply-frame")
+        args = _fill_args(x, 5.0, n)
+        outcome = backend.launch_waited(fill, (1, 1, 1), (32, 1, 1), 0, args, [], 1e-3, reply)
+        assert outcome == (True, None, len(reply[1]))
+        assert peer.recv(64) == b"reply-frame"
+        assert gpu.native is not None
+        gpu.native.not_ready_polls = 10**9
+        outcome = backend.launch_waited(fill, (1, 1, 1), (32, 1, 1), 0, args, [], 0.0, reply)
+        assert outcome == (False, None, 0)
+        gpu.native.not_ready_polls = 0
+        refused = backend.launch_waited(fill, (1, 1, 1), (2048, 1, 1), 0, args, [], 1e-3, reply)
+        assert refused is not None and refused[1] is not None and refused[2] == 0
+        with pytest.raises(BlockingIOError):
+            peer.recv(64)  # nothing more was sent
+        backend.synchronize()
+    # A descriptor that is no socket: the send's -errno, the work still done.
+    outcome = backend.launch_waited(fill, (1, 1, 1), (32, 1, 1), 0, args, [], 1e-3, (10**6, b"x"))
+    assert outcome is not None and outcome[:2] == (True, None) and outcome[2] < 0
+    with pytest.raises(ValueError, match="at most 64 bytes"):
+        backend.launch_waited(fill, (1, 1, 1), (32, 1, 1), 0, args, [], 1e-3, (1, b"x" * 65))
+
+
+def test_a_kernel_still_running_when_the_poll_ends(native_sim: tuple[Any, Any]) -> None:
+    backend, gpu = native_sim
+    fill, n = _fill(backend), 4
+    x = backend.malloc(4 * n)
+    assert gpu.native is not None
+    gpu.native.not_ready_polls = 10**9  # never seen done while polling
+    assert backend.launch_waited(
+        fill, (1, 1, 1), (32, 1, 1), 0, _fill_args(x, 2.0, n), [], 0.0
+    ) == (False, None, 0)
+    gpu.native.not_ready_polls = 0
+    backend.synchronize()
+    assert (_read(backend, x, n) == 2.0).all()
+
+
+def test_a_refused_launch_is_the_runtimes_error(native_sim: tuple[Any, Any]) -> None:
+    backend, gpu = native_sim
+    fill = _fill(backend)
+    x = backend.malloc(64)
+    queries = gpu.native.queries if gpu.native else 0
+    # Bytes past the kernel's parameters that are not padding: CUDA refuses the launch
+    # (701, LAUNCH_OUT_OF_RESOURCES); HIP takes them.
+    args = _fill_args(x, 1.0, 4) + b"\1" * 32
+    outcome = backend.launch_waited(fill, (1, 1, 1), (32, 1, 1), 0, args, [], 1e-3)
+    if backend.name == "cuda":
+        done, error, sent = outcome
+        assert not done and isinstance(error, HipError) and sent == 0
+        assert error.code == E.hipErrorLaunchOutOfResources
+        assert gpu.native is not None and gpu.native.queries == queries  # nothing polled
+    else:
+        assert outcome == (True, None, 0)
+    # Too many threads a block: refused by the runtime on both.
+    done, error, _ = backend.launch_waited(
+        fill, (1, 1, 1), (2048, 1, 1), 0, _fill_args(x, 1.0, 4), [], 1e-3
+    )
+    assert not done and error is not None and error.code == E.hipErrorInvalidValue
+
+
+def test_a_faulted_kernel_raises_as_a_query_would(native_sim: tuple[Any, Any]) -> None:
+    backend, gpu = native_sim
+    reduce = backend.module_get_function(backend.builtin_module(), "reduce_sum_f32")
+    x = backend.malloc(4 * 64)
+    out = backend.malloc(4)
+    args = np.array([x, out], np.uint64).tobytes() + np.uint64(64).tobytes()
+    with pytest.raises(HipError) as info:  # too little shared memory: the sim faults
+        backend.launch_waited(reduce, (1, 1, 1), (64, 1, 1), 0, args, [], 1e-3)
+    assert info.value.code == E.hipErrorIllegalAddress
+    gpu.sticky = 0
+
+
+def test_without_entry_points_there_is_no_native_call() -> None:
+    backend, _ = _make("cuda")
+    try:
+        assert backend._launch_wait is None
+        assert backend.launch_waited(None, (1, 1, 1), (1, 1, 1), 0, b"", [], 0.0) is None
+    finally:
+        backend.close()
+
+
+def test_the_library_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HIPR_NATIVE_LAUNCH", "0")
+    assert _launch_wait.load_launch_wait(1, 2, 600) is None
+    monkeypatch.delenv("HIPR_NATIVE_LAUNCH")
+    assert _launch_wait.load_launch_wait(0, 2, 600) is None  # no launch entry point
+
+
+def test_a_library_of_other_sources_is_refused(tmp_path: Path) -> None:
+    """A library without the layout's version (built from older sources, or not ours)
+    is not used: its structure would be misread."""
+    stale = tmp_path / "stale.c"
+    stale.write_text("int hipr_launch_wait_abi(void) { return 1; }\n")
+    built = tmp_path / "libstale.so"
+    cc(["-shared", "-fPIC", str(stale), "-o", str(built)])
+    assert _launch_wait._opened(built) is None
+    assert _launch_wait._opened(tmp_path / "absent.so") is None
+    current = _launch_wait._compiled_into_cache()
+    assert current is not None and _launch_wait._opened(current) is not None
+
+
+def test_the_library_compiles_into_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the package holds no built library, the first use compiles one, once."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(_launch_wait, "PACKAGED", tmp_path / "absent.so")
+    first = _launch_wait._compiled_into_cache()
+    assert first is not None and first.is_relative_to(tmp_path)
+    stamp = first.stat().st_mtime_ns
+    assert _launch_wait._compiled_into_cache() == first
+    assert first.stat().st_mtime_ns == stamp
+
+
+def test_the_c_source_under_sanitizers(tmp_path: Path) -> None:
+    """launch_wait.c against fake entry points, built with ASan and UBSan and
+    ``-Werror``: every outcome, the stream bound, and no leak or undefined behaviour."""
+    binary = tmp_path / "launch_wait_check"
+    source = _launch_wait.SOURCE
+    cc([*SANITIZED_FLAGS, "-I", str(source.parent), str(CHECK), str(source), "-o", str(binary)])
+    run = subprocess.run(
+        [str(binary)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        env={**os.environ, **SANITIZER_ENV},
+    )
+    assert_sanitizer_clean(run)
+    assert "launch_wait_check: ok" in run.stdout
