@@ -139,13 +139,30 @@ def serve(dump: str, worker_argv: list[str]) -> int:
     run_here = session.Session._run_here
 
     def timed_run_here(self: Any, fn: Any, *args: Any) -> Any:
-        if getattr(fn, "__name__", "") != "launch":
+        name = getattr(fn, "__name__", "")
+        if name == "launch_waited":
+            return _timed_launch_waited(self, fn, args)
+        if name != "launch":
             return run_here(self, fn, *args)
         started = now()
         try:
             return run_here(self, fn, *args)
         finally:
             launch_calls.extend((started, now()))
+
+    def _timed_launch_waited(self: Any, fn: Any, args: tuple[Any, ...]) -> Any:
+        """The native launch-and-wait: one call, split into the launch and the poll by the
+        time the C side measured from the launch's return (``polled_ns``)."""
+        started = now()
+        outcome = run_here(self, fn, *args)
+        ended = now()
+        if outcome is None:  # no native call to be had: launched the usual way after
+            return outcome
+        polled_ns = self.backend._launch_wait.polled_ns()
+        launch_calls.extend((started, ended - polled_ns))
+        if outcome[0]:
+            polled.append(ended)
+        return outcome
 
     session.Session.work_done = timed_work_done  # type: ignore[method-assign]
     session.Session._run_here = timed_run_here  # type: ignore[method-assign]

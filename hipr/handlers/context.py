@@ -45,6 +45,19 @@ class RequestLink(Protocol):
         the event loop would; None where the link cannot."""
         ...
 
+    def reply_target(self, request: Request) -> tuple[int, bytes] | None:
+        """For a request whose reply is an empty success once its work is seen done on
+        the event loop (a native launch-and-wait): a socket descriptor and that reply's
+        bytes, for the native call to send the moment it sees the work done, with the
+        connection's other writes held back until :meth:`reply_written`; None where the
+        link cannot (no plain socket, a frame queued, an earlier error pending)."""
+        ...
+
+    def reply_written(self, request: Request, target: tuple[int, bytes], sent: int) -> None:
+        """After :meth:`reply_target`: the socket took ``sent`` bytes of the reply (0 or
+        negative: none, and the reply goes the usual way); writes go on."""
+        ...
+
 
 @dataclass(slots=True)
 class Request:
@@ -95,6 +108,15 @@ class Request:
         :meth:`RequestLink.answer_from_gpu_thread`). Only for a handler that then
         returns ``{}``."""
         return self.link.answer_from_gpu_thread(self)
+
+    def reply_target(self) -> tuple[int, bytes] | None:
+        """Where a native call may send this request's empty reply itself (see
+        :meth:`RequestLink.reply_target`); pair with :meth:`reply_written`."""
+        return self.link.reply_target(self)
+
+    def reply_written(self, target: tuple[int, bytes], sent: int) -> None:
+        """What became of the reply sent to :meth:`reply_target`'s descriptor."""
+        self.link.reply_written(self, target, sent)
 
 
 @dataclass(slots=True)

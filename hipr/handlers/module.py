@@ -321,7 +321,8 @@ async def launch_kernel(session: Session, request: Request) -> Any:
     ``args`` is the C-aligned argument buffer; ``ptrs`` the offsets of its pointers.
     With ``synchronize`` (protocol 1.3), the launch then its DEVICE_SYNCHRONIZE."""
     if _synchronizes(request):
-        await _launched_then_waited(session, request, partial(_post_launch, session, request))
+        if _launch_waited_now(session, request) is WAITING:
+            await wait_for_device(session, request)
         return {}
     await run_ordered(session, request, session.backend.launch, *_launch_call(session, request))
     return {}
@@ -383,14 +384,51 @@ def launch_kernel_now(session: Session, request: Request) -> Any:
     the launch then its synchronize's wait, when the work is done at once."""
     if not request.no_reply:
         if request.args.flag(_SYNCHRONIZE):
-            return _launched_then_done_now(
-                session, request, partial(_post_launch, session, request)
-            )
+            return _launch_waited_now(session, request)
         return LATER
     if request.args.has(_SYNCHRONIZE):
         return LATER  # the executor refuses ``synchronize`` with NO_REPLY
     _post_launch(session, request)
     return {}
+
+
+def _launch_waited_now(session: Session, request: Request) -> Any:
+    """:func:`_launched_then_done_now` of a launch on the default stream, its launch and
+    wait made as one native call where the backend has it (``Session.launch_waited``),
+    which also sends the reply the moment the work is seen done where the link allows
+    (``Request.reply_target``): the same checks and the same answers. The synchronize's
+    request of max_request_rate is spent before the launch here (the reply may leave
+    with it); a refusal goes the usual way, as does a launch whose checks fail, which
+    keeps its refusal for the reply after the wait."""
+    try:
+        call = _launch_call(session, request)
+    except HipError:
+        call = None
+    outcome = None
+    if call is not None and call[4] is None and session.gate.try_admit():
+        function, grid, block, shared_mem, _, data = call
+        target = request.reply_target()
+        sent = 0
+        try:
+            outcome = session.launch_waited(function, grid, block, shared_mem, data, target)
+            sent = 0 if outcome is None else outcome[2]
+        finally:
+            if target is not None:
+                request.reply_written(target, sent)
+        if outcome is None:
+            session.gate.refund()  # spent again by the usual way's own admission
+    if outcome is None:
+        launch = (
+            partial(_post_launch, session, request)
+            if call is None
+            else partial(post_ordered, session, request, session.backend.launch, *call)
+        )
+        return _launched_then_done_now(session, request, launch)
+    done, refused, _ = outcome
+    if refused is not None:
+        session.defer_error(refused, request.name, request.request_id)
+        done = session.work_done()  # the earlier work, which the refused launch did not poll
+    return {} if done else WAITING
 
 
 def _post_launch(session: Session, request: Request) -> None:

@@ -234,6 +234,34 @@ class Session:
         streams = self.streams.objects()
         return self._poll(lambda: bool(self._run_here(probe, streams)))
 
+    def launch_waited(
+        self,
+        function: Any,
+        grid: Any,
+        block: Any,
+        shared_mem: int,
+        args: bytes,
+        reply: tuple[int, bytes] | None = None,
+    ) -> tuple[bool, HipError | None, int] | None:
+        """A launch on the default stream and the session's wait for all its work, right
+        here on the event loop as one native call (``backend.launch_waited``), polling
+        as long as :meth:`work_done` would, and sending ``reply`` once done:
+        ``(done, None, reply bytes sent)``, or ``(False, error, 0)`` when the runtime
+        refused the launch; None, with nothing done, where it cannot run here (the
+        launch then goes the usual way). A faulted kernel raises."""
+        native = getattr(self.backend, "launch_waited", None)
+        if native is None or self.burst or not self._can_inline(self.backend.launch):
+            return None
+        outcome: tuple[bool, HipError | None, int] | None = self._run_here(
+            native, function, grid, block, shared_mem, args, self.streams.objects(),
+            _INLINE_POLL_SECONDS, reply,
+        )  # fmt: skip
+        if outcome is not None and not outcome[0] and outcome[1] is None:
+            # Polled for its whole length: the executor's wait looks once, then blocks,
+            # as after :meth:`_poll` gave up.
+            self._poll_gave_up = time.perf_counter()
+        return outcome
+
     def device_busy(self) -> bool:
         """True while the session has GPU work queued or running: on its thread, or (on a
         backend whose work runs on after the call returns) on the device. Asked without

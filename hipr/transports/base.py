@@ -219,6 +219,17 @@ class ThreadWriter(Protocol):
         wait; False, with nothing sent, then."""
         ...
 
+    def reserve_native_write(self, busy: Callable[[], bool]) -> int:
+        """On the loop: a socket descriptor a native call may send one whole frame to,
+        with the stream's other writes held back until :meth:`native_written`; -1 when
+        it may not now (``busy()``, a queue, a closed stream)."""
+        ...
+
+    def native_written(self, data: bytes, sent: int) -> None:
+        """After :meth:`reserve_native_write`: the socket took ``sent`` bytes of ``data``
+        (0 or a negative ``-errno``: none); the rest goes first with the next write."""
+        ...
+
     @property
     def thread_write_held(self) -> bool:
         """True while the rest of a frame a thread began waits unsent (the socket took

@@ -52,11 +52,9 @@ class ThreadWrites:
         if not lock.acquire(blocking=False):
             return False
         try:
-            if self._closed or self.held or busy() or queued():
-                return False
-            dup = self._dup
+            dup = self._descriptor(busy, queued)
             if dup is None:
-                dup = self._dup = self._sock.dup()
+                return False
             try:
                 sent = dup.send(data, socket.MSG_DONTWAIT)
             except OSError:  # no room at all, or the link is gone: the loop finds out
@@ -66,6 +64,45 @@ class ThreadWrites:
             return True
         finally:
             lock.release()
+
+    def reserve(self, busy: Callable[[], bool], queued: Callable[[], int]) -> int:
+        """The descriptor a native call may send one whole frame to (the GPU thread's
+        duplicate), with every other write held back until :meth:`reserved_written`; -1,
+        holding nothing, where :meth:`write` would send nothing now. For the loop's own
+        native launch-and-wait (``hipr.backends._launch_wait``), which sends a reply the
+        moment its kernel is seen done, with the interpreter lock released."""
+        if not self.lock.acquire(blocking=False):
+            return -1
+        try:
+            dup = self._descriptor(busy, queued)
+        except OSError:
+            dup = None
+        if dup is None:
+            self.lock.release()
+            return -1
+        return dup.fileno()
+
+    def reserved_written(self, data: bytes, sent: int) -> None:
+        """After :meth:`reserve`: the socket took ``sent`` bytes of ``data`` (0 or a
+        negative ``-errno``: none); the rest is held for the loop's next write. Other
+        writes go on."""
+        try:
+            if 0 < sent < len(data):
+                self.held = data[sent:]
+        finally:
+            self.lock.release()
+
+    def _descriptor(
+        self, busy: Callable[[], bool], queued: Callable[[], int]
+    ) -> socket.socket | None:
+        """The duplicate to write a frame to now (made on first use); None when nothing
+        may be written from here now. Call with :attr:`lock` held."""
+        if self._closed or self.held or busy() or queued():
+            return None
+        dup = self._dup
+        if dup is None:
+            dup = self._dup = self._sock.dup()
+        return dup
 
     def take_held(self) -> bytes:
         """The rest of a frame the thread began (b"" if none), now the loop's to send

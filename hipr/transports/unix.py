@@ -141,6 +141,17 @@ class UnixSocketStream(ByteStream):
         False, with nothing sent, otherwise."""
         return self.thread_writes.write(data, busy, _nothing_queued)
 
+    def reserve_native_write(self, busy: Callable[[], bool]) -> int:
+        """On the loop: a descriptor a native call may send one whole frame to, this
+        stream's writes held back until :meth:`native_written`; -1 when it may not now
+        (``ThreadWrites.reserve``)."""
+        return self.thread_writes.reserve(busy, _nothing_queued)
+
+    def native_written(self, data: bytes, sent: int) -> None:
+        """After :meth:`reserve_native_write`: ``sent`` bytes of ``data`` left (0 or a
+        negative ``-errno``: none); the rest goes first with the next write."""
+        self.thread_writes.reserved_written(data, sent)
+
     @property
     def thread_write_held(self) -> bool:
         """True while the rest of a frame a thread began waits unsent."""

@@ -379,6 +379,16 @@ class RequestExecutor:
         error = self._settle(session, waited, name, request_id, no_reply, error, started)
         if no_reply:
             return True
+        answered = self._answered_early
+        if answered is not None and answered[0] == request_id:
+            # Sent by the native launch-and-wait the moment its kernel was seen done.
+            self._answered_early = None
+            self._keep_answered_early(session, name, request_id, answered[1], error)
+            try:
+                push.write_nowait(b"")  # the rest of it, if the socket took only part
+            except LINK_ERRORS:
+                pass
+            return True
         data = self._reply_data(session, frame, error, result)
         # A link lost here is found by the stream's own end; the reply waits in the
         # session's reply cache for the resend. (try rather than contextlib.suppress:
@@ -548,19 +558,49 @@ class RequestExecutor:
 
         return answer
 
+    def reply_target(self, request: Request) -> tuple[int, bytes] | None:
+        """A descriptor and the empty reply for a native call to send once the request's
+        work is seen done (``RequestLink.reply_target``): where the stream takes writes
+        from outside the loop, nothing is queued or half-written, and no earlier
+        fire-and-forget error must be reported instead."""
+        stream = self._writer.thread_writer
+        request_id = request.request_id
+        if stream is None or request.no_reply or not request_id or self.session.error_pending:
+            return None
+        # The bytes _reply_data would build for the request's {} (kept for a resend).
+        data = encode_frame(request.opcode, request_id, _REPLY, {})
+        fd = stream.reserve_native_write(self._send_lock.locked)
+        return None if fd < 0 else (fd, data)
+
+    def reply_written(self, request: Request, target: tuple[int, bytes], sent: int) -> None:
+        """After :meth:`reply_target`: a reply the socket took (whole or in part) is this
+        request's, answered early; the connection finishes it without sending it again."""
+        stream = self._writer.thread_writer
+        assert stream is not None
+        stream.native_written(target[1], sent)
+        if sent > 0:
+            self._answered_early = (request.request_id, target[1])
+
     async def _finish_answered_early(
         self, session: Session, name: str, request_id: int, data: bytes, error: HipError | None
     ) -> None:
         """The executor's part of a reply the GPU thread sent: keep it for a resend, send
         the rest of it if the socket took only part, keep the spin window open."""
-        if error is not None:
-            # Nothing may set an error between the thread's look and this one; should a
-            # bug do so, the error still reaches the client at its next synchronisation.
-            self._log.warning("error after a reply sent from the GPU thread", opcode=name)
-            session.defer_error(error, name, request_id)
-        session.replies.put(request_id, data)
+        self._keep_answered_early(session, name, request_id, data, error)
         await self._writer.flush_thread_write()
         self.worker.busy_poll.note_activity()
+
+    def _keep_answered_early(
+        self, session: Session, name: str, request_id: int, data: bytes, error: HipError | None
+    ) -> None:
+        """A reply sent before the request's bookkeeping (by the GPU thread or a native
+        call): kept for a resend. Nothing may set an error between the sender's look and
+        this one; should a bug do so, the error still reaches the client at its next
+        synchronisation."""
+        if error is not None:
+            self._log.warning("error after a reply sent early", opcode=name)
+            session.defer_error(error, name, request_id)
+        session.replies.put(request_id, data)
 
 
 def _over_rate(session: Session) -> HipError | None:
