@@ -152,7 +152,8 @@ def serve(dump: str, worker_argv: list[str]) -> int:
 
     def _timed_launch_waited(self: Any, fn: Any, args: tuple[Any, ...]) -> Any:
         """The native launch-and-wait: one call, split into the launch and the poll by the
-        time the C side measured from the launch's return (``polled_ns``)."""
+        time the C side measured from the launch's return (``polled_ns``); a reply it
+        sent is marked as sent when the call returned (its send is part of the poll)."""
         started = now()
         outcome = run_here(self, fn, *args)
         ended = now()
@@ -162,6 +163,8 @@ def serve(dump: str, worker_argv: list[str]) -> int:
         launch_calls.extend((started, ended - polled_ns))
         if outcome[0]:
             polled.append(ended)
+        if outcome[2] > 0:  # the reply left from C right after the work was seen done
+            sends.append((ended, ended))
         return outcome
 
     session.Session.work_done = timed_work_done  # type: ignore[method-assign]

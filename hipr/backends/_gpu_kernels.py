@@ -249,14 +249,14 @@ class GpuKernels(GpuCore):
             return None
         check_dims(grid, block)
         raw_stream, extra = self._launch_target(None)
-        defaults: dict[int, Any] = getattr(self._tls, "default_streams", {})
         first = int(raw_stream)
-        waits = [first]
+        others: list[int] = []
+        defaults: dict[int, Any] = self._tls.default_streams  # made by _launch_target
         if len(defaults) > 1:  # the lane's default streams on its other devices
-            waits += [int(raw) for raw in defaults.values() if int(raw) != first]
+            others += [int(raw) for raw in defaults.values() if int(raw) != first]
         if streams:
-            waits += [int(live(s, GpuStream, "stream")) for s in streams]
-        if len(waits) > MAX_WAIT_STREAMS:
+            others += [int(live(s, GpuStream, "stream")) for s in streams]
+        if len(others) > MAX_WAIT_STREAMS:
             return None
         size = self._param_size(function)
         packed = args if size is None or len(args) <= size else _fit(size, args)
@@ -267,10 +267,12 @@ class GpuKernels(GpuCore):
             held = self._extra(packed)
             address = held.address
         dims = (*grid, *block)
-        status = native.run(int(function), dims, shared_mem, waits, address, spin_seconds, reply)
+        status = native.run(
+            int(function), dims, shared_mem, first, others, address, spin_seconds, reply
+        )
         del held  # kept alive through the call
         if status == DONE:
-            return True, None, native.results().reply_sent if reply is not None else 0
+            return True, None, 0 if reply is None else native.reply_sent()
         if status == LAUNCH_FAILED:
             code = native.results().launch_result
             return False, self._rt.error(code, self._calls.launch_kernel), 0

@@ -49,8 +49,8 @@ LIBRARY = "libhipr_launch_wait.so"
 PACKAGED = Path(__file__).resolve().parent / "lib" / LIBRARY
 
 #: The call structure's version (``HIPR_LAUNCH_WAIT_ABI``).
-ABI = 2
-#: The streams one call may poll (``MAX_WAIT_STREAMS`` in the C source).
+ABI = 3
+#: The streams one call may poll besides the launch's (``MAX_WAIT_STREAMS`` in the C source).
 MAX_WAIT_STREAMS = 64
 #: The call's outcomes (``HIPR_LW_*`` in the C source).
 DONE, RUNNING, LAUNCH_FAILED, QUERY_FAILED, BAD_CALL = range(5)
@@ -74,12 +74,12 @@ MAX_REPLY_BYTES = 64
 # The call structure's layout (``struct hipr_launch_wait``; launch_wait.c asserts these
 # offsets): the fixed inputs as one packed store, the outputs as one read.
 _ENTRIES = struct.Struct("<QQ")
-_INPUTS = struct.Struct("<Q6IIIQqiiII")
+_INPUTS = struct.Struct("<Q6IIIQqiiIIQ")
 _INPUTS_AT = 16
 _OUTPUTS = struct.Struct("<iiqq")
-_OUTPUTS_AT = 88
-_REPLY_AT = 112
-_STREAMS_AT = 176
+_OUTPUTS_AT = 96
+_REPLY_AT = 120
+_STREAMS_AT = 184
 _SIZE = _STREAMS_AT + 8 * MAX_WAIT_STREAMS
 _STREAM_WORDS = [struct.Struct(f"<{n}Q") for n in range(MAX_WAIT_STREAMS + 1)]
 
@@ -106,22 +106,23 @@ class LaunchWait:
         function: int,
         dims: tuple[int, ...],
         shared_mem: int,
-        streams: list[int],
+        stream: int,
+        others: list[int],
         extra: int,
         spin_seconds: float,
         reply: tuple[int, bytes] | None = None,
     ) -> int:
-        """Launch ``function`` (grid and block in ``dims``) on ``streams[0]`` with the
-        filled ``extra`` array, then poll every stream of ``streams`` (at most
-        :data:`MAX_WAIT_STREAMS`, the launch's first) until all are idle, a query fails,
-        or ``spin_seconds`` pass; with ``reply`` (a socket descriptor and at most
-        :data:`MAX_REPLY_BYTES` bytes), send those bytes once all are idle. The outcome
-        (:data:`DONE`, :data:`RUNNING`, :data:`LAUNCH_FAILED`, :data:`QUERY_FAILED`);
-        :meth:`results` tells the rest."""
+        """Launch ``function`` (grid and block in ``dims``) on ``stream`` with the filled
+        ``extra`` array, then poll ``stream`` and ``others`` (at most
+        :data:`MAX_WAIT_STREAMS`) until all are idle, a query fails, or ``spin_seconds``
+        pass; with ``reply`` (a socket descriptor and at most :data:`MAX_REPLY_BYTES`
+        bytes), send those bytes once all are idle. The outcome (:data:`DONE`,
+        :data:`RUNNING`, :data:`LAUNCH_FAILED`, :data:`QUERY_FAILED`); :meth:`results`
+        tells the rest."""
         view = self._view
-        count = len(streams)
-        if not 1 <= count <= MAX_WAIT_STREAMS:
-            raise ValueError(f"1 to {MAX_WAIT_STREAMS} streams, not {count}")
+        count = len(others)
+        if count > MAX_WAIT_STREAMS:
+            raise ValueError(f"at most {MAX_WAIT_STREAMS} other streams, not {count}")
         if reply is None:
             fd, size = -1, 0
         else:
@@ -132,13 +133,19 @@ class LaunchWait:
             view[_REPLY_AT : _REPLY_AT + size] = data
         _INPUTS.pack_into(
             view, _INPUTS_AT, function, *dims, shared_mem, count, extra,
-            int(spin_seconds * 1e9), self._not_ready, fd, size, 0,
+            int(spin_seconds * 1e9), self._not_ready, fd, size, 0, stream,
         )  # fmt: skip
-        _STREAM_WORDS[count].pack_into(view, _STREAMS_AT, *streams)
+        if count:
+            _STREAM_WORDS[count].pack_into(view, _STREAMS_AT, *others)
         status: int = self._fn(self._address)
         if status == BAD_CALL:
             raise ValueError("hipr_launch_wait refused its call structure")
         return status
+
+    def reply_sent(self) -> int:
+        """Bytes of the last :meth:`run`'s reply the socket took (0: none sent; negative:
+        the send's ``-errno``)."""
+        return int(_OUTPUTS.unpack_from(self._view, _OUTPUTS_AT)[3])
 
     def results(self) -> LaunchWaitResults:
         """What the last :meth:`run` found beside its outcome."""

@@ -27,11 +27,12 @@
 _Static_assert(offsetof(struct hipr_launch_wait, function) == 16, "function");
 _Static_assert(offsetof(struct hipr_launch_wait, dims) == 24, "dims");
 _Static_assert(offsetof(struct hipr_launch_wait, reply_fd) == 76, "reply_fd");
-_Static_assert(offsetof(struct hipr_launch_wait, launch_result) == 88, "launch_result");
-_Static_assert(offsetof(struct hipr_launch_wait, reply_sent) == 104, "reply_sent");
-_Static_assert(offsetof(struct hipr_launch_wait, reply) == 112, "reply");
-_Static_assert(offsetof(struct hipr_launch_wait, streams) == 176, "streams");
-_Static_assert(sizeof(struct hipr_launch_wait) == 176 + 8 * MAX_WAIT_STREAMS, "size");
+_Static_assert(offsetof(struct hipr_launch_wait, launch_stream) == 88, "launch_stream");
+_Static_assert(offsetof(struct hipr_launch_wait, launch_result) == 96, "launch_result");
+_Static_assert(offsetof(struct hipr_launch_wait, reply_sent) == 112, "reply_sent");
+_Static_assert(offsetof(struct hipr_launch_wait, reply) == 120, "reply");
+_Static_assert(offsetof(struct hipr_launch_wait, streams) == 184, "streams");
+_Static_assert(sizeof(struct hipr_launch_wait) == 184 + 8 * MAX_WAIT_STREAMS, "size");
 
 static int64_t now_ns(void)
 {
@@ -40,12 +41,14 @@ static int64_t now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* Streams from *next on that are idle; stops at the first busy one (its index kept, so
- * the next pass does not ask the idle ones again). */
+/* The stream of index *next (0: launch_stream, then streams[]) and those after it are
+ * idle: 1; 0 at the first busy one (its index kept, so the next pass does not ask the
+ * idle ones again); -1 when a query failed. */
 static int streams_idle(struct hipr_launch_wait *call, uint32_t *next)
 {
-    while (*next < call->stream_count) {
-        int result = call->query(call->streams[*next]);
+    while (*next <= call->stream_count) {
+        void *stream = *next == 0 ? call->launch_stream : call->streams[*next - 1];
+        int result = call->query(stream);
         call->query_result = result;
         if (result == call->not_ready)
             return 0;
@@ -72,7 +75,7 @@ static int64_t send_reply(const struct hipr_launch_wait *call)
 int hipr_launch_wait(struct hipr_launch_wait *call)
 {
     if (call == NULL || call->launch == NULL || call->query == NULL ||
-        call->stream_count == 0 || call->stream_count > MAX_WAIT_STREAMS ||
+        call->stream_count > MAX_WAIT_STREAMS ||
         call->reply_size > MAX_REPLY_BYTES)
         return HIPR_LW_BAD_CALL;
     call->query_result = 0;
@@ -80,7 +83,7 @@ int hipr_launch_wait(struct hipr_launch_wait *call)
     call->reply_sent = 0;
     call->launch_result = call->launch(call->function, call->dims[0], call->dims[1],
                                        call->dims[2], call->dims[3], call->dims[4],
-                                       call->dims[5], call->shared_mem, call->streams[0],
+                                       call->dims[5], call->shared_mem, call->launch_stream,
                                        NULL, call->extra);
     if (call->launch_result != 0)
         return HIPR_LW_LAUNCH_FAILED;

@@ -14,10 +14,10 @@ enum { MAX_WAIT_STREAMS = 64, MAX_REPLY_BYTES = 64 };
 
 /* Raised with every change of the structure below: a library built from older sources
  * (an editable install not rebuilt) is then refused rather than misread. */
-#define HIPR_LAUNCH_WAIT_ABI 2
+#define HIPR_LAUNCH_WAIT_ABI 3
 
-/* One call's inputs and outputs. Fixed fields first, the streams last, so that the
- * caller fills the fixed part with one store and only as many streams as it has. */
+/* One call's inputs and outputs. Fixed fields first and the other streams last, so
+ * that the caller of the usual launch (one stream) fills its inputs with one store. */
 struct hipr_launch_wait {
     /* in, set once */
     launch_fn launch;  /* 0 */
@@ -26,21 +26,22 @@ struct hipr_launch_wait {
     void *function;        /* 16 */
     uint32_t dims[6];      /* 24: grid x, y, z, block x, y, z */
     uint32_t shared_mem;   /* 48 */
-    uint32_t stream_count; /* 52: streams[0] takes the launch; all idle means done */
+    uint32_t stream_count; /* 52: streams[] in use, besides launch_stream (0 to MAX) */
     void **extra;          /* 56: {BUFFER_POINTER, &args, BUFFER_SIZE, &size, END} */
     int64_t spin_ns;       /* 64: how long to poll for the end before giving up */
     int32_t not_ready;     /* 72: the runtime's "not ready" result of a query */
     int32_t reply_fd;      /* 76: where to send `reply` once done; -1: nowhere */
     uint32_t reply_size;   /* 80: bytes of `reply` (at most MAX_REPLY_BYTES) */
     uint32_t reserved;     /* 84 */
+    void *launch_stream;   /* 88: takes the launch; polled first */
     /* out */
-    int32_t launch_result; /* 88: the launch's own result */
-    int32_t query_result;  /* 92: the last query's result (0, not_ready or an error) */
-    int64_t polled_ns;     /* 96: from the launch's return to the answer */
-    int64_t reply_sent;    /* 104: bytes of `reply` the socket took; -errno; 0 unsent */
+    int32_t launch_result; /* 96: the launch's own result */
+    int32_t query_result;  /* 100: the last query's result (0, not_ready or an error) */
+    int64_t polled_ns;     /* 104: from the launch's return to the answer */
+    int64_t reply_sent;    /* 112: bytes of `reply` the socket took; -errno; 0 unsent */
     /* in */
-    unsigned char reply[MAX_REPLY_BYTES];   /* 112 */
-    void *streams[MAX_WAIT_STREAMS];        /* 176 */
+    unsigned char reply[MAX_REPLY_BYTES]; /* 120 */
+    void *streams[MAX_WAIT_STREAMS];      /* 184: the other streams that must be idle */
 };
 
 enum {
@@ -51,7 +52,7 @@ enum {
     HIPR_LW_BAD_CALL = 4       /* a count out of range, or null entry points */
 };
 
-/* Launch, then poll every stream until all are idle, a query fails or spin_ns pass;
+/* Launch on launch_stream, then poll it and every other stream until all are idle, a query fails or spin_ns pass;
  * when all are idle and reply_fd is set, send the reply (without waiting). One of the
  * HIPR_LW_* outcomes. */
 int hipr_launch_wait(struct hipr_launch_wait *call);

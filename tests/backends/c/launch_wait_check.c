@@ -28,10 +28,10 @@ static struct {
     int launches;
     void *function, *stream, **extra;
     unsigned dims[6], shared_mem;
-    int busy_polls[MAX_WAIT_STREAMS]; /* "not ready" answers left, per stream index */
+    int busy_polls[MAX_WAIT_STREAMS + 1]; /* "not ready" answers left, per stream index */
     int fail_stream;                  /* index whose query fails, or -1 */
     int queries;
-    void *streams[MAX_WAIT_STREAMS];
+    void *streams[MAX_WAIT_STREAMS + 1]; /* the launch's, then the others */
 } fake;
 
 static int fake_launch(void *function, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
@@ -51,7 +51,7 @@ static int fake_launch(void *function, unsigned gx, unsigned gy, unsigned gz, un
 
 static int index_of(void *stream)
 {
-    for (int i = 0; i < MAX_WAIT_STREAMS; i++)
+    for (int i = 0; i <= MAX_WAIT_STREAMS; i++)
         if (fake.streams[i] == stream)
             return i;
     return -1;
@@ -73,8 +73,9 @@ static int fake_query(void *stream)
     return 0;
 }
 
-static char stream_cookies[MAX_WAIT_STREAMS];
+static char stream_cookies[MAX_WAIT_STREAMS + 1];
 
+/* A call over `count` streams in all: the launch's and count - 1 others. */
 static void reset(struct hipr_launch_wait *call, unsigned count)
 {
     memset(&fake, 0, sizeof fake);
@@ -86,9 +87,10 @@ static void reset(struct hipr_launch_wait *call, unsigned count)
     unsigned dims[6] = {2, 3, 4, 32, 2, 1};
     memcpy(call->dims, dims, sizeof dims);
     call->shared_mem = 48;
-    call->stream_count = count;
-    for (unsigned i = 0; i < count; i++)
-        fake.streams[i] = call->streams[i] = &stream_cookies[i];
+    call->stream_count = count - 1;
+    fake.streams[0] = call->launch_stream = &stream_cookies[0];
+    for (unsigned i = 1; i < count; i++)
+        fake.streams[i] = call->streams[i - 1] = &stream_cookies[i];
     call->spin_ns = 1000000000; /* a second: never reached when the fake says done */
     call->not_ready = NOT_READY;
     call->reply_fd = -1;
@@ -112,7 +114,7 @@ int main(void)
     CHECK(hipr_launch_wait(&call) == HIPR_LW_DONE);
     CHECK(fake.launches == 1 && fake.function == (void *)0x1234);
     CHECK(fake.dims[0] == 2 && fake.dims[2] == 4 && fake.dims[3] == 32 && fake.dims[5] == 1);
-    CHECK(fake.shared_mem == 48 && fake.stream == call.streams[0] && fake.extra == extra_words);
+    CHECK(fake.shared_mem == 48 && fake.stream == call.launch_stream && fake.extra == extra_words);
     CHECK(fake.queries == 3 && call.launch_result == 0 && call.query_result == 0);
     CHECK(call.polled_ns >= 0);
 
@@ -149,8 +151,6 @@ int main(void)
 
     /* Bad calls: no launch is made. */
     CHECK(hipr_launch_wait(NULL) == HIPR_LW_BAD_CALL);
-    reset(&call, 0);
-    CHECK(hipr_launch_wait(&call) == HIPR_LW_BAD_CALL && fake.launches == 0);
     reset(&call, 1);
     call.stream_count = MAX_WAIT_STREAMS + 1;
     CHECK(hipr_launch_wait(&call) == HIPR_LW_BAD_CALL && fake.launches == 0);
@@ -185,9 +185,9 @@ int main(void)
     call.reply_size = MAX_REPLY_BYTES + 1;
     CHECK(hipr_launch_wait(&call) == HIPR_LW_BAD_CALL && fake.launches == 0);
 
-    /* The most streams allowed. */
-    reset(&call, MAX_WAIT_STREAMS);
-    CHECK(hipr_launch_wait(&call) == HIPR_LW_DONE && fake.queries == MAX_WAIT_STREAMS);
+    /* The most streams allowed: the launch's and MAX_WAIT_STREAMS others. */
+    reset(&call, MAX_WAIT_STREAMS + 1);
+    CHECK(hipr_launch_wait(&call) == HIPR_LW_DONE && fake.queries == MAX_WAIT_STREAMS + 1);
 
     if (failures) {
         fprintf(stderr, "launch_wait_check: %d failures\n", failures);
