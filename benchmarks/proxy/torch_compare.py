@@ -46,11 +46,13 @@ def proxy_dir() -> Path:
 
 
 @contextmanager
-def worker(backend: str) -> Iterator[str]:
-    """A worker of `backend` on a unix socket, started without the proxy on its path."""
+def worker(backend: str, extra_env: dict[str, str] | None = None) -> Iterator[str]:
+    """A worker of `backend` on a unix socket, started without the proxy on its path
+    (with ``extra_env`` added to its environment)."""
     directory = Path(tempfile.mkdtemp(prefix="htc-"))
     sock = directory / "w.sock"
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    env.update(extra_env or {})
     log = open(directory / "worker.log", "w")  # noqa: SIM115 - closed below
     process = subprocess.Popen(
         [sys.executable, "-m", "hipr", "worker", "--backend", backend,

@@ -1,0 +1,69 @@
+"""PyTorch's tiny op + synchronize through the CUDA proxy, against workers that differ
+only in their environment, alternating, in one run: the host's spread between two runs
+of the same tree (10-40 µs on the H200 hosts) is larger than most changes of the
+worker's request path, so a change is judged on medians of alternating rounds, never
+on two separate runs.
+
+    python -m benchmarks.proxy.tiny_ab [--rounds 8] [--worker LABEL[:VAR=VALUE,...]]...
+
+Default workers: ``native`` (the native launch-and-wait) and
+``python:HIPR_NATIVE_LAUNCH=0`` (the same tree's Python path). Each round runs
+``torch_ops.py --only tiny`` (400 timed ``add_`` + synchronize, median) through every
+worker in turn; the blocking-socket echo floor is measured between rounds."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from contextlib import ExitStack
+
+from benchmarks.proxy.compare import floors
+from benchmarks.proxy.torch_compare import num, proxied_env, proxy_dir, run_torch, worker
+
+
+def _parse(spec: str) -> tuple[str, dict[str, str]]:
+    label, _, settings = spec.partition(":")
+    env = dict(item.split("=", 1) for item in settings.split(",") if item)
+    return label, env
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.proxy.tiny_ab")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--backend", default="cuda")
+    parser.add_argument("--python", default=sys.executable, help="the Python with PyTorch")
+    parser.add_argument("--worker", action="append", default=[], metavar="LABEL[:VAR=V,...]")
+    args = parser.parse_args(argv)
+    specs = [_parse(w) for w in (args.worker or ["native", "python:HIPR_NATIVE_LAUNCH=0"])]
+    lib = proxy_dir()
+    seen: dict[str, list[float]] = {label: [] for label, _ in specs}
+    echoes: list[float] = []
+    with ExitStack() as stack:
+        urls = {label: stack.enter_context(worker(args.backend, env)) for label, env in specs}
+        for round_ in range(args.rounds):
+            echoes.append(floors(1 << 20).echo_median * 1e6)
+            order = specs if round_ % 2 == 0 else specs[::-1]
+            for label, _ in order:
+                result = run_torch(args.python, proxied_env(urls[label], lib), 0, "tiny")
+                value = num(result.get("tiny_op_sync_us"))
+                if value is None:
+                    print(f"round {round_}: {label}: {result}", flush=True)
+                    continue
+                seen[label].append(value)
+            print(f"round {round_}: " + ", ".join(
+                f"{label} {seen[label][-1]:.1f}" for label, _ in specs if seen[label]
+            ) + f" µs (echo {echoes[-1]:.1f})", flush=True)  # fmt: skip
+    print(f"echo floor: median {statistics.median(echoes):.1f} µs over {len(echoes)}")
+    for label, values in seen.items():
+        if values:
+            print(
+                f"{label}: tiny add_ + synchronize, median of {len(values)} rounds "
+                f"{statistics.median(values):.1f} µs (min {min(values):.1f}, "
+                f"max {max(values):.1f})"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
