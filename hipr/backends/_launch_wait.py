@@ -230,9 +230,12 @@ def load_launch_wait(launch: int | None, query: int | None, not_ready: int) -> L
 
 
 def _opened(path: Path) -> ctypes.CDLL | None:
-    """The library at ``path`` when it loads and was built for this module's layout."""
+    """The library at ``path`` when it loads and was built for this module's layout.
+    ``HIPR_NATIVE_LAUNCH=hold`` keeps the interpreter lock through the call (PyDLL), to
+    measure what releasing it costs."""
+    loader = ctypes.PyDLL if os.environ.get("HIPR_NATIVE_LAUNCH") == "hold" else ctypes.CDLL
     try:
-        library = ctypes.CDLL(str(path))
+        library = loader(str(path))
         abi = library.hipr_launch_wait_abi
     except (OSError, AttributeError):
         return None
