@@ -5,8 +5,8 @@ synchronize: PyTorch's ``x.add_(1); torch.cuda.synchronize()`` is one LAUNCH_KER
 ``synchronize``. Through the binding, the launch and a Python loop of stream queries took
 two to three times what the same calls take from C, and the interpreter's turns between
 the launch's return and the first query that sees the kernel done were most of that
-(``benchmarks/proxy/stages.py``). :class:`LaunchWait` makes the launch and the polling
-one call through ctypes, which releases the interpreter lock while it runs.
+(``benchmarks/proxy/stages.py``). :class:`LaunchWait` makes the launch, the polling and
+the reply's send one call through ctypes.
 
 The library is built from its source beside the package at install (``setup.py``), or
 else compiled on first use into the user's cache when a C compiler is present; without
@@ -231,11 +231,14 @@ def load_launch_wait(launch: int | None, query: int | None, not_ready: int) -> L
 
 def _opened(path: Path) -> ctypes.CDLL | None:
     """The library at ``path`` when it loads and was built for this module's layout.
-    ``HIPR_NATIVE_LAUNCH=hold`` keeps the interpreter lock through the call (PyDLL), to
-    measure what releasing it costs."""
-    loader = ctypes.PyDLL if os.environ.get("HIPR_NATIVE_LAUNCH") == "hold" else ctypes.CDLL
+
+    Loaded as a ``PyDLL``: the call keeps the interpreter lock. Releasing it cost the
+    tiny op ~7 µs a call on the H200 host (77.1 against 69.9 µs, medians of six
+    alternating rounds, ``docs/gpu-runs/2026-11-26-h200-native-launch.txt``): the lock
+    was taken by another thread meanwhile and waited for on return. The call is bounded
+    by its poll's length (the 30 µs the Python poll held the lock for before it)."""
     try:
-        library = loader(str(path))
+        library = ctypes.PyDLL(str(path))
         abi = library.hipr_launch_wait_abi
     except (OSError, AttributeError):
         return None
