@@ -30,7 +30,7 @@ def serve(dump: str, worker_argv: list[str]) -> int:
     from hipr.sessions import gpu_thread
     from hipr.sessions import state as session
     from hipr.transports import loop_stream, thread_writes
-    from hipr.worker import request_executor
+    from hipr.worker import express, request_executor
 
     marks: dict[str, list[int]] = {"recv": [], "exec": [], "send0": [], "send1": []}
     #: Every request's start, as (time, opcode) pairs flattened: also fire-and-forget ones.
@@ -75,6 +75,19 @@ def serve(dump: str, worker_argv: list[str]) -> int:
             starts.extend((started, frame.opcode))
             if not frame.header.flags & Flags.NO_REPLY:
                 marks["exec"].append(started)
+        return answered
+
+    express_answer = express.ExpressLaunch.answer
+
+    def timed_express(self: Any, data: bytes) -> bool:
+        # The express path (hipr.worker.express): a request answered there starts here.
+        started = now()
+        answered = express_answer(self, data)
+        if answered:
+            opcode = int.from_bytes(data[6:8], "little")
+            ends.extend((now(), opcode))
+            starts.extend((started, opcode))
+            marks["exec"].append(started)
         return answered
 
     send = loop_stream.LoopSocketStream.send
@@ -174,6 +187,7 @@ def serve(dump: str, worker_argv: list[str]) -> int:
     loop_stream._Protocol.data_received = data_received  # type: ignore[method-assign]
     request_executor.RequestExecutor.execute = timed_execute  # type: ignore[method-assign]
     request_executor.RequestExecutor.answer_now = timed_answer_now  # type: ignore[method-assign]
+    express.ExpressLaunch.answer = timed_express  # type: ignore[method-assign]
     loop_stream.LoopSocketStream.send = timed_send  # type: ignore[method-assign]
     loop_stream.LoopSocketStream.write_nowait = timed_write_nowait  # type: ignore[method-assign]
     thread_writes.ThreadWrites.write = timed_thread_write  # type: ignore[method-assign]

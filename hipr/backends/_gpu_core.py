@@ -130,6 +130,12 @@ class GpuCore:
             "memcpy_htod_many": _quick_htod_many,
         }
 
+    @property
+    def native_launch(self) -> bool:
+        """True when launches waited for go through the native launch-and-wait
+        (``launch_waited``): the worker's express path is worth a look then."""
+        return self._launch_wait is not None
+
     # --- plumbing ------------------------------------------------------------------------
 
     @property

@@ -221,6 +221,11 @@ class FrameDecoder:
         self._filled = 0
 
     @property
+    def strict(self) -> bool:
+        """True when map keys must be strings (the handshake set CBOR limits)."""
+        return self._strict
+
+    @property
     def buffered(self) -> int:
         """Bytes received but not yet returned as frames."""
         # _offset is stale once _chunk is used up (resetting it costs every frame).

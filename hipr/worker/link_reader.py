@@ -59,6 +59,11 @@ class Executor(Protocol):
         """Run ``frame`` here in the I/O callback if it can be; False to queue it."""
         ...
 
+    def answer_express(self, data: bytes) -> bool:
+        """Answer a read that is one whole express request (``hipr.worker.express``)
+        here; False, taking nothing, when the bytes must be decoded as usual."""
+        ...
+
 
 def count_protocol_error(observer: WorkerObserver, peer: str, exc: ProtocolError) -> None:
     """Count a protocol error, and a frame refused by a limit (``details["refused"]``:
@@ -307,6 +312,10 @@ class LinkReader:
         assert turns is not None
         if not turns.heavy:
             turns.scheduler.light_at = now  # heavy connections share the loop now
+        executor = self.executor
+        if executor is not None and executor.answer_express(data):
+            self.worker.busy_poll.note_activity()
+            return
         self.decoder.feed(data)
         self.pump()
         # After the requests are taken (or answered here): the spinner's start is not

@@ -32,6 +32,7 @@ from hipr.protocol.opcodes import Opcode, opcode_name
 from hipr.sessions.busy_poll import BusyPoll
 from hipr.sessions.reply_cache import MAX_ONE_REPLY
 from hipr.sessions.state import DeferredError, Session, as_hip_error
+from hipr.worker.express import ExpressLaunch
 from hipr.worker.fairness import TurnMember, frame_charge
 from hipr.worker.frame_queue import READ_AHEAD_BYTES, FrameQueue
 from hipr.worker.link_reader import LinkReader
@@ -111,6 +112,13 @@ class RequestExecutor:
         self._answered_early: tuple[int, bytes] | None = None
         # Read once: a log line per request only when someone asked for debug logs.
         self._log_requests = logging.getLogger("hipr.connection").isEnabledFor(logging.DEBUG)
+        #: Where the backend has the native launch-and-wait, the express path of a lone
+        #: LAUNCH_KERNEL with ``synchronize`` (``hipr.worker.express``).
+        self._express = (
+            ExpressLaunch(self, reader.decoder)
+            if getattr(session.backend, "native_launch", False)
+            else None
+        )
 
     # --- the executor task ----------------------------------------------------------
     async def run(self) -> bool:
@@ -229,7 +237,9 @@ class RequestExecutor:
             )
         elif more and not spec.streams_request:
             error = ProtocolError(message=f"{name} takes no continuation data")
-        elif opcode not in _NOT_SYNCHRONISING and (quota := _over_rate(session)):
+        elif not launched and opcode not in _NOT_SYNCHRONISING and (quota := _over_rate(session)):
+            # (A launched request spent its rate where it was launched: refused now, its
+            # reply would say it did not run.)
             error = quota
         elif (
             not no_reply
@@ -283,6 +293,11 @@ class RequestExecutor:
         return error is not None or opcode != Opcode.GOODBYE
 
     # --- the inline path ------------------------------------------------------------
+    def answer_express(self, data: bytes) -> bool:
+        """The express path's look at a read (``LinkReader.on_data``, push mode)."""
+        express = self._express
+        return express is not None and express.answer(data)
+
     def answer_now(self, frame: Frame) -> bool:
         """Run a lone request right here in the I/O callback, when its handler has a
         synchronous variant (``HandlerSpec.now``) and nothing else of the connection is
@@ -435,12 +450,34 @@ class RequestExecutor:
                     if late.request_id == request_id
                     else _reported(late, "reported at this synchronisation")
                 )
+        self._note_run(session, name, request_id, no_reply, error, started)
+        if error is not None:
+            # A fault that poisoned the context becomes ContextLostError (and recovery).
+            error = self.worker.recovery.check(session, error)
+            quota = error.details.get("quota")
+            if quota:
+                self.worker.observer.quota_rejected(session.tenant, str(quota))
+                if quota == "max_request_rate":
+                    self._rate_refused = True
+            if no_reply:
+                session.defer_error(error, name, request_id)
+        return error
+
+    def _note_run(
+        self,
+        session: Session,
+        name: str,
+        request_id: int,
+        no_reply: bool,
+        error: HipError | None,
+        started: float,
+    ) -> None:
+        """A request ran: noted as the session's last, counted, logged."""
         if request_id:
             session.last_executed_id = request_id
-        observer = self.worker.observer
         outcome = "ok" if error is None else error.name
         elapsed = time.perf_counter() - started
-        observer.request_done(session.tenant, name, outcome, elapsed)
+        self.worker.observer.request_done(session.tenant, name, outcome, elapsed)
         if self._log_requests:
             self._log.debug(
                 "request",
@@ -450,17 +487,6 @@ class RequestExecutor:
                 outcome=outcome,
                 ms=round(elapsed * 1000, 3),
             )
-        if error is not None:
-            # A fault that poisoned the context becomes ContextLostError (and recovery).
-            error = self.worker.recovery.check(session, error)
-            quota = error.details.get("quota")
-            if quota:
-                observer.quota_rejected(session.tenant, str(quota))
-                if quota == "max_request_rate":
-                    self._rate_refused = True
-            if no_reply:
-                session.defer_error(error, name, request_id)
-        return error
 
     def _reply_data(
         self, session: Session, frame: Frame, error: HipError | None, result: Any
@@ -563,23 +589,74 @@ class RequestExecutor:
         work is seen done (``RequestLink.reply_target``): where the stream takes writes
         from outside the loop, nothing is queued or half-written, and no earlier
         fire-and-forget error must be reported instead."""
-        stream = self._writer.thread_writer
         request_id = request.request_id
-        if stream is None or request.no_reply or not request_id or self.session.error_pending:
+        if request.no_reply or not request_id or self.session.error_pending:
+            return None
+        fd = self.reserve_reply()
+        if fd < 0:
             return None
         # The bytes _reply_data would build for the request's {} (kept for a resend).
-        data = encode_frame(request.opcode, request_id, _REPLY, {})
-        fd = stream.reserve_native_write(self._send_lock.locked)
-        return None if fd < 0 else (fd, data)
+        return fd, encode_frame(request.opcode, request_id, _REPLY, {})
 
     def reply_written(self, request: Request, target: tuple[int, bytes], sent: int) -> None:
         """After :meth:`reply_target`: a reply the socket took (whole or in part) is this
         request's, answered early; the connection finishes it without sending it again."""
-        stream = self._writer.thread_writer
-        assert stream is not None
-        stream.native_written(target[1], sent)
+        self.release_reply(target[1], sent)
         if sent > 0:
             self._answered_early = (request.request_id, target[1])
+
+    def reserve_reply(self) -> int:
+        """A socket descriptor a native call may send one reply to, this connection's
+        other writes held back until :meth:`release_reply`; -1 where it may not (no
+        plain socket, a frame queued or half-written)."""
+        stream = self._writer.thread_writer
+        if stream is None:
+            return -1
+        return stream.reserve_native_write(self._send_lock.locked)
+
+    def release_reply(self, data: bytes, sent: int) -> None:
+        """After :meth:`reserve_reply`: ``sent`` bytes of ``data`` left (0 or negative:
+        none); the rest goes first with the next write."""
+        stream = self._writer.thread_writer
+        assert stream is not None
+        stream.native_written(data, sent)
+
+    # --- the express path (hipr.worker.express) -------------------------------------
+    def express_ready(self, request_id: int) -> bool:
+        """True when a lone request read just now may be answered by the express path:
+        push mode, nothing of the connection under way, queued or held, the socket
+        writable, no earlier error to report, and ``request_id`` new (not a resend, not
+        one launched already)."""
+        reader = self._reader
+        push = reader.push
+        session = self.session
+        return (
+            push is not None
+            and self.between_requests
+            and not self.draining
+            and self._frames.executor_waiting
+            and reader.held_frame is None
+            and not self._decoder.buffered
+            and not self._send_lock.locked()
+            and push.writable_now
+            and request_id > session.last_executed_id
+            and request_id != session.launched_pending
+            and not session.error_pending
+        )
+
+    def finish_express(self, request_id: int, reply: bytes, sent: int, started: float) -> None:
+        """An express request ran and its reply is ``reply``, of which the socket took
+        ``sent`` bytes from the native call (0 or negative: none): send the rest, keep
+        it for a resend, count it, as :meth:`_settle` and :meth:`_reply_data` would."""
+        push = self._reader.push
+        assert push is not None
+        try:
+            push.write_nowait(b"" if sent > 0 else reply)  # b"": the rest, if any was left
+        except LINK_ERRORS:
+            pass  # a lost link is found by the stream's own end; the reply waits below
+        session = self.session
+        session.replies.put(request_id, reply)
+        self._note_run(session, "LAUNCH_KERNEL", request_id, False, None, started)
 
     async def _finish_answered_early(
         self, session: Session, name: str, request_id: int, data: bytes, error: HipError | None

@@ -10,13 +10,20 @@ executor's)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from hipr.errors import HipError
-from hipr.protocol import Opcode
+from hipr.protocol import Flags, Opcode, encode_frame
+from hipr.transports import connect
+from hipr.worker.config import WorkerConfig
+from hipr.worker.express import ExpressLaunch
 from hipr.worker.request_executor import RequestExecutor
+from hipr.worker.server import running_worker
+from hipr.worker.tenants import new_token, token_hash
 from tests.backends.test_gpu_backends_nogpu import SimGpu, _make
 from tests.e2e.raw import RawSession
 from tests.e2e.test_fused_launch_sync import (
@@ -70,13 +77,13 @@ async def test_the_native_call_takes_the_fused_request(
     native = sim_gpu.native
     assert native is not None
     sent: list[int] = []
-    reply_written = RequestExecutor.reply_written
+    release_reply = RequestExecutor.release_reply
 
-    def record(self: RequestExecutor, request: Any, target: Any, count: int) -> None:
+    def record(self: RequestExecutor, data: bytes, count: int) -> None:
         sent.append(count)
-        reply_written(self, request, target, count)
+        release_reply(self, data, count)
 
-    monkeypatch.setattr(RequestExecutor, "reply_written", record)
+    monkeypatch.setattr(RequestExecutor, "release_reply", record)
     y, x, function = await _axpy(raw_session)
     native.queries = 0
     fused = raw_session.frame(Opcode.LAUNCH_KERNEL, _args(function, y, x, synchronize=True))
@@ -124,3 +131,88 @@ async def test_a_faulted_kernel_is_the_replys_error(
     assert caught.value.code == 700 and "context was lost" in str(caught.value)
     assert "StreamQuery failed" in str(caught.value)
     sim_gpu.sticky = 0
+
+
+async def test_a_lone_fused_request_takes_the_express_path(
+    raw_session: RawSession, sim_gpu: SimGpu, anyio_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Push mode (asyncio) answers a lone fused request from the I/O callback's express
+    path; two requests in one read, or a resend, go the usual way."""
+    answered: list[bool] = []
+    answer = ExpressLaunch.answer
+
+    def record(self: ExpressLaunch, data: bytes) -> bool:
+        answered.append(answer(self, data))
+        return answered[-1]
+
+    monkeypatch.setattr(ExpressLaunch, "answer", record)
+    y, x, function = await _axpy(raw_session)
+    answered.clear()
+    fused = raw_session.frame(Opcode.LAUNCH_KERNEL, _args(function, y, x, synchronize=True))
+    assert await raw_session.replies(fused, 1) == [{}]
+    expected = anyio_backend == "asyncio"  # trio reads through its executor's task
+    assert answered == ([True] if expected else [])
+    answered.clear()
+    assert await raw_session.replies(fused, 1) == [{}]  # a resend: the kept reply
+    two = raw_session.frame(Opcode.LAUNCH_KERNEL, _args(function, y, x, synchronize=True))
+    two += raw_session.frame(Opcode.LAUNCH_KERNEL, _args(function, y, x, synchronize=True))
+    assert await raw_session.replies(two, 2) == [{}, {}]
+    assert True not in answered
+    assert await _y(raw_session, y) == 3.0
+
+
+async def test_a_launch_the_runtime_refuses_is_the_replys_error_and_not_run_again(
+    raw_session: RawSession, sim_gpu: SimGpu
+) -> None:
+    y, x, function = await _axpy(raw_session)
+    launches = len(sim_gpu.launches)
+    too_many_threads = {**_args(function, y, x, synchronize=True), "block": [2048]}
+    with pytest.raises(HipError) as caught:
+        await raw_session.call(Opcode.LAUNCH_KERNEL, too_many_threads)
+    assert caught.value.code == 1  # hipErrorInvalidValue, the runtime's refusal
+    assert "earlier" not in str(caught.value)  # the request's own launch
+    assert len(sim_gpu.launches) == launches  # refused: nothing ran
+    fused = raw_session.frame(Opcode.LAUNCH_KERNEL, _args(function, y, x, synchronize=True))
+    assert await raw_session.replies(fused, 1) == [{}]  # the session goes on
+    assert await _y(raw_session, y) == 1.0
+
+
+TOKEN = new_token()
+#: A bucket of 50 that refills slowly: what the requests spend stays readable.
+TENANTS = f"""
+[tenants.carol]
+tokens = ["{token_hash(TOKEN)}"]
+max_request_rate = 20
+max_request_burst = 50
+"""
+
+
+async def test_a_fused_request_spends_the_rate_of_two_requests(
+    backend: Any, short_tmp: Path
+) -> None:
+    """One at a time, each answered before the next (the express path's case): each
+    fused request spends two of the tenant's requests, and once the bucket is empty the
+    refusals name max_request_rate."""
+    tenants = short_tmp / "tenants.toml"
+    tenants.write_text(TENANTS)
+    config = WorkerConfig(tenants_file=tenants, resume_grace=0.0, isolation="none")
+    async with running_worker(config, backend, [f"unix://{short_tmp}/r.sock"]) as worker:
+        session = RawSession(await connect(worker.bound_urls[0]))
+        try:
+            await session.replies(encode_frame(Opcode.HELLO, 1, Flags.NONE, {"token": TOKEN}), 1)
+            y, x, function = await _axpy(session)
+            await anyio.sleep(0.1)
+            outcomes: list[str] = []
+            for _ in range(40):
+                fused = session.frame(Opcode.LAUNCH_KERNEL, _args(function, y, x, synchronize=True))
+                try:
+                    await session.replies(fused, 1)
+                    outcomes.append("ok")
+                except HipError as exc:
+                    assert "max_request_rate" in str(exc)
+                    outcomes.append("refused")
+        finally:
+            await session.stream.aclose()
+    answered = outcomes.count("ok")
+    assert 18 <= answered <= 30, outcomes  # ~(50 - setup) / 2, plus what refilled
+    assert outcomes[-1] == "refused"

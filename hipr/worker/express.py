@@ -1,0 +1,134 @@
+"""The express path of the busiest request an unmodified program sends: one LAUNCH_KERNEL
+with ``synchronize`` (PyTorch's ``x.add_(1); torch.cuda.synchronize()``), arriving alone
+in a read, answered from the loop's I/O callback through the native launch-and-wait.
+
+The usual path for that request (the decoder, the pump, ``RequestExecutor.answer_now``,
+the handler's request objects, the bookkeeping before the reply) cost the worker about
+half of the tiny op's time on the H200 hosts (``benchmarks/proxy/stages.py``). Here the
+frame is read where it lies, checked by the handler's own function
+(``hipr.handlers.module.launch_arguments``: the same rules, the same pointer-ownership
+check), launched and waited for in one native call that also sends the reply, and the
+request's bookkeeping (the rate it spends, its reply kept for a resend, its metrics)
+follows the send.
+
+It only ever takes a request it can finish exactly as the usual path would. Anything
+else (another opcode, flags, a frame not alone in the read, a resend, a stream, a
+refusal, a pending earlier error, a tenant's rate spent, a backend without the native
+call) goes the usual way untouched; a request it launched whose kernel still runs, or
+whose launch the runtime refused, or whose kernel faulted, is handed to the usual path
+as launched (``Session.launched_pending``), which waits and answers without launching
+again.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import cbor2
+
+from hipr.errors import HipError
+from hipr.handlers.args import Args
+from hipr.handlers.module import launch_arguments
+from hipr.protocol.codec import FrameDecoder, encode_frame
+from hipr.protocol.header import HEADER, HEADER_SIZE, MAGIC, Flags
+from hipr.protocol.opcodes import Opcode
+
+if TYPE_CHECKING:
+    from hipr.worker.request_executor import RequestExecutor
+
+__all__ = ["ExpressLaunch"]
+
+_LAUNCH = int(Opcode.LAUNCH_KERNEL)
+_NAME = "LAUNCH_KERNEL"
+_REPLY = Flags.REPLY
+#: The header and the CBOR part's length prefix, read in one unpack.
+_HEAD = type(HEADER)(HEADER.format + "I")
+_HEAD_SIZE = _HEAD.size
+#: Larger reads go the usual way: a launch's arguments are a few hundred bytes, and the
+#: decoder's scan of large CBOR parts (``hipr.protocol.bounded_cbor``) stays its own.
+_MAX_FRAME = 1024
+
+
+class ExpressLaunch:
+    """One connection's express path (module doc); :meth:`answer` is asked first for
+    each read in push mode."""
+
+    __slots__ = ("_decoder", "_executor")
+
+    def __init__(self, executor: RequestExecutor, decoder: FrameDecoder) -> None:
+        self._executor = executor
+        self._decoder = decoder
+
+    def answer(self, data: bytes) -> bool:
+        """True when ``data`` was one whole LAUNCH_KERNEL with ``synchronize`` and it was
+        answered here; False, with nothing done but a launch handed over as launched
+        (module doc), when the usual path must take the bytes."""
+        size = len(data)
+        if not _HEAD_SIZE <= size <= _MAX_FRAME:
+            return False
+        magic, _, opcode, request_id, flags, length, args_length = _HEAD.unpack_from(data)
+        if (
+            opcode != _LAUNCH
+            or flags
+            or magic != MAGIC
+            or length != size - HEADER_SIZE
+            or args_length != length - 4
+        ):
+            return False
+        executor = self._executor
+        session = executor.session
+        if not executor.express_ready(request_id):
+            return False
+        try:
+            # The decoder's own rule for map keys, as the handshake left it.
+            args = cbor2.loads(data[_HEAD_SIZE:], strict_hashable_types=self._decoder.strict)
+        except Exception:  # malformed: the decoder's own error, the usual way
+            return False
+        if type(args) is not dict or args.get("synchronize") is not True:
+            return False
+        stream = args.get("stream")
+        if not (stream is None or (type(stream) is int and stream == 0)):
+            return False
+        gate = session.gate
+        if not gate.try_admit():
+            return False
+        if not gate.try_admit():  # the synchronize's own request of max_request_rate
+            gate.refund()
+            return False
+        try:
+            function, grid, block, shared_mem, blob = launch_arguments(session, Args(args, _NAME))
+        except HipError:  # refused: the usual path refuses it again, in its words
+            gate.refund()
+            gate.refund()
+            return False
+        started = time.perf_counter()
+        reply = encode_frame(_LAUNCH, request_id, _REPLY, {})
+        fd = executor.reserve_reply()
+        outcome = None
+        session.burst = False  # alone in its read: nothing follows it to batch with
+        try:
+            outcome = session.launch_waited(
+                function, grid, block, shared_mem, blob, None if fd < 0 else (fd, reply)
+            )
+        except HipError as fault:  # a faulted kernel: reported as the wait reports it
+            session.defer_error(fault, _NAME, request_id)
+            session.launched_pending = request_id
+            return False
+        finally:
+            if fd >= 0:
+                executor.release_reply(reply, 0 if outcome is None else outcome[2])
+        if outcome is None:  # not here after all (a queued call, a capture, many streams)
+            gate.refund()
+            gate.refund()
+            return False
+        done, refused, sent = outcome
+        if refused is not None or not done:
+            # Launched, or refused by the runtime: the usual path waits for the session's
+            # work and answers, the refusal first, without launching again.
+            if refused is not None:
+                session.defer_error(refused, _NAME, request_id)
+            session.launched_pending = request_id
+            return False
+        executor.finish_express(request_id, reply, sent, started)
+        return True
