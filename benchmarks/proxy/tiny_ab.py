@@ -4,12 +4,14 @@ of the same tree (10-40 µs on the H200 hosts) is larger than most changes of th
 worker's request path, so a change is judged on medians of alternating rounds, never
 on two separate runs.
 
-    python -m benchmarks.proxy.tiny_ab [--rounds 8] [--worker LABEL[:VAR=VALUE,...]]...
+    python -m benchmarks.proxy.tiny_ab [--rounds 8] [--worker LABEL[:VAR=VALUE,...][@CPUS]]...
+        [--client-cpus CPUS]
 
 Default workers: ``native`` (the native launch-and-wait) and
 ``python:HIPR_NATIVE_LAUNCH=0`` (the same tree's Python path). Each round runs
 ``torch_ops.py --only tiny`` (400 timed ``add_`` + synchronize, median) through every
-worker in turn; the blocking-socket echo floor is measured between rounds."""
+worker in turn; the blocking-socket echo floor is measured between rounds. ``@CPUS``
+pins a worker with taskset (``@2`` or ``@2-3``), ``--client-cpus`` the PyTorch clients."""
 
 from __future__ import annotations
 
@@ -22,10 +24,11 @@ from benchmarks.proxy.compare import floors
 from benchmarks.proxy.torch_compare import num, proxied_env, proxy_dir, run_torch, worker
 
 
-def _parse(spec: str) -> tuple[str, dict[str, str]]:
+def _parse(spec: str) -> tuple[str, dict[str, str], str | None]:
+    spec, _, cpus = spec.partition("@")
     label, _, settings = spec.partition(":")
     env = dict(item.split("=", 1) for item in settings.split(",") if item)
-    return label, env
+    return label, env, cpus or None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,26 +36,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--backend", default="cuda")
     parser.add_argument("--python", default=sys.executable, help="the Python with PyTorch")
-    parser.add_argument("--worker", action="append", default=[], metavar="LABEL[:VAR=V,...]")
+    parser.add_argument("--worker", action="append", default=[], metavar="LABEL[:VAR=V,...][@CPUS]")
+    parser.add_argument("--client-cpus", help="pin the PyTorch clients (taskset -c)")
     args = parser.parse_args(argv)
     specs = [_parse(w) for w in (args.worker or ["native", "python:HIPR_NATIVE_LAUNCH=0"])]
     lib = proxy_dir()
-    seen: dict[str, list[float]] = {label: [] for label, _ in specs}
+    seen: dict[str, list[float]] = {label: [] for label, _, _ in specs}
+    python = args.python
+    client = ["taskset", "-c", args.client_cpus, python] if args.client_cpus else None
     echoes: list[float] = []
     with ExitStack() as stack:
-        urls = {label: stack.enter_context(worker(args.backend, env)) for label, env in specs}
+        urls = {
+            label: stack.enter_context(worker(args.backend, env, cpus))
+            for label, env, cpus in specs
+        }
         for round_ in range(args.rounds):
             echoes.append(floors(1 << 20).echo_median * 1e6)
             order = specs if round_ % 2 == 0 else specs[::-1]
-            for label, _ in order:
-                result = run_torch(args.python, proxied_env(urls[label], lib), 0, "tiny")
+            for label, _, _ in order:
+                result = run_torch(python, proxied_env(urls[label], lib), 0, "tiny", client)
                 value = num(result.get("tiny_op_sync_us"))
                 if value is None:
                     print(f"round {round_}: {label}: {result}", flush=True)
                     continue
                 seen[label].append(value)
             print(f"round {round_}: " + ", ".join(
-                f"{label} {seen[label][-1]:.1f}" for label, _ in specs if seen[label]
+                f"{label} {seen[label][-1]:.1f}" for label, _, _ in specs if seen[label]
             ) + f" µs (echo {echoes[-1]:.1f})", flush=True)  # fmt: skip
     print(f"echo floor: median {statistics.median(echoes):.1f} µs over {len(echoes)}")
     for label, values in seen.items():

@@ -46,16 +46,19 @@ def proxy_dir() -> Path:
 
 
 @contextmanager
-def worker(backend: str, extra_env: dict[str, str] | None = None) -> Iterator[str]:
+def worker(
+    backend: str, extra_env: dict[str, str] | None = None, cpus: str | None = None
+) -> Iterator[str]:
     """A worker of `backend` on a unix socket, started without the proxy on its path
-    (with ``extra_env`` added to its environment)."""
+    (with ``extra_env`` added to its environment; pinned to ``cpus`` with taskset)."""
     directory = Path(tempfile.mkdtemp(prefix="htc-"))
     sock = directory / "w.sock"
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
     env.update(extra_env or {})
     log = open(directory / "worker.log", "w")  # noqa: SIM115 - closed below
+    pinned = ["taskset", "-c", cpus] if cpus else []
     process = subprocess.Popen(
-        [sys.executable, "-m", "hipr", "worker", "--backend", backend,
+        [*pinned, sys.executable, "-m", "hipr", "worker", "--backend", backend,
          "--listen", f"unix://{sock}", "--log-level", "warning"],
         env=env, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
@@ -140,9 +143,15 @@ def run_bench(bench: Path, env: dict[str, str], mib: int, module: str | None) ->
 
 
 def run_torch(
-    python: str, env: dict[str, str], mib: int, only: str | None = None
+    python: str,
+    env: dict[str, str],
+    mib: int,
+    only: str | None = None,
+    launcher: list[str] | None = None,
 ) -> dict[str, object]:
-    cmd = [python, str(HERE / "torch_ops.py"), "--mib", str(mib)]
+    """torch_ops.py's figures (``launcher``: the command that runs it instead of
+    ``python``, e.g. taskset and its CPUs before the interpreter)."""
+    cmd = [*(launcher or [python]), str(HERE / "torch_ops.py"), "--mib", str(mib)]
     if only:
         cmd += ["--only", only]
     try:
