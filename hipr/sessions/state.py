@@ -250,8 +250,15 @@ class Session:
         refused the launch; None, with nothing done, where it cannot run here (the
         launch then goes the usual way). A faulted kernel raises."""
         native = getattr(self.backend, "launch_waited", None)
-        if native is None or self.burst or not self._can_inline(self.backend.launch):
-            return None
+        if (
+            native is None
+            or self.burst
+            or not self._gpu.idle
+            or self._closed
+            or (self._lane is None and self._uses_lanes)
+            or "launch" not in self._inline_calls
+        ):
+            return None  # not here: what _can_inline(backend.launch) says, spelled out
         outcome: tuple[bool, HipError | None, int] | None = self._run_here(
             native, function, grid, block, shared_mem, args, self.streams.objects(),
             _INLINE_POLL_SECONDS, reply,

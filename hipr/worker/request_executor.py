@@ -648,12 +648,13 @@ class RequestExecutor:
         """An express request ran and its reply is ``reply``, of which the socket took
         ``sent`` bytes from the native call (0 or negative: none): send the rest, keep
         it for a resend, count it, as :meth:`_settle` and :meth:`_reply_data` would."""
-        push = self._reader.push
-        assert push is not None
-        try:
-            push.write_nowait(b"" if sent > 0 else reply)  # b"": the rest, if any was left
-        except LINK_ERRORS:
-            pass  # a lost link is found by the stream's own end; the reply waits below
+        if sent < len(reply):  # not sent from the native call, or only in part
+            push = self._reader.push
+            assert push is not None
+            try:
+                push.write_nowait(b"" if sent > 0 else reply)  # b"": the rest it holds
+            except LINK_ERRORS:
+                pass  # a lost link is found by the stream's own end; the reply waits below
         session = self.session
         session.replies.put(request_id, reply)
         self._note_run(session, "LAUNCH_KERNEL", request_id, False, None, started)
