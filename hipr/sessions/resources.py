@@ -46,6 +46,9 @@ class AllocationTable:
         # Written with single dict operations only: the session's GPU thread puts back
         # an allocation whose deferred free the runtime refused.
         self._retired: dict[int, Allocation] = {}
+        #: Allocations removed so far: a check that once found an address inside the
+        #: table still holds while this has not moved (``hipr.worker.express``).
+        self.removals = 0
 
     def __len__(self) -> int:
         return len(self._bases)
@@ -71,6 +74,7 @@ class AllocationTable:
             raise invalid_value(f"0x{base:x} is not the start of an allocation of this session")
         del self._bases[bisect.bisect_left(self._bases, base)]
         self._live_bytes -= allocation.size
+        self.removals += 1
         return allocation
 
     def retire(self, allocation: Allocation) -> None:
@@ -128,6 +132,9 @@ class HandleTable(Generic[T]):
         self.kind = kind
         self._objects: dict[int, T] = {}
         self._next_id = 1
+        #: Objects removed so far: an id once found stays valid while this has not
+        #: moved (ids are never reused; ``hipr.worker.express``).
+        self.removals = 0
 
     def __len__(self) -> int:
         return len(self._objects)
@@ -156,6 +163,7 @@ class HandleTable(Generic[T]):
         """Remove and return the object of ``handle_id``."""
         obj = self.get(handle_id)
         del self._objects[handle_id]
+        self.removals += 1
         return obj
 
     def restore(self, handle_id: int, obj: T) -> None:

@@ -22,7 +22,7 @@ from hipr.transports import connect
 from hipr.worker.config import WorkerConfig
 from hipr.worker.express import ExpressLaunch
 from hipr.worker.request_executor import RequestExecutor
-from hipr.worker.server import running_worker
+from hipr.worker.server import Worker, running_worker
 from hipr.worker.tenants import new_token, token_hash
 from tests.backends.test_gpu_backends_nogpu import SimGpu, _make
 from tests.e2e.raw import RawSession
@@ -216,3 +216,33 @@ async def test_a_fused_request_spends_the_rate_of_two_requests(
     answered = outcomes.count("ok")
     assert 18 <= answered <= 30, outcomes  # ~(50 - setup) / 2, plus what refilled
     assert outcomes[-1] == "refused"
+
+
+async def test_a_repeated_payload_is_checked_again_after_a_removal(
+    raw_session: RawSession, sim_gpu: SimGpu, worker: Worker
+) -> None:
+    """The express path skips checking a payload equal to the last one it checked, but
+    not once anything it named may have gone: a freed allocation, or a function gone
+    from the session (its module unloaded), is refused as on the usual path, never
+    launched."""
+    y, x, function = await _axpy(raw_session)
+    session = next(s for s in worker.sessions.values() if s.allocations.containing(y))
+    same = _args(function, y, x, synchronize=True)
+    for _ in range(3):
+        assert await raw_session.call(Opcode.LAUNCH_KERNEL, same) == {}
+    await raw_session.call(Opcode.FREE, {"ptr": x})
+    launches = len(sim_gpu.launches)
+    with pytest.raises(HipError, match="not inside an allocation"):
+        await raw_session.call(Opcode.LAUNCH_KERNEL, same)
+    assert len(sim_gpu.launches) == launches
+    x = (await raw_session.call(Opcode.MALLOC, {"size": 64}))["ptr"]
+    again = _args(function, y, x, synchronize=True)
+    for _ in range(2):
+        assert await raw_session.call(Opcode.LAUNCH_KERNEL, again) == {}
+    entry = session.functions.pop(function)  # as MODULE_UNLOAD takes its functions
+    with pytest.raises(HipError, match="is not a function of this session"):
+        await raw_session.call(Opcode.LAUNCH_KERNEL, again)
+    assert len(sim_gpu.launches) == launches + 2
+    session.functions.restore(function, entry)
+    assert await raw_session.call(Opcode.LAUNCH_KERNEL, again) == {}
+    assert len(sim_gpu.launches) == launches + 3
