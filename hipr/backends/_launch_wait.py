@@ -234,7 +234,7 @@ def _opened(path: Path) -> ctypes.CDLL | None:
 
     Loaded as a ``PyDLL``: the call keeps the interpreter lock. Releasing it cost the
     tiny op ~7 µs a call on the H200 host (77.1 against 69.9 µs, medians of six
-    alternating rounds, ``docs/gpu-runs/2026-11-26-h200-native-launch.txt``): the lock
+    alternating rounds, ``docs/gpu-runs/2026-11-26-native-launch.txt``): the lock
     was taken by another thread meanwhile and waited for on return. The call is bounded
     by its poll's length (the 30 µs the Python poll held the lock for before it)."""
     try:
