@@ -221,6 +221,12 @@ class FrameDecoder:
         self._filled = 0
 
     @property
+    def scan_above(self) -> int:
+        """CBOR parts longer than this many bytes are scanned against the limits before
+        they are decoded."""
+        return self._scan_above
+
+    @property
     def strict(self) -> bool:
         """True when map keys must be strings (the handshake set CBOR limits)."""
         return self._strict

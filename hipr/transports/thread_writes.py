@@ -70,7 +70,7 @@ class ThreadWrites:
         duplicate), with every other write held back until :meth:`reserved_written`; -1,
         holding nothing, where :meth:`write` would send nothing now. For the loop's own
         native launch-and-wait (``hipr.backends._launch_wait``), which sends a reply the
-        moment its kernel is seen done, with the interpreter lock released."""
+        moment its kernel is seen done."""
         if not self.lock.acquire(blocking=False):
             return -1
         try:

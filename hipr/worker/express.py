@@ -100,6 +100,7 @@ class ExpressLaunch:
             or magic != MAGIC
             or length != size - HEADER_SIZE
             or args_length != length - 4
+            or args_length > self._decoder.scan_above  # the decoder would scan it first
         ):
             return False
         executor = self._executor

@@ -313,9 +313,16 @@ class LinkReader:
         if not turns.heavy:
             turns.scheduler.light_at = now  # heavy connections share the loop now
         executor = self.executor
-        if executor is not None and executor.answer_express(data):
-            self.worker.busy_poll.note_activity()
-            return
+        if executor is not None:
+            try:
+                answered = executor.answer_express(data)
+            except Exception:  # a bug here must end this connection, not the loop's callback
+                self.log.exception("the express path failed")
+                self.end_push()
+                return
+            if answered:
+                self.worker.busy_poll.note_activity()
+                return
         self.decoder.feed(data)
         self.pump()
         # After the requests are taken (or answered here): the spinner's start is not

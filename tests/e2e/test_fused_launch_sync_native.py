@@ -23,8 +23,8 @@ from hipr.worker.config import WorkerConfig
 from hipr.worker.express import ExpressLaunch
 from hipr.worker.request_executor import RequestExecutor
 from hipr.worker.server import Worker, running_worker
-from hipr.worker.tenants import new_token, token_hash
 from tests.backends.test_gpu_backends_nogpu import SimGpu, _make
+from tests.e2e.conftest import Endpoint
 from tests.e2e.raw import RawSession
 from tests.e2e.test_fused_launch_sync import (
     _args,
@@ -34,6 +34,7 @@ from tests.e2e.test_fused_launch_sync import (
     test_a_resent_fused_request_does_not_launch_again,
     test_fused_replies_are_those_of_the_two_requests_inline_or_not,
 )
+from tests.tenancy.test_fused_rate import TENANTS, TOKEN
 
 pytestmark = pytest.mark.anyio
 
@@ -177,16 +178,6 @@ async def test_a_launch_the_runtime_refuses_is_the_replys_error_and_not_run_agai
     assert await _y(raw_session, y) == 1.0
 
 
-TOKEN = new_token()
-#: A bucket of 50 that refills slowly: what the requests spend stays readable.
-TENANTS = f"""
-[tenants.carol]
-tokens = ["{token_hash(TOKEN)}"]
-max_request_rate = 20
-max_request_burst = 50
-"""
-
-
 async def test_a_fused_request_spends_the_rate_of_two_requests(
     backend: Any, short_tmp: Path
 ) -> None:
@@ -246,3 +237,32 @@ async def test_a_repeated_payload_is_checked_again_after_a_removal(
     session.functions.restore(function, entry)
     assert await raw_session.call(Opcode.LAUNCH_KERNEL, again) == {}
     assert len(sim_gpu.launches) == launches + 3
+
+
+async def test_a_bug_in_the_express_path_ends_only_its_connection(
+    raw_session: RawSession,
+    endpoint: Endpoint,
+    anyio_backend: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A failure inside the express path (a bug) is logged and ends that connection, as
+    one in the decoder's pump does; the loop serves the next connection."""
+    y, x, function = await _axpy(raw_session)
+
+    def broken(self: ExpressLaunch, data: bytes) -> bool:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(ExpressLaunch, "answer", broken)
+    fused = raw_session.frame(Opcode.LAUNCH_KERNEL, _args(function, y, x, synchronize=True))
+    if anyio_backend == "asyncio":
+        with pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError, HipError)):
+            await raw_session.replies(fused, 1)
+    else:  # trio reads through its executor's task: the express path is not asked
+        assert await raw_session.replies(fused, 1) == [{}]
+    monkeypatch.undo()
+    other = RawSession(await endpoint.raw())
+    try:
+        await other.replies(encode_frame(Opcode.HELLO, 1, Flags.NONE, {"client": "raw"}), 1)
+        assert (await other.call(Opcode.MALLOC, {"size": 64}))["ptr"]
+    finally:
+        await other.stream.aclose()

@@ -3,24 +3,15 @@
  * arguments as passed, the polling of every stream, and the bad calls it refuses. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "check.h" /* tests/proxy/c: EXPECT and the verdict */
 #include "launch_wait.h"
 
 enum { NOT_READY = 600 };
-
-static int failures;
-#define CHECK(cond)                                                                  \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-            failures++;                                                              \
-        }                                                                            \
-    } while (0)
 
 /* What the fake runtime saw and will answer. */
 static struct {
@@ -45,7 +36,7 @@ static int fake_launch(void *function, unsigned gx, unsigned gy, unsigned gz, un
     fake.shared_mem = shared_mem;
     fake.stream = stream;
     fake.extra = extra;
-    CHECK(params == NULL);
+    EXPECT(params == NULL);
     return fake.launch_result;
 }
 
@@ -61,7 +52,7 @@ static int fake_query(void *stream)
 {
     fake.queries++;
     int i = index_of(stream);
-    CHECK(i >= 0);
+    EXPECT(i >= 0);
     if (i < 0)
         return 1;
     if (i == fake.fail_stream)
@@ -111,88 +102,83 @@ int main(void)
     /* Done at once: the launch got its arguments; each stream asked once. */
     reset(&call, 3);
     call.extra = extra_words;
-    CHECK(hipr_launch_wait(&call) == HIPR_LW_DONE);
-    CHECK(fake.launches == 1 && fake.function == (void *)0x1234);
-    CHECK(fake.dims[0] == 2 && fake.dims[2] == 4 && fake.dims[3] == 32 && fake.dims[5] == 1);
-    CHECK(fake.shared_mem == 48 && fake.stream == call.launch_stream && fake.extra == extra_words);
-    CHECK(fake.queries == 3 && call.launch_result == 0 && call.query_result == 0);
-    CHECK(call.polled_ns >= 0);
+    EXPECT(hipr_launch_wait(&call) == HIPR_LW_DONE);
+    EXPECT(fake.launches == 1 && fake.function == (void *)0x1234);
+    EXPECT(fake.dims[0] == 2 && fake.dims[2] == 4 && fake.dims[3] == 32 && fake.dims[5] == 1);
+    EXPECT(fake.shared_mem == 48 && fake.stream == call.launch_stream && fake.extra == extra_words);
+    EXPECT(fake.queries == 3 && call.launch_result == 0 && call.query_result == 0);
+    EXPECT(call.polled_ns >= 0);
 
     /* Busy for a while on the second stream: polled until idle; idle streams before it
      * are not asked again. */
     reset(&call, 3);
     fake.busy_polls[1] = 5;
-    CHECK(hipr_launch_wait(&call) == HIPR_LW_DONE);
-    CHECK(fake.queries == 1 + 6 + 1);
+    EXPECT(hipr_launch_wait(&call) == HIPR_LW_DONE);
+    EXPECT(fake.queries == 1 + 6 + 1);
 
     /* Never idle within the spin: still running, launched once. */
     reset(&call, 2);
     fake.busy_polls[0] = 1 << 30;
     call.spin_ns = 20000;
-    CHECK(hipr_launch_wait(&call) == HIPR_LW_RUNNING);
-    CHECK(fake.launches == 1 && call.query_result == NOT_READY && call.polled_ns >= 20000);
+    EXPECT(hipr_launch_wait(&call) == HIPR_LW_RUNNING);
+    EXPECT(fake.launches == 1 && call.query_result == NOT_READY && call.polled_ns >= 20000);
 
     /* No spin at all: one look. */
     reset(&call, 1);
     fake.busy_polls[0] = 1 << 30;
     call.spin_ns = 0;
-    CHECK(hipr_launch_wait(&call) == HIPR_LW_RUNNING && fake.queries == 1);
+    EXPECT(hipr_launch_wait(&call) == HIPR_LW_RUNNING && fake.queries == 1);
 
     /* A refused launch: nothing polled, the runtime's result kept. */
     reset(&call, 2);
     fake.launch_result = 701;
-    CHECK(hipr_launch_wait(&call) == HIPR_LW_LAUNCH_FAILED);
-    CHECK(call.launch_result == 701 && fake.queries == 0);
+    EXPECT(hipr_launch_wait(&call) == HIPR_LW_LAUNCH_FAILED);
+    EXPECT(call.launch_result == 701 && fake.queries == 0);
 
     /* A failed query (a faulted kernel): its result kept. */
     reset(&call, 3);
     fake.fail_stream = 2;
-    CHECK(hipr_launch_wait(&call) == HIPR_LW_QUERY_FAILED && call.query_result == 700);
+    EXPECT(hipr_launch_wait(&call) == HIPR_LW_QUERY_FAILED && call.query_result == 700);
 
     /* Bad calls: no launch is made. */
-    CHECK(hipr_launch_wait(NULL) == HIPR_LW_BAD_CALL);
+    EXPECT(hipr_launch_wait(NULL) == HIPR_LW_BAD_CALL);
     reset(&call, 1);
     call.stream_count = MAX_WAIT_STREAMS + 1;
-    CHECK(hipr_launch_wait(&call) == HIPR_LW_BAD_CALL && fake.launches == 0);
+    EXPECT(hipr_launch_wait(&call) == HIPR_LW_BAD_CALL && fake.launches == 0);
     reset(&call, 1);
     call.query = NULL;
-    CHECK(hipr_launch_wait(&call) == HIPR_LW_BAD_CALL && fake.launches == 0);
+    EXPECT(hipr_launch_wait(&call) == HIPR_LW_BAD_CALL && fake.launches == 0);
 
     /* The reply: sent once done, never while running or after a refused launch. */
     int pair[2];
     char got[MAX_REPLY_BYTES + 1];
-    CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, pair) == 0);
+    EXPECT(socketpair(AF_UNIX, SOCK_STREAM, 0, pair) == 0);
     reset(&call, 2);
     call.reply_fd = pair[0];
     memcpy(call.reply, "frame-bytes", 11);
     call.reply_size = 11;
-    CHECK(hipr_launch_wait(&call) == HIPR_LW_DONE && call.reply_sent == 11);
-    CHECK(pending(pair[1], got, sizeof got) == 11 && memcmp(got, "frame-bytes", 11) == 0);
+    EXPECT(hipr_launch_wait(&call) == HIPR_LW_DONE && call.reply_sent == 11);
+    EXPECT(pending(pair[1], got, sizeof got) == 11 && memcmp(got, "frame-bytes", 11) == 0);
     fake.busy_polls[0] = 1 << 30;
     call.spin_ns = 0;
-    CHECK(hipr_launch_wait(&call) == HIPR_LW_RUNNING && call.reply_sent == 0);
+    EXPECT(hipr_launch_wait(&call) == HIPR_LW_RUNNING && call.reply_sent == 0);
     fake.busy_polls[0] = 0;
     fake.launch_result = 1;
-    CHECK(hipr_launch_wait(&call) == HIPR_LW_LAUNCH_FAILED && call.reply_sent == 0);
-    CHECK(pending(pair[1], got, sizeof got) == 0);
+    EXPECT(hipr_launch_wait(&call) == HIPR_LW_LAUNCH_FAILED && call.reply_sent == 0);
+    EXPECT(pending(pair[1], got, sizeof got) == 0);
     /* The peer gone: the send's -errno, the outcome still DONE. */
     close(pair[1]);
     fake.launch_result = 0;
-    CHECK(hipr_launch_wait(&call) == HIPR_LW_DONE && call.reply_sent == -EPIPE);
+    EXPECT(hipr_launch_wait(&call) == HIPR_LW_DONE && call.reply_sent == -EPIPE);
     close(pair[0]);
     /* A reply larger than the structure holds is a bad call. */
     reset(&call, 1);
     call.reply_size = MAX_REPLY_BYTES + 1;
-    CHECK(hipr_launch_wait(&call) == HIPR_LW_BAD_CALL && fake.launches == 0);
+    EXPECT(hipr_launch_wait(&call) == HIPR_LW_BAD_CALL && fake.launches == 0);
 
     /* The most streams allowed: the launch's and MAX_WAIT_STREAMS others. */
     reset(&call, MAX_WAIT_STREAMS + 1);
-    CHECK(hipr_launch_wait(&call) == HIPR_LW_DONE && fake.queries == MAX_WAIT_STREAMS + 1);
+    EXPECT(hipr_launch_wait(&call) == HIPR_LW_DONE && fake.queries == MAX_WAIT_STREAMS + 1);
 
-    if (failures) {
-        fprintf(stderr, "launch_wait_check: %d failures\n", failures);
-        return 1;
-    }
-    printf("launch_wait_check: ok\n");
-    return 0;
+    return verdict();
 }
