@@ -11,7 +11,9 @@ Default workers: ``native`` (the native launch-and-wait) and
 ``python:HIPR_NATIVE_LAUNCH=0`` (the same tree's Python path). Each round runs
 ``torch_ops.py --only tiny`` (400 timed ``add_`` + synchronize, median) through every
 worker in turn; the blocking-socket echo floor is measured between rounds. ``@CPUS``
-pins a worker with taskset (``@2`` or ``@2-3``), ``--client-cpus`` the PyTorch clients."""
+pins a worker with taskset (``@2`` or ``@2-3``), ``--client-cpus`` the PyTorch clients;
+``--tree LABEL=DIR`` runs that worker from another checkout's ``hipr`` (its folder as the
+worker's working directory: ``python -m hipr`` imports from there first)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import argparse
 import statistics
 import sys
 from contextlib import ExitStack
+from pathlib import Path
 
 from benchmarks.proxy.compare import floors
 from benchmarks.proxy.torch_compare import num, proxied_env, proxy_dir, run_torch, worker
@@ -38,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", default=sys.executable, help="the Python with PyTorch")
     parser.add_argument("--worker", action="append", default=[], metavar="LABEL[:VAR=V,...][@CPUS]")
     parser.add_argument("--client-cpus", help="pin the PyTorch clients (taskset -c)")
+    parser.add_argument("--tree", action="append", default=[], metavar="LABEL=DIR")
     args = parser.parse_args(argv)
     specs = [_parse(w) for w in (args.worker or ["native", "python:HIPR_NATIVE_LAUNCH=0"])]
     lib = proxy_dir()
@@ -46,8 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     client = ["taskset", "-c", args.client_cpus, python] if args.client_cpus else None
     echoes: list[float] = []
     with ExitStack() as stack:
+        trees = {label: Path(d).resolve() for label, _, d in (t.partition("=") for t in args.tree)}
         urls = {
-            label: stack.enter_context(worker(args.backend, env, cpus))
+            label: stack.enter_context(worker(args.backend, env, cpus, trees.get(label)))
             for label, env, cpus in specs
         }
         for round_ in range(args.rounds):

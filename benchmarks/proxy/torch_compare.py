@@ -47,10 +47,14 @@ def proxy_dir() -> Path:
 
 @contextmanager
 def worker(
-    backend: str, extra_env: dict[str, str] | None = None, cpus: str | None = None
+    backend: str,
+    extra_env: dict[str, str] | None = None,
+    cpus: str | None = None,
+    tree: Path | None = None,
 ) -> Iterator[str]:
     """A worker of `backend` on a unix socket, started without the proxy on its path
-    (with ``extra_env`` added to its environment; pinned to ``cpus`` with taskset)."""
+    (with ``extra_env`` added to its environment; pinned to ``cpus`` with taskset; the
+    ``hipr`` package of ``tree``, another checkout, instead of this one)."""
     directory = Path(tempfile.mkdtemp(prefix="htc-"))
     sock = directory / "w.sock"
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
@@ -60,7 +64,7 @@ def worker(
     process = subprocess.Popen(
         [*pinned, sys.executable, "-m", "hipr", "worker", "--backend", backend,
          "--listen", f"unix://{sock}", "--log-level", "warning"],
-        env=env, stdout=log, stderr=subprocess.STDOUT,
+        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tree,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60

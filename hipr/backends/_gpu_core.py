@@ -96,6 +96,9 @@ class GpuCore:
         self._launch_wait: LaunchWait | None = (
             None if entries is None else load_launch_wait(*entries, runtime.not_ready)
         )
+        #: ``launch_waited``'s last arguments and what it made of them (checked geometry,
+        #: the function's address, the arguments cut to its parameters); loop thread only.
+        self._last_launch: tuple[Any, ...] | None = None
         #: Each OS thread's reused launch ``extra`` (the loop's and every session's).
         self._launch_extras = threading.local()
         self._props: dict[int, DeviceProperties] = {}

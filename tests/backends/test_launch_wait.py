@@ -19,6 +19,7 @@ import pytest
 
 from hipr.backends import _launch_wait
 from hipr.errors import HipError, HipErrorCode
+from hipr.kernels.builtins import BUILTIN_SOURCE
 from tests.backends.test_gpu_backends_nogpu import _fill_args, _make
 from tests.proxy.sanitized import SANITIZED_FLAGS, SANITIZER_ENV, assert_sanitizer_clean, cc
 
@@ -228,3 +229,27 @@ def test_the_c_source_under_sanitizers(tmp_path: Path) -> None:
     )
     assert_sanitizer_clean(run)
     assert run.stdout.strip() == "ok"
+
+
+def test_the_same_arguments_again_reuse_their_checks(native_sim: tuple[Any, Any]) -> None:
+    """The last call's checked geometry and fitted arguments serve the same objects
+    again (the express path's cached payload); other objects are checked afresh, and a
+    module's unload forgets them."""
+    backend, gpu = native_sim
+    fill, n = _fill(backend), 4
+    x = backend.malloc(4 * n)
+    grid, block = (1, 1, 1), (32, 1, 1)
+    padded = _fill_args(x, 6.0, n) + b"\0" * 8  # trimmed for CUDA, kept for HIP
+    before = len(gpu.launches)
+    for _ in range(3):
+        assert backend.launch_waited(fill, grid, block, 0, padded, [], 1e-3) == (True, None, 0)
+    sent = {args for _, args in gpu.launches[before:]}
+    assert sent == {_fill_args(x, 6.0, n) if backend.name == "cuda" else padded}
+    assert backend._last_launch is not None and backend._last_launch[4] is padded
+    # New geometry objects, one of them bad: checked again, refused by the runtime.
+    done, error, _ = backend.launch_waited(fill, grid, (2048, 1, 1), 0, padded, [], 1e-3)
+    assert not done and error is not None
+    module = backend.module_load(backend.compile(BUILTIN_SOURCE, "k.hip", []))
+    backend.module_unload(module)
+    assert backend._last_launch is None
+    assert (_read(backend, x, n) == 6.0).all()
