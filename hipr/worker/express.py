@@ -25,7 +25,7 @@ again.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import cbor2
 
@@ -37,9 +37,33 @@ from hipr.protocol.header import HEADER, HEADER_SIZE, MAGIC, Flags
 from hipr.protocol.opcodes import Opcode
 
 if TYPE_CHECKING:
-    from hipr.worker.request_executor import RequestExecutor
+    from hipr.sessions.state import Session
 
-__all__ = ["ExpressLaunch"]
+__all__ = ["ExpressConnection", "ExpressLaunch"]
+
+
+class ExpressConnection(Protocol):
+    """What the express path asks of its connection's executor
+    (``hipr.worker.request_executor`` implements it; this module never imports it)."""
+
+    session: Session
+
+    def express_ready(self, request_id: int) -> bool:
+        """True when a lone request read just now may be answered here."""
+        ...
+
+    def reserve_reply(self) -> int:
+        """A socket descriptor for the native call's reply, writes held; -1: none."""
+        ...
+
+    def release_reply(self, data: bytes, sent: int) -> None:
+        """After :meth:`reserve_reply`: what the socket took of ``data``."""
+        ...
+
+    def finish_express(self, request_id: int, reply: bytes, sent: int, started: float) -> None:
+        """The request ran: the rest of its reply sent, kept, counted."""
+        ...
+
 
 _LAUNCH = int(Opcode.LAUNCH_KERNEL)
 _NAME = "LAUNCH_KERNEL"
@@ -58,7 +82,7 @@ class ExpressLaunch:
 
     __slots__ = ("_call", "_decoder", "_executor", "_payload", "_stamp")
 
-    def __init__(self, executor: RequestExecutor, decoder: FrameDecoder) -> None:
+    def __init__(self, executor: ExpressConnection, decoder: FrameDecoder) -> None:
         self._executor = executor
         self._decoder = decoder
         #: The last payload checked, the session's removal counts then, and the launch
