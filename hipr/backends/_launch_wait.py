@@ -87,9 +87,9 @@ _STREAM_WORDS = [struct.Struct(f"<{n}Q") for n in range(MAX_WAIT_STREAMS + 1)]
 class LaunchWait:
     """One thread's launch-and-wait calls into the native library: the runtime's launch
     and stream-query entry points (C function addresses) and its "not ready" result
-    are fixed at construction; the call structure is reused, so a call costs two packed
-    stores and one foreign call. Not for use from two threads at once (the worker's
-    event loop owns the one it makes)."""
+    are fixed at construction; the call structure is reused, so a call costs one packed
+    store (two with other streams to poll) and one foreign call. Not for use from two
+    threads at once (the worker's event loop owns the one it makes)."""
 
     def __init__(self, library: ctypes.CDLL, launch: int, query: int, not_ready: int) -> None:
         self._fn = library.hipr_launch_wait

@@ -88,9 +88,12 @@ async def test_an_upload_lands_whole_at_its_destination_only(
     assert np.array_equal(back[:GUARD], guard[:GUARD])
     assert np.array_equal(back[-GUARD:], guard[-GUARD:])
     if anyio_backend == "asyncio":
-        # The DATA frames after the first, at least: the first chunk comes with the
-        # request's head, before its handler asked for the destination.
-        assert len(placed) >= 2 and all(size <= CHUNK for size in placed)
+        # Some of the DATA frames after the first: the first chunk comes with the
+        # request's head, before its handler asked for the destination, and on a loaded
+        # machine (CI's two cores) the handler may ask only after the next chunk or two
+        # were read, which are then copied as before (seen once: one of three placed).
+        # The client cannot push all 12 MiB into the socket before the worker reads.
+        assert placed and all(size <= CHUNK for size in placed)
     else:
         assert placed == []  # trio's stream hands over bytes objects: copied as before
 
