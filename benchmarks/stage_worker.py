@@ -172,7 +172,7 @@ def serve(dump: str, worker_argv: list[str]) -> int:
         ended = now()
         if outcome is None:  # no native call to be had: launched the usual way after
             return outcome
-        polled_ns = self.backend._launch_wait.polled_ns()
+        polled_ns = self.backend._launch_wait.results().polled_ns
         launch_calls.extend((started, ended - polled_ns))
         if outcome[0]:
             polled.append(ended)

@@ -152,10 +152,6 @@ class LaunchWait:
         launch, query, polled_ns, sent = _OUTPUTS.unpack_from(self._view, _OUTPUTS_AT)
         return LaunchWaitResults(launch, query, polled_ns, sent)
 
-    def polled_ns(self) -> int:
-        """Nanoseconds of the last :meth:`run` from the launch's return to its answer."""
-        return int(_OUTPUTS.unpack_from(self._view, _OUTPUTS_AT)[2])
-
 
 @dataclass(frozen=True, slots=True)
 class LaunchWaitResults:

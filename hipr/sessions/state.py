@@ -132,6 +132,9 @@ class Session:
         self.sync_forecast = SyncForecast(self._busy_poll.seconds)
         #: Backend calls that never wait for the GPU (run inline when the thread is idle).
         self._inline_calls: frozenset[str] = getattr(backend, "inline_calls", frozenset())
+        #: The backend's launches may run on the loop (read once: the express path asks
+        #: for every launch it takes).
+        self._launch_inline = "launch" in self._inline_calls
         #: Backend calls that run inline only for some arguments (a small kernel).
         self._inline_when: Mapping[str, Callable[..., bool]] = getattr(backend, "inline_when", {})
         self._uses_lanes = hasattr(backend, "run_in_lane")
@@ -176,15 +179,21 @@ class Session:
         it never waits for the GPU (always, or for these arguments), and nothing of this
         session is queued on its thread (so order is kept). Saves the thread round trip,
         the largest part of a small request's cost on the worker."""
-        if not (
-            self._gpu.idle and not self._closed and (self._lane is not None or not self._uses_lanes)
-        ):
+        if not self._loop_may_run():
             return False
         name = getattr(fn, "__name__", "")
         if name in self._inline_calls:
             return True
         quick = self._inline_when.get(name)
         return quick is not None and quick(*args)
+
+    def _loop_may_run(self) -> bool:
+        """True when the event loop may run this session's backend calls itself: nothing
+        of the session is queued on its GPU thread, the session is open, and (for a
+        backend of lanes) its thread's lane is known."""
+        return (
+            self._gpu.idle and not self._closed and (self._lane is not None or not self._uses_lanes)
+        )
 
     def _bind_here(self) -> None:
         """Make the session's device current on the calling (event-loop) thread, which
@@ -224,12 +233,7 @@ class Session:
         failed kernel's error, as a synchronisation would. Backends that cannot tell
         from another thread (no ``work_done``) always answer False."""
         probe = getattr(self.backend, "work_done", None)
-        if (
-            probe is None
-            or not self._gpu.idle
-            or self._closed
-            or (self._uses_lanes and self._lane is None)
-        ):
+        if probe is None or not self._loop_may_run():
             return False
         streams = self.streams.objects()
         return self._poll(lambda: bool(self._run_here(probe, streams)))
@@ -250,15 +254,8 @@ class Session:
         refused the launch; None, with nothing done, where it cannot run here (the
         launch then goes the usual way). A faulted kernel raises."""
         native = getattr(self.backend, "launch_waited", None)
-        if (
-            native is None
-            or self.burst
-            or not self._gpu.idle
-            or self._closed
-            or (self._lane is None and self._uses_lanes)
-            or "launch" not in self._inline_calls
-        ):
-            return None  # not here: what _can_inline(backend.launch) says, spelled out
+        if native is None or self.burst or not self._launch_inline or not self._loop_may_run():
+            return None  # not here: _can_inline(backend.launch), without the bound method
         outcome: tuple[bool, HipError | None, int] | None = self._run_here(
             native, function, grid, block, shared_mem, args, self.streams.objects(),
             _INLINE_POLL_SECONDS, reply,

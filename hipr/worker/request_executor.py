@@ -321,11 +321,7 @@ class RequestExecutor:
         request_id = header.request_id
         no_reply = bool(flags & _NO_REPLY)
         if (
-            not self.between_requests
-            or self.draining
-            or not self._frames.executor_waiting
-            or self._send_lock.locked()
-            or not push.writable_now
+            not self._idle_and_writable(push)
             or flags & _MORE
             or frame.error is not None
             or (no_reply and not spec.fire_and_forget)
@@ -419,6 +415,19 @@ class RequestExecutor:
         return True
 
     # --- what both paths share ------------------------------------------------------
+    def _idle_and_writable(self, push: Any) -> bool:
+        """What a request answered in the I/O callback needs of its connection (the
+        inline path's and the express path's): the executor waits between requests
+        with nothing queued, no drain, no frame being written, and the socket takes a
+        write now."""
+        return (
+            self.between_requests
+            and not self.draining
+            and self._frames.executor_waiting
+            and not self._send_lock.locked()
+            and push.writable_now
+        )
+
     def _handler_failed(self, exc: Exception, name: str) -> HipError:
         """A handler raised something other than a HipError: a bug, logged with its
         traceback and reported as an internal error; the worker serves on."""
@@ -632,13 +641,9 @@ class RequestExecutor:
         session = self.session
         return (
             push is not None
-            and self.between_requests
-            and not self.draining
-            and self._frames.executor_waiting
+            and self._idle_and_writable(push)
             and reader.held_frame is None
             and not self._decoder.buffered
-            and not self._send_lock.locked()
-            and push.writable_now
             and request_id > session.last_executed_id
             and request_id != session.launched_pending
             and not session.error_pending

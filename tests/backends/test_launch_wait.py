@@ -7,9 +7,7 @@ kernel come back as the runtime's errors, and a kernel still running is told apa
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +19,7 @@ from hipr.backends import _launch_wait
 from hipr.errors import HipError, HipErrorCode
 from hipr.kernels.builtins import BUILTIN_SOURCE
 from tests.backends.test_gpu_backends_nogpu import _fill_args, _make
-from tests.proxy.sanitized import SANITIZED_FLAGS, SANITIZER_ENV, assert_sanitizer_clean, cc
+from tests.proxy.sanitized import SANITIZED_FLAGS, cc, run_clean
 
 E = HipErrorCode
 CHECK = Path(__file__).parent / "c" / "launch_wait_check.c"
@@ -219,16 +217,7 @@ def test_the_c_source_under_sanitizers(tmp_path: Path) -> None:
     shared = Path(__file__).parents[1] / "proxy" / "c"  # check.h
     cc([*SANITIZED_FLAGS, "-I", str(source.parent), "-I", str(shared), str(CHECK), str(source),
         "-o", str(binary)])  # fmt: skip
-    run = subprocess.run(
-        [str(binary)],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-        env={**os.environ, **SANITIZER_ENV},
-    )
-    assert_sanitizer_clean(run)
-    assert run.stdout.strip() == "ok"
+    run_clean(binary)
 
 
 def test_the_same_arguments_again_reuse_their_checks(native_sim: tuple[Any, Any]) -> None:

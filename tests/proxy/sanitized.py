@@ -3,6 +3,7 @@ settings (leak checking on, a distinct exit code per sanitizer) and the verdict 
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -37,3 +38,20 @@ def assert_sanitizer_clean(result: subprocess.CompletedProcess[str]) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     for marker in ("AddressSanitizer", "LeakSanitizer", "runtime error:"):
         assert marker not in result.stderr, result.stderr
+
+
+def run_clean(program: Path, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run a test program built with :data:`SANITIZED_FLAGS`, with the sanitizers'
+    settings and ``env`` added to the environment: it must exit 0, no sanitizer may
+    report anything, and its verdict (``check.h``'s) must be "ok"."""
+    result = subprocess.run(
+        [str(program)],
+        env={**os.environ, **SANITIZER_ENV, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert_sanitizer_clean(result)
+    assert result.stdout.strip() == "ok", result.stdout
+    return result

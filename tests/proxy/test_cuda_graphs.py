@@ -5,17 +5,14 @@ UndefinedBehaviorSanitizer."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 from hipr.proxy.build import CUDA_LIBRARY, CUDA_SUBDIR
 from tests.proxy.sanitized import (
     SANITIZED_FLAGS,
-    SANITIZER_ENV,
-    assert_sanitizer_clean,
     cc,
     linked_to,
+    run_clean,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -33,12 +30,7 @@ def test_capture_graphs_and_pools_under_sanitizers(
             *linked_to(cuda, CUDA_LIBRARY),
         ]
     )  # fmt: skip
-    env = dict(os.environ, HIPR_URL=worker_url, **SANITIZER_ENV)
-    result = subprocess.run(
-        [str(program)], env=env, capture_output=True, text=True, timeout=60, check=False
-    )
-    assert_sanitizer_clean(result)
-    assert result.stdout.strip() == "ok"
+    result = run_clean(program, HIPR_URL=worker_url)
     # Each refusal names itself once, however often it is met.
     for line in (
         "cuMemAllocManaged is not served: the worker serves no managed memory",

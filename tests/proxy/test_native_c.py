@@ -28,6 +28,7 @@ from tests.proxy.sanitized import (
     assert_sanitizer_clean,
     cc,
     linked_to,
+    run_clean,
 )
 
 C_DIR = Path(__file__).resolve().parent / "c"
@@ -42,12 +43,7 @@ def test_c_program_under_sanitizers(sanitized_libs: Path, worker_url: str, tmp_p
             *linked_to(libs, HIP_LIBRARY), "-lm",
         ]
     )  # fmt: skip
-    env = dict(os.environ, HIPR_URL=worker_url, **SANITIZER_ENV)
-    result = subprocess.run(
-        [str(program)], env=env, capture_output=True, text=True, timeout=120, check=False
-    )
-    assert_sanitizer_clean(result)
-    assert result.stdout.strip() == "ok"
+    run_clean(program, timeout=120, HIPR_URL=worker_url)
 
 
 def test_hipcc_path_and_extras_under_sanitizers(
