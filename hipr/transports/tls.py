@@ -310,6 +310,11 @@ class TlsStream(ByteStream):
                     data = await self.transport_stream.receive()
                 except anyio.EndOfStream:
                     self._in.write_eof()
+                except anyio.get_cancelled_exc_class():
+                    # Nothing was taken from the socket: OpenSSL still waits for the
+                    # same bytes, and the stream goes on (a connection that stops its
+                    # reader, say to drain, must still send its last replies).
+                    raise
                 except BaseException:
                     self._broken = True
                     raise

@@ -24,7 +24,7 @@ from hipr.transports import (
     peer_description,
 )
 from hipr.transports.tls import DEFAULT_PORT, client_context, server_context
-from tests.transports.conftest import EchoServer, Pki, assert_echoes, serving
+from tests.transports.conftest import EchoServer, Pki, assert_echoes, exchange, serving
 
 
 def _config(pki: Pki, **changes: object) -> TransportConfig:
@@ -60,6 +60,21 @@ async def test_tls_round_trip_small_and_8mib(pki: Pki) -> None:
             await assert_echoes(stream)
         assert server.subjects == [None]
         assert server.descriptions[0].startswith("tls 127.0.0.1:")
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_receive_leaves_the_stream_whole(pki: Pki) -> None:
+    """A receive cancelled while it waits for bytes (a worker connection stopping its
+    reader to drain) takes nothing from the socket: sends and receives go on. Before,
+    the stream called itself broken and a draining worker's last reply was lost."""
+    with anyio.fail_after(30):
+        async with tls_worker(_config(pki)) as (url, _):
+            stream = await connect(url, ca=pki.ca_file)
+            assert await exchange(stream, b"before") == b"before"
+            with anyio.move_on_after(0.2) as scope:
+                await stream.receive()  # the echo server sends nothing unasked
+            assert scope.cancelled_caught
+            await assert_echoes(stream, (100, 70_000))
 
 
 @pytest.mark.anyio
