@@ -265,9 +265,8 @@ class WorkerConnection:
         # Caught inside the task group: leaving it would wrap them in an ExceptionGroup.
         ending: BaseException | None = None
         async with anyio.create_task_group() as tg:
-            self._reader_scope = tg.cancel_scope
             if not reader.start_push():
-                tg.start_soon(reader.pull)
+                tg.start_soon(self._pull)
             tg.start_soon(self._heartbeat)
             try:
                 if not await executor.run():
@@ -288,6 +287,17 @@ class WorkerConnection:
                     await self.send(
                         Opcode.GOODBYE, 0, Flags.NONE, {"reason": "the worker is shutting down"}
                     )
+
+    async def _pull(self) -> None:
+        """The reader task (pull mode), in a cancel scope of its own: a drain stops the
+        reading only, while the request under way finishes and its reply goes out. (A
+        drain that cancelled the executor with it cut a reply short mid-write on TLS,
+        and the client lost it: a kernel fault's error, say.)"""
+        with anyio.CancelScope() as scope:
+            self._reader_scope = scope
+            if self._draining:
+                scope.cancel()
+            await self.reader.pull()
 
     def _handshake_over(self) -> None:
         over, self.on_handshake_over = self.on_handshake_over, None

@@ -5,10 +5,13 @@ native call reaches. Its replies, errors and values must be the emulator's (the 
 of :mod:`tests.e2e.test_fused_launch_sync`, run again here), a resend must not launch
 again, and a kernel still running when the poll ends is waited for by the executor
 without a second launch, on both event loops (the I/O callback's path and the
-executor's)."""
+executor's). With ``HIPR_TEST_BACKEND=cuda`` (a GPU machine) the tests that need no
+simulated counters run on the real CUDA backend instead: the express path, its rate
+and its fallbacks against the driver's own launch and query."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +19,7 @@ from typing import Any
 import anyio
 import pytest
 
+from hipr.backends import load_backend
 from hipr.errors import HipError
 from hipr.protocol import Flags, Opcode, encode_frame
 from hipr.transports import connect
@@ -45,16 +49,29 @@ __all__ = [
 ]
 
 _SIMULATED: dict[int, SimGpu] = {}
+#: On a GPU machine: the real CUDA backend instead of the simulated runtimes.
+REAL = os.environ.get("HIPR_TEST_BACKEND") == "cuda"
 
 
-@pytest.fixture(params=["unix"])
+@pytest.fixture(params=["unix", "tcp", "tls"])
 def transport_kind(request: pytest.FixtureRequest) -> str:
+    """unix and tcp: the reply sent from the native call (a plain socket's descriptor);
+    tls: no descriptor to send to, so the reply goes the loop's way after the call."""
     return str(request.param)
 
 
-@pytest.fixture(params=["cuda", "hip"])
+@pytest.fixture(params=["cuda-gpu"] if REAL else ["cuda", "hip"])
 def backend(request: pytest.FixtureRequest) -> Iterator[Any]:
-    """A simulated GPU backend with the native launch-and-wait (the worker's)."""
+    """A simulated GPU backend with the native launch-and-wait (the worker's), or the
+    real CUDA backend where ``HIPR_TEST_BACKEND=cuda``."""
+    if REAL:
+        real = load_backend("cuda")
+        if getattr(real, "_launch_wait", None) is None:
+            real.close()
+            pytest.fail("the native launch-and-wait library could not be built or loaded")
+        yield real
+        real.close()
+        return
     made, gpu = _make(str(request.param), native=True)
     if made._launch_wait is None:
         made.close()
@@ -67,14 +84,17 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Any]:
 
 @pytest.fixture
 def sim_gpu(backend: Any) -> SimGpu:
+    if REAL:
+        pytest.skip("counts the simulated runtime's calls (runs without HIPR_TEST_BACKEND)")
     return _SIMULATED[id(backend)]
 
 
 async def test_the_native_call_takes_the_fused_request(
-    raw_session: RawSession, sim_gpu: SimGpu, monkeypatch: pytest.MonkeyPatch
+    raw_session: RawSession, sim_gpu: SimGpu, monkeypatch: pytest.MonkeyPatch, transport_kind: str
 ) -> None:
-    """Polled from C, and its reply sent from there (the unix stream takes writes from
-    outside the loop on both event loops), kept for a resend all the same."""
+    """Polled from C, and its reply sent from there (a plain socket takes writes from
+    outside the loop on both event loops; TLS does not, and its reply goes the loop's
+    way), kept for a resend all the same."""
     native = sim_gpu.native
     assert native is not None
     sent: list[int] = []
@@ -90,7 +110,10 @@ async def test_the_native_call_takes_the_fused_request(
     fused = raw_session.frame(Opcode.LAUNCH_KERNEL, _args(function, y, x, synchronize=True))
     assert await raw_session.replies(fused, 1) == [{}]
     assert native.queries >= 1  # polled from C, not through the binding
-    assert sent and sent[-1] > 0  # the reply left from C
+    if transport_kind == "tls":
+        assert not sent  # no descriptor to send to: encrypted by the loop's stream
+    else:
+        assert sent and sent[-1] > 0  # the reply left from C
     assert await raw_session.replies(fused, 1) == [{}]  # a resend: the kept reply
     assert await _y(raw_session, y) == 1.0
 
@@ -135,10 +158,14 @@ async def test_a_faulted_kernel_is_the_replys_error(
 
 
 async def test_a_lone_fused_request_takes_the_express_path(
-    raw_session: RawSession, sim_gpu: SimGpu, anyio_backend: str, monkeypatch: pytest.MonkeyPatch
+    raw_session: RawSession,
+    anyio_backend: str,
+    monkeypatch: pytest.MonkeyPatch,
+    transport_kind: str,
 ) -> None:
-    """Push mode (asyncio) answers a lone fused request from the I/O callback's express
-    path; two requests in one read, or a resend, go the usual way."""
+    """Push mode (asyncio, a plain socket) answers a lone fused request from the I/O
+    callback's express path; two requests in one read, or a resend, go the usual way,
+    as everything does on TLS and under trio."""
     answered: list[bool] = []
     answer = ExpressLaunch.answer
 
@@ -151,7 +178,8 @@ async def test_a_lone_fused_request_takes_the_express_path(
     answered.clear()
     fused = raw_session.frame(Opcode.LAUNCH_KERNEL, _args(function, y, x, synchronize=True))
     assert await raw_session.replies(fused, 1) == [{}]
-    expected = anyio_backend == "asyncio"  # trio reads through its executor's task
+    # trio, and TLS on either loop, read through the connection's reader task.
+    expected = anyio_backend == "asyncio" and transport_kind != "tls"
     assert answered == ([True] if expected else [])
     answered.clear()
     assert await raw_session.replies(fused, 1) == [{}]  # a resend: the kept reply
@@ -244,6 +272,7 @@ async def test_a_bug_in_the_express_path_ends_only_its_connection(
     endpoint: Endpoint,
     anyio_backend: str,
     monkeypatch: pytest.MonkeyPatch,
+    transport_kind: str,
 ) -> None:
     """A failure inside the express path (a bug) is logged and ends that connection, as
     one in the decoder's pump does; the loop serves the next connection."""
@@ -254,10 +283,10 @@ async def test_a_bug_in_the_express_path_ends_only_its_connection(
 
     monkeypatch.setattr(ExpressLaunch, "answer", broken)
     fused = raw_session.frame(Opcode.LAUNCH_KERNEL, _args(function, y, x, synchronize=True))
-    if anyio_backend == "asyncio":
+    if anyio_backend == "asyncio" and transport_kind != "tls":
         with pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError, HipError)):
             await raw_session.replies(fused, 1)
-    else:  # trio reads through its executor's task: the express path is not asked
+    else:  # a reader task (trio, TLS) hands frames to the executor: express is not asked
         assert await raw_session.replies(fused, 1) == [{}]
     monkeypatch.undo()
     other = RawSession(await endpoint.raw())
