@@ -86,6 +86,15 @@ def _gather(
     return reports
 
 
+def _printed_as_json(
+    args: argparse.Namespace, urls: list[str], reports: list[WorkerReport]
+) -> bool:
+    """With ``--json``, the reports printed as one document (True); else nothing."""
+    if args.json:
+        dump_json({"urls": urls, "workers": [vars(r) for r in reports]})
+    return bool(args.json)
+
+
 def _table() -> Table:
     """The table of devices, its first columns (the client-wide device number, the
     worker, the worker's own device number) given."""
@@ -113,10 +122,8 @@ def info_many(args: argparse.Namespace, urls: list[str]) -> int:
             )
 
     reports = _gather(args, urls, read, (HipConnectionError, OSError))
-    if args.json:
-        dump_json({"urls": urls, "workers": [vars(r) for r in reports]})
+    if _printed_as_json(args, urls, reports):
         return _exit(reports)
-
     console = Console(highlight=False)
     table = _table()
     table.add_column("backend")
@@ -156,10 +163,8 @@ def status_many(args: argparse.Namespace, urls: list[str], token: str) -> int:
 
     # A HipError too (e.g. a wrong admin token on one worker) is that worker's row.
     reports = _gather(args, urls, read, (HipError, OSError))
-    if args.json:
-        dump_json({"urls": urls, "workers": [vars(r) for r in reports]})
+    if _printed_as_json(args, urls, reports):
         return _exit(reports)
-
     console = Console(highlight=False)
     table = _table()
     table.add_column("name", overflow="fold")

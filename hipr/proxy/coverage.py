@@ -95,6 +95,5 @@ def render() -> str:
 def update(doc: Path) -> str:
     """``doc``'s text with its generated blocks replaced: :func:`render`'s, and the CUDA
     proxy's (:mod:`hipr.proxy.cuda_coverage`)."""
-    text = doc.read_text()
-    start, end = text.index(BEGIN), text.index(END) + len(END)
-    return cuda_coverage.update(text[:start] + render() + text[end:])
+    ours = cuda_coverage.replace_block(doc.read_text(), BEGIN, END, render())
+    return cuda_coverage.update(ours)

@@ -92,7 +92,13 @@ def render() -> str:
     return "\n".join(lines)
 
 
+def replace_block(text: str, begin: str, end: str, block: str) -> str:
+    """``text`` with the part from ``begin`` to ``end`` (both markers included) replaced
+    by ``block`` (which carries its own markers)."""
+    start, stop = text.index(begin), text.index(end) + len(end)
+    return text[:start] + block + text[stop:]
+
+
 def update(text: str) -> str:
     """``text`` with its generated block replaced by :func:`render`."""
-    start, end = text.index(BEGIN), text.index(END) + len(END)
-    return text[:start] + render() + text[end:]
+    return replace_block(text, BEGIN, END, render())
