@@ -243,6 +243,25 @@ def test_hipr_bench_local_is_one_command(tmp_path: Path) -> None:
 # --- issue 13: floors, the sync client's workloads, the local runtime -----------------
 
 
+def test_the_floor_servers_ring_carries_every_byte() -> None:
+    """A stream along the server's ring (the ring floor) moves the bytes promised, the
+    ring's wrap included, and the connection serves the next command after it."""
+    short = _short_dir("fr")
+    try:
+        (url,) = floors.serve_blocking([f"unix://{short}/r.sock"])
+        with floors.FloorClient(url) as client:
+            size = 3 * floors.PIECE + 5
+            data = memoryview(bytearray(b"\3") * size)
+            assert client.push(data, ring=2 * floors.PIECE + 1) > 0
+            back = memoryview(bytearray(size))
+            assert client.pull(back, ring=2 * floors.PIECE + 1) > 0
+            # The ring (kept by the connection) holds what the push left, sent round it.
+            assert back.tobytes() == b"\3" * size
+            assert len(client.echo(3)) == 3
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+
+
 def test_floor_server_answers_echo_stream_and_messages() -> None:
     """The blocking floor server, served from threads here (the bench runs it in a
     process of its own): every command answers with the bytes it promises."""
@@ -263,6 +282,9 @@ def test_floor_server_answers_echo_stream_and_messages() -> None:
             )
             assert len(result.echo) == 5 and len(result.push) == len(result.pull) == 2
             assert result.gbs("push") > 0 and result.gbs("pull") > 0
+            # The ring floor: the same streams along the server's ring.
+            assert len(result.push_ring) == len(result.pull_ring) == 2
+            assert result.gbs("push_ring") > 0 and result.gbs("pull_ring") > 0
             assert set(result.message_seconds) == {60, 112}
             assert result.echo_median > 0 and not result.uvloop_echo
     finally:

@@ -256,8 +256,11 @@ def report(args: argparse.Namespace, lib: Path, size: int, bench: Path | None,
            cubin: Path | None, url: str) -> None:  # fmt: skip
     floor = floors(size)
     echo_us, push, pull = floor.echo_median * 1e6, floor.gbs("push"), floor.gbs("pull")
+    rings = {"push": floor.gbs("push_ring"), "pull": floor.gbs("pull_ring")}
+    ring_push, ring_pull = rings["push"], rings["pull"]
     print(f"floors (blocking sockets, unix): echo {echo_us:.1f} us, {args.mib} MiB stream "
-          f"push {push:.2f} GB/s, pull {pull:.2f} GB/s")  # fmt: skip
+          f"push {push:.2f} GB/s, pull {pull:.2f} GB/s; the server's end along a 64 MiB "
+          f"ring (the ring floor): push {ring_push:.2f}, pull {ring_pull:.2f} GB/s")  # fmt: skip
     libs = [("proxy", lib)] + ([("before", args.before)] if args.before else [])
     cb: dict[str, dict[str, object]] = {}
     if bench:
@@ -326,6 +329,8 @@ def report(args: argparse.Namespace, lib: Path, size: int, bench: Path | None,
     ]:  # fmt: skip
         v = num(p.get(key))
         share = f", {100 * v / floor_gbs:.0f} % of it" if v is not None else ""
+        if v is not None and rings[name]:
+            share += f" ({100 * v / rings[name]:.0f} % of the ring floor)"
         row(f"{args.mib} MiB {key[:3]} {key.split('_')[1]}, GB/s", key,
             f">= 85 % of {name} floor {floor_gbs:.2f} GB/s{share}",
             ok(key, v is not None and v >= 0.85 * floor_gbs))  # fmt: skip

@@ -23,6 +23,12 @@ SINK     receive ``b`` bytes, then answer one byte
 SOURCE   send ``b`` bytes
 =======  ==========================================================================
 
+A stream's server receives into (or sends from) one 1 MiB buffer, which stays in the
+CPU's cache; with ``a`` set it walks a ring of ``a`` bytes instead, as a copy's bytes
+must land in (or come from) memory the GPU then reads: the **ring floor**
+(``Floors.gbs("push_ring")``). On the H200 hosts a 64 MiB ring read 10-20 % below the
+cached buffer (docs/gpu-runs/2026-11-26-off-loop-receive.txt, calls 3, 4 and 8).
+
 ``python -m hipr.bench.floors --listen URL... [--uvloop]`` serves them and prints
 ``{"urls": [...]}`` once listening (``hipr bench`` starts it; run it on a worker's machine
 to measure a remote link's floor, then ``hipr bench URL --floor URL``).
@@ -51,6 +57,10 @@ ECHO, SINK, SOURCE = b"ECHO", b"SINK", b"SRCE"
 ECHO_REQUEST, ECHO_REPLY = 24, 32
 #: What the server receives or sends per call when streaming.
 PIECE = 1 << 20
+#: The ring floor's ring: the worker's pinned payload buffers by default (64 MiB).
+RING_BYTES = 64 << 20
+#: The largest ring a client may ask the server for.
+MAX_RING_BYTES = 1 << 30
 
 
 # --- addresses ------------------------------------------------------------------------
@@ -112,6 +122,7 @@ def _serve_blocking_connection(conn: socket.socket) -> None:
     head = memoryview(bytearray(COMMAND.size))
     scratch = memoryview(bytearray(PIECE))
     source = memoryview(b"\7" * PIECE)
+    rings: dict[int, memoryview] = {}
     with conn:
         if conn.family == socket.AF_INET:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -131,20 +142,44 @@ def _serve_blocking_connection(conn: socket.socket) -> None:
                     conn.sendall(reply)
             elif kind == SINK:
                 got = 0
+                ring, at = _ring(rings, a), 0
                 while got < b:
-                    k = conn.recv_into(scratch[: min(PIECE, b - got)])
+                    if ring is None:
+                        k = conn.recv_into(scratch[: min(PIECE, b - got)])
+                    else:  # PIECE at a time along the ring, as a copy's chunks land
+                        n = min(PIECE, b - got, ring.nbytes - at)
+                        k = conn.recv_into(ring[at : at + n])
+                        at = (at + k) % ring.nbytes
                     if not k:
                         return
                     got += k
                 conn.sendall(b"\1")
             elif kind == SOURCE:
                 sent = 0
+                ring, at = _ring(rings, a), 0
                 while sent < b:
                     n = min(PIECE, b - sent)
-                    conn.sendall(source[:n])
+                    if ring is None:
+                        conn.sendall(source[:n])
+                    else:
+                        n = min(n, ring.nbytes - at)
+                        conn.sendall(ring[at : at + n])
+                        at = (at + n) % ring.nbytes
                     sent += n
             else:
                 return
+
+
+def _ring(rings: dict[int, memoryview], size: int) -> memoryview | None:
+    """The connection's ring of ``size`` bytes (made on first use; None for 0: the cached
+    1 MiB buffer)."""
+    if size <= 0:
+        return None
+    size = min(size, MAX_RING_BYTES)
+    ring = rings.get(size)
+    if ring is None:
+        ring = rings[size] = memoryview(bytearray(b"\7") * size)
+    return ring
 
 
 def serve_blocking(urls: Sequence[str]) -> list[str]:
@@ -264,18 +299,20 @@ class FloorClient:
                     times.append(clock() - start)
         return times
 
-    def push(self, data: memoryview) -> float:
-        """Seconds to send ``data`` (one ``sendall``) and get the server's ack."""
+    def push(self, data: memoryview, ring: int = 0) -> float:
+        """Seconds to send ``data`` (one ``sendall``) and get the server's ack; with
+        ``ring``, the server receives along a ring of that many bytes (module doc)."""
         start = time.perf_counter()
-        self.sock.sendall(COMMAND.pack(SINK, 0, data.nbytes, 0))
+        self.sock.sendall(COMMAND.pack(SINK, ring, data.nbytes, 0))
         self.sock.sendall(data)
         _recv_exactly(self.sock, memoryview(bytearray(1)))
         return time.perf_counter() - start
 
-    def pull(self, into: memoryview) -> float:
-        """Seconds to ask for ``into.nbytes`` bytes and receive them straight into it."""
+    def pull(self, into: memoryview, ring: int = 0) -> float:
+        """Seconds to ask for ``into.nbytes`` bytes and receive them straight into it;
+        with ``ring``, the server sends them along a ring of that many bytes."""
         start = time.perf_counter()
-        self.sock.sendall(COMMAND.pack(SOURCE, 0, into.nbytes, 0))
+        self.sock.sendall(COMMAND.pack(SOURCE, ring, into.nbytes, 0))
         _recv_exactly(self.sock, into)
         return time.perf_counter() - start
 
@@ -306,6 +343,10 @@ class Floors:
     message_seconds: dict[int, float] = field(default_factory=dict)
     uvloop_url: str = ""
     uvloop_echo: list[float] = field(default_factory=list)
+    #: The same streams with the server's end along a :data:`RING_BYTES` ring (the
+    #: ring floor, module doc); empty where not measured.
+    push_ring: list[float] = field(default_factory=list)
+    pull_ring: list[float] = field(default_factory=list)
 
     @property
     def echo_median(self) -> float:
@@ -313,8 +354,14 @@ class Floors:
         return statistics.median(self.echo)
 
     def gbs(self, direction: str) -> float:
-        """Median GB/s of the stream in ``push`` or ``pull``."""
-        times = self.push if direction == "push" else self.pull
+        """Median GB/s of the stream in ``push`` or ``pull``, or along the server's ring
+        in ``push_ring`` or ``pull_ring`` (0.0 where not measured)."""
+        times = {
+            "push": self.push, "pull": self.pull,
+            "push_ring": self.push_ring, "pull_ring": self.pull_ring,
+        }[direction]  # fmt: skip
+        if not times:
+            return 0.0
         return self.stream_size / statistics.median(times) / 1e9
 
 
@@ -351,16 +398,25 @@ def measure_floors(
         out = np.ones(stream_size, np.uint8)
         push: list[float] = []
         pull: list[float] = []
+        push_ring: list[float] = []
+        pull_ring: list[float] = []
         for rep in range(stream_repeats + 1):  # the first round warms up
+            # Cached and ring streams in turn, so that drift hits both alike.
             p, q = client.push(host.data), client.pull(out.data)
+            pr, qr = client.push(host.data, RING_BYTES), client.pull(out.data, RING_BYTES)
             if rep:
                 push.append(p)
                 pull.append(q)
+                push_ring.append(pr)
+                pull_ring.append(qr)
         messages = {}
         for size in message_sizes:
             client.messages(size, min(warmup, message_count))
             messages[size] = client.messages(size, message_count) / message_count
-    return Floors(transport, url, echo, push, pull, stream_size, messages, uvloop_url, uvloop_echo)
+    return Floors(
+        transport, url, echo, push, pull, stream_size, messages, uvloop_url, uvloop_echo,
+        push_ring, pull_ring,
+    )  # fmt: skip
 
 
 # --- the local runtime ----------------------------------------------------------------
