@@ -86,6 +86,23 @@ class GpuMemory(GpuCore):
             self._call(copy, dst, addr, nbytes, raw)
             self._call(self._calls.stream_synchronize, raw)
             return
+        if refs is None and self._payloads.owns(addr, nbytes):
+            # Already page-locked (a payload buffer the worker received the bytes into):
+            # a DMA straight from it, the buffer kept lent until a fence behind the copy
+            # has passed. Staged, each 4 MiB chunk of an upload on a stream cost the GPU
+            # thread another copy on the CPU (0.14 against 0.03 s per GiB on the H200,
+            # docs/gpu-runs/2026-11-26-ring-floor.txt, call 11).
+            self._call(copy, dst, addr, nbytes, raw)
+            try:
+                fence = self.fence_after(raw)
+            except HipError:
+                # No fence (a failed context): wait instead, so the buffer is not lent
+                # out again while the copy may still read it.
+                with contextlib.suppress(HipError):
+                    self._call(self._calls.stream_synchronize, raw)
+                raise
+            self._staging.hold([fence], [keep])
+            return
         block = self._staging.take(nbytes)
         ctypes.memmove(block.ptr, addr, nbytes)
         del keep

@@ -6,6 +6,7 @@ them calls a runtime itself; the backend supplies what they need (:class:`Stagin
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import ctypes
 import sys
@@ -90,7 +91,9 @@ class PinnedStaging:
         self._lock = threading.Lock()
         self._idle: dict[int, list[PinnedBlock]] = {}
         self._idle_bytes = 0
-        self._pending: list[tuple[list[Any], list[PinnedBlock]]] = []
+        #: Fences not yet passed, with the blocks they give back and the objects they
+        #: let go (:meth:`hold`) once passed.
+        self._pending: list[tuple[list[Any], list[PinnedBlock], list[Any]]] = []
         self._outstanding = 0
 
     @property
@@ -131,7 +134,14 @@ class PinnedStaging:
     def retire(self, fences: Sequence[Any], blocks: Sequence[PinnedBlock]) -> None:
         """Give ``blocks`` back once every fence in ``fences`` has completed."""
         with self._lock:
-            self._pending.append((list(fences), list(blocks)))
+            self._pending.append((list(fences), list(blocks), []))
+        self.reclaim()
+
+    def hold(self, fences: Sequence[Any], objects: Sequence[Any]) -> None:
+        """Keep ``objects`` alive until every fence in ``fences`` has completed: a pinned
+        payload buffer a copy reads straight from stays lent (its view held) meanwhile."""
+        with self._lock:
+            self._pending.append((list(fences), [], list(objects)))
         self.reclaim()
 
     def reclaim(self) -> None:
@@ -140,15 +150,16 @@ class PinnedStaging:
             return
         with self._lock:
             pending, self._pending = self._pending, []
-        keep: list[tuple[list[Any], list[PinnedBlock]]] = []
+        keep: list[tuple[list[Any], list[PinnedBlock], list[Any]]] = []
         done_blocks: list[PinnedBlock] = []
-        for fences, blocks in pending:
+        for entry in pending:
+            fences, blocks, _ = entry
             if all(self._ops.fence_done(f) for f in fences):
                 for f in fences:
                     self._ops.fence_destroy(f)
-                done_blocks.extend(blocks)
+                done_blocks.extend(blocks)  # and the held objects go with the entry
             else:
-                keep.append((fences, blocks))
+                keep.append(entry)
         if keep:
             with self._lock:
                 self._pending.extend(keep)
@@ -197,7 +208,7 @@ class PinnedStaging:
             idle = [b for blocks in self._idle.values() for b in blocks]
             self._idle.clear()
             self._idle_bytes = 0
-        for fences, blocks in pending:
+        for fences, blocks, _ in pending:
             for f in fences:
                 self._ops.fence_destroy(f)
             idle.extend(blocks)
@@ -222,6 +233,8 @@ class PinnedPayloads:
         self._ops = ops
         self._lock = threading.Lock()
         self._blocks: list[ctypes.Array[ctypes.c_ubyte]] = []
+        #: The buffers' start addresses, sorted (:meth:`owns`).
+        self._starts: list[int] = []
         self.block_bytes = 0
         self._free_refs = free_refcount()
 
@@ -242,7 +255,15 @@ class PinnedPayloads:
             block = (ctypes.c_ubyte * block_bytes).from_address(ptr)
             with self._lock:
                 self._blocks.append(block)
+                bisect.insort(self._starts, ptr)
         return len(self._blocks)
+
+    def owns(self, address: int, nbytes: int) -> bool:
+        """True when ``nbytes`` at ``address`` lie inside one of the buffers: bytes the
+        worker received into page-locked memory, which a copy can DMA from as they are."""
+        starts = self._starts
+        at = bisect.bisect_right(starts, address) - 1
+        return at >= 0 and address + nbytes <= starts[at] + self.block_bytes
 
     def take(self, size: int) -> memoryview | None:
         """A writable view of ``size`` bytes at the start of a free buffer, or None (none
@@ -280,6 +301,7 @@ class PinnedPayloads:
                 else:
                     kept.append(block)
             self._blocks = kept
+            self._starts = sorted(ctypes.addressof(block) for block in kept)
         for ptr in freed:
             with contextlib.suppress(HipError):
                 self._ops.host_free(ptr)

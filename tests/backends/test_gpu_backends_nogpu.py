@@ -1574,6 +1574,69 @@ def test_sim_async_htod_source_may_be_reused_at_once(sim: Any) -> None:
     backend.stream_destroy(stream)
 
 
+def test_sim_async_htod_from_a_payload_buffer_is_not_staged(sim: Any) -> None:
+    """A copy on a stream whose bytes sit in a pinned payload buffer (an upload's chunk)
+    DMAs from that buffer: no staging block, and the buffer stays lent, whoever else
+    lets go of it, until a fence behind the copy has passed; the bytes land whole."""
+    backend, gpu = sim
+    size = 10_320  # past the copies carved from a stream's block (MAX_CARVED)
+    assert size > PinnedStaging.MAX_CARVED
+    assert backend.reserve_payload_buffers(2, 1 << 16) == 2
+    stream = backend.stream_create()
+    ptr = backend.malloc(size)
+    chunk = backend.payload_buffer(size)
+    assert chunk is not None
+    body = bytes(range(256)) * 40 + b"\x05" * 80
+    chunk[:] = body
+    pinned_before = len(gpu.host)
+    backend.memcpy_htod(ptr, chunk[4:], stream)  # as a DATA frame's bulk after its prefix
+    assert backend._staging.outstanding == 0 and len(gpu.host) == pinned_before
+    del chunk
+    assert backend.payload_buffer_figures()["in_use"] == 1  # held by the copy
+    assert gpu.read(ptr, 1) == b"\0"  # still queued, as on a GPU
+    backend.stream_synchronize(stream)  # the fence passes; the hold is let go
+    assert gpu.read(ptr, size - 4) == body[4:]
+    assert backend.payload_buffer_figures()["in_use"] == 0
+    # A buffer of the caller's own is staged as before (and may be reused at once).
+    mine = bytearray(b"\x09" * size)
+    backend.memcpy_htod(ptr, memoryview(mine), stream)
+    assert backend._staging.outstanding == 1
+    backend.stream_synchronize(stream)
+    assert gpu.read(ptr, 4) == b"\x09" * 4
+    backend.free(ptr)
+    backend.stream_destroy(stream)
+
+
+def test_pinned_payloads_know_their_own_bytes() -> None:
+    ops = _Ops()
+    payloads = PinnedPayloads(ops)
+    assert not payloads.owns(12345, 1)  # none reserved
+    assert payloads.reserve(3, 4096) == 3
+    starts = sorted(ops.live)
+    for start in starts:
+        assert payloads.owns(start, 4096) and payloads.owns(start + 4000, 96)
+        assert not payloads.owns(start + 4000, 97)  # runs past the buffer
+        assert not payloads.owns(start - 1, 2)
+    mine = ctypes.create_string_buffer(64)
+    assert not payloads.owns(ctypes.addressof(mine), 64)
+    assert payloads.close() == 0 and not payloads.owns(starts[0], 1)
+
+
+def test_pinned_staging_holds_objects_until_their_fence() -> None:
+    ops = _Ops()
+    staging = PinnedStaging(ops)
+    held = bytearray(8)
+    fence = ops.fence_after(None)
+    staging.hold([fence], [held])
+    before = sys.getrefcount(held)
+    staging.reclaim()
+    assert sys.getrefcount(held) == before  # the fence has not passed
+    fence[0] = True
+    staging.reclaim()
+    assert sys.getrefcount(held) == before - 1  # let go
+    staging.close(wait=lambda: None)
+
+
 def _count(gpu: SimGpu, suffix: str) -> int:
     return sum(1 for name in gpu.calls if name.endswith(suffix))
 
@@ -2243,6 +2306,51 @@ async def test_a_worker_moves_bulk_copies_through_its_pinned_payload_buffers(
     assert sorted(set(lent) - set(upload)) == sorted(set(download))
     assert len(lent) - len(upload) == len(download)
     assert len(upload) == (10 if anyio_backend == "asyncio" else 0)
+    assert backend._payloads.in_use() == 0
+
+
+@pytest.mark.anyio
+async def test_uploads_on_a_stream_read_their_payload_buffers_until_the_copy_ran(
+    sim: Any, anyio_backend: str, tmp_path: Path
+) -> None:
+    """Uploads on a stream DMA straight from the pinned payload buffers they arrived in
+    (asyncio's push mode), each buffer held until a fence behind its copy has passed. The
+    simulated runtime runs a stream's copies only at its synchronize: a buffer lent out
+    again before its copy ran would show here as wrong bytes."""
+    import hipr
+    from hipr.worker.config import WorkerConfig
+    from hipr.worker.server import FRAME_HEADROOM, running_worker
+
+    backend, _ = sim
+    held: list[int] = []
+    hold = backend._staging.hold
+
+    def counted(fences: Any, objects: Any) -> None:
+        held.append(len(objects))
+        hold(fences, objects)
+
+    backend._staging.hold = counted
+    chunk = 4 << 20
+    config = WorkerConfig(pinned_payload_bytes=16 * (chunk + FRAME_HEADROOM), resume_grace=0.0)
+    rng = np.random.default_rng(11)
+    uploads = [rng.integers(0, 256, size=3 * chunk + 777 * i, dtype=np.uint8) for i in range(5)]
+    with anyio.fail_after(60):
+        async with running_worker(config, backend, [f"unix://{tmp_path}/s.sock"]) as worker:
+            async with hipr.aconnect(worker.bound_urls[0]) as client:
+                stream = await client.stream_create()
+                ptrs = [await client.malloc(u.nbytes) for u in uploads]
+                for ptr, data in zip(ptrs, uploads, strict=True):
+                    await client.memcpy_htod_async(ptr, data, stream)
+                await stream.synchronize()
+                for ptr, data in zip(ptrs, uploads, strict=True):
+                    back = np.empty_like(data)
+                    await client.memcpy_dtoh(ptr, out=back)
+                    assert np.array_equal(back, data)
+                    await client.free(ptr)
+    # 20 chunks for 16 buffers, none free again before the synchronize: the first went
+    # straight from their buffers, the rest (in pageable buffers) were staged. Under trio
+    # the reader task hands payloads over as bytes: all staged.
+    assert bool(held) == (anyio_backend == "asyncio")
     assert backend._payloads.in_use() == 0
 
 
