@@ -1597,6 +1597,15 @@ def test_sim_async_htod_from_a_payload_buffer_is_not_staged(sim: Any) -> None:
     backend.stream_synchronize(stream)  # the fence passes; the hold is let go
     assert gpu.read(ptr, size - 4) == body[4:]
     assert backend.payload_buffer_figures()["in_use"] == 0
+    # A program that polls instead: a query that finds the work done lets go too.
+    chunk = backend.payload_buffer(size)
+    assert chunk is not None
+    backend.memcpy_htod(ptr, chunk[4:], stream)
+    del chunk
+    assert backend.payload_buffer_figures()["in_use"] == 1
+    gpu.run_all()  # the device finished, nobody synchronized
+    assert backend.stream_query(stream)
+    assert backend.payload_buffer_figures()["in_use"] == 0
     # A buffer of the caller's own is staged as before (and may be reused at once).
     mine = bytearray(b"\x09" * size)
     backend.memcpy_htod(ptr, memoryview(mine), stream)
