@@ -254,9 +254,6 @@ class GpuCore:
             return False
         if int(err) != SUCCESS:
             raise self._rt.error(int(err), fn)
-        # Work seen done: copies held on their payload buffers may have finished (a
-        # program that polls instead of synchronizing gives those buffers back too).
-        self._staging.reclaim()
         return True
 
     # --- payload buffers ----------------------------------------------------------------

@@ -45,7 +45,7 @@ class GpuStreams(GpuCore):
     def stream_query(self, stream: Handle | None) -> bool:
         """True when the stream has no pending work."""
         self._current()
-        return self._query(self._calls.stream_query, self._stream(stream))
+        return self._reclaimed_if(self._query(self._calls.stream_query, self._stream(stream)))
 
     def stream_wait_event(self, stream: Handle | None, event: Handle) -> None:
         """Later work on ``stream`` waits for ``event``."""
@@ -77,7 +77,17 @@ class GpuStreams(GpuCore):
     def event_query(self, event: Handle) -> bool:
         """True once the event completed."""
         self._current()
-        return self._query(self._calls.event_query, live(event, GpuEvent, "event"))
+        return self._reclaimed_if(
+            self._query(self._calls.event_query, live(event, GpuEvent, "event"))
+        )
+
+    def _reclaimed_if(self, done: bool) -> bool:
+        """``done``, after reclaiming the staging pool when it is True: a program that
+        polls instead of synchronizing gets the payload buffers its stream copies held
+        back too. (Not in ``_query``, which the worker's own polls call in a loop.)"""
+        if done:
+            self._staging.reclaim()
+        return done
 
     def event_elapsed_ms(self, start: Handle, end: Handle) -> float:
         """Milliseconds between two completed events (hipErrorNotReady if not yet)."""

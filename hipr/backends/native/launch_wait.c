@@ -6,8 +6,9 @@
  * ended. Each turn of that loop cost several µs of interpreter time while the kernel
  * itself ended in a few. Here the launch and the polling are one C call made through
  * ctypes (holding the interpreter lock, as the Python poll did: releasing it measured
- * slower, hipr/backends/_launch_wait.py says why). Where the caller allows it (a plain socket with nothing queued
- * ahead, hipr/transports/thread_writes.py), the reply of a launch that ended is sent
+ * slower, hipr/backends/_launch_wait.py says why). Where the caller allows it (a plain
+ * socket with nothing queued ahead, hipr/transports/thread_writes.py), the reply of a
+ * launch that ended is sent
  * from here too, the moment the work is seen done.
  *
  * Vendor-neutral: the caller passes the runtime's own launch and query entry points

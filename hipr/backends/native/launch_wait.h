@@ -52,9 +52,9 @@ enum {
     HIPR_LW_BAD_CALL = 4       /* a count out of range, or null entry points */
 };
 
-/* Launch on launch_stream, then poll it and every other stream until all are idle, a query fails or spin_ns pass;
- * when all are idle and reply_fd is set, send the reply (without waiting). One of the
- * HIPR_LW_* outcomes. */
+/* Launch on launch_stream, then poll it and every other stream until all are idle, a
+ * query fails or spin_ns pass; when all are idle and reply_fd is set, send the reply
+ * (without waiting). One of the HIPR_LW_* outcomes. */
 int hipr_launch_wait(struct hipr_launch_wait *call);
 
 /* HIPR_LAUNCH_WAIT_ABI of the sources this library was built from. */
