@@ -26,8 +26,8 @@ SOURCE   send ``b`` bytes
 A stream's server receives into (or sends from) one 1 MiB buffer, which stays in the
 CPU's cache; with ``a`` set it walks a ring of ``a`` bytes instead, as a copy's bytes
 must land in (or come from) memory the GPU then reads: the **ring floor**
-(``Floors.gbs("push_ring")``). On the H200 hosts a 64 MiB ring read 10-20 % below the
-cached buffer (docs/gpu-runs/2026-11-26-off-loop-receive.txt, calls 3, 4 and 8).
+(``Floors.gbs("push_ring")``). On the H200 hosts a 64 MiB ring read from 3 % above to
+28 % below the cached buffer, host to host (docs/gpu-runs/2026-11-26-ring-floor.txt).
 
 ``python -m hipr.bench.floors --listen URL... [--uvloop]`` serves them and prints
 ``{"urls": [...]}`` once listening (``hipr bench`` starts it; run it on a worker's machine
