@@ -5,8 +5,9 @@
         [--worker LABEL[:VAR=VALUE,...][@TREE]] ...
 
 Builds ``copy_loop.c`` against the proxy's libcuda.so.1. Per round, for each ``--worker``
-in turn (default one worker of this tree), starts a worker on a unix socket (its
-environment added; ``@TREE``: the ``hipr`` package of another checkout, run from there),
+in turn (default one worker of this tree), starts a worker on a unix socket
+(``torch_compare.worker_process``: its environment added; ``@TREE``: the ``hipr``
+package of another checkout),
 and times ``--reps`` copies of ``--mib`` MiB in each direction: ``h`` cuMemcpyHtoD, ``a``
 cuMemcpyHtoDAsync on a stream of the program's own then cuStreamSynchronize, ``d``
 cuMemcpyDtoH, from each ``--source`` host buffer (malloc, posix_memalign, hugepages).
@@ -26,13 +27,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from benchmarks.proxy.compare import floors
-from benchmarks.proxy.torch_compare import proxy_dir
+from benchmarks.proxy.torch_compare import proxy_dir, worker_process
 
 HERE = Path(__file__).resolve().parent
 MIB = 1 << 20
@@ -50,35 +48,6 @@ def thread_cpu(pid: int) -> dict[int, float]:
             continue  # the thread ended meanwhile
         out[int(tid)] = (int(fields[11]) + int(fields[12])) / ticks
     return out
-
-
-@contextmanager
-def worker(backend: str, env: dict[str, str], tree: Path | None) -> Iterator[tuple[str, int]]:
-    """A worker on a unix socket: its URL and process id."""
-    directory = Path(tempfile.mkdtemp(prefix="hcc-"))
-    sock = directory / "w.sock"
-    full = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-    full.update(env)
-    if tree is not None:
-        full["PYTHONPATH"] = os.pathsep.join([str(tree), full.get("PYTHONPATH", "")]).rstrip(":")
-    log = open(directory / "worker.log", "w")  # noqa: SIM115 - closed below
-    process = subprocess.Popen(
-        [sys.executable, "-m", "hipr", "worker", "--backend", backend,
-         "--listen", f"unix://{sock}", "--log-level", "warning"],
-        env=full, stdout=log, stderr=subprocess.STDOUT, cwd=tree,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while not sock.exists() and process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if not sock.exists():
-            raise SystemExit(f"no worker: {(directory / 'worker.log').read_text()}")
-        yield f"unix://{sock}", process.pid
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-        log.close()
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def copies(
@@ -133,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         gib = (args.reps - 1) * args.mib / 1024
         for round_ in range(args.rounds):
             for label, env, tree in variants:
-                with worker(args.backend, env, tree) as (url, pid):
+                with worker_process(args.backend, env, None, tree) as (url, pid):
                     copies(program, url, args.mib, 2, "h", "malloc")  # warm-up
                     for source in args.source.split(","):
                         for direction in args.directions.split(","):

@@ -54,7 +54,19 @@ def worker(
 ) -> Iterator[str]:
     """A worker of `backend` on a unix socket, started without the proxy on its path
     (with ``extra_env`` added to its environment; pinned to ``cpus`` with taskset; the
-    ``hipr`` package of ``tree``, another checkout, instead of this one)."""
+    ``hipr`` package of ``tree``, another checkout, instead of this one): its URL."""
+    with worker_process(backend, extra_env, cpus, tree) as (url, _):
+        yield url
+
+
+@contextmanager
+def worker_process(
+    backend: str,
+    extra_env: dict[str, str] | None = None,
+    cpus: str | None = None,
+    tree: Path | None = None,
+) -> Iterator[tuple[str, int]]:
+    """:func:`worker`, yielding its URL and its process id."""
     directory = Path(tempfile.mkdtemp(prefix="htc-"))
     sock = directory / "w.sock"
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
@@ -72,7 +84,7 @@ def worker(
             time.sleep(0.1)
         if not sock.exists():
             raise SystemExit(f"no worker: {(directory / 'worker.log').read_text()}")
-        yield f"unix://{sock}"
+        yield f"unix://{sock}", process.pid
     finally:
         process.terminate()
         process.wait(timeout=30)
