@@ -133,6 +133,16 @@ def test_token_bucket_burst_then_refill() -> None:
     assert bucket.take()
 
 
+def test_token_bucket_takes_all_or_none() -> None:
+    """A fused request's two requests: both spent, or neither (nothing left taken)."""
+    bucket = TokenBucket(rate=1e-6, burst=5)
+    assert [bucket.take_all(2) for _ in range(3)] == [True, True, False]
+    assert bucket.take()  # the fifth token was not spent by the refusal
+    assert not bucket.take()
+    bucket.give_back(2)
+    assert bucket.take_all(2)
+
+
 def test_max_kernel_seconds_is_a_positive_number(tmp_path: Path) -> None:
     from hipr.worker.tenants import load_tenants
 

@@ -189,15 +189,19 @@ class GpuCore:
         the hot path of every inline launch and query."""
         lanes = self._lanes
         saved = lanes.state
-        device = getattr(lane, "device", 0)
-        if self._loop_ctx.__dict__.get("device") != device:
-            self._rt.bind(device)
-            self._loop_ctx.device = device
+        self._bind_loop(getattr(lane, "device", 0))
         lanes.state = lane
         try:
             return fn(*args)
         finally:
             lanes.state = saved
+
+    def _bind_loop(self, device: int) -> None:
+        """Make ``device`` current on the calling thread (the worker's loop, borrowing a
+        lane) unless it already is."""
+        if self._loop_ctx.__dict__.get("device") != device:
+            self._rt.bind(device)
+            self._loop_ctx.device = device
 
     def work_done(self, streams: Sequence[Handle]) -> bool:
         """True when the lane's default stream and ``streams`` have no pending work

@@ -4,6 +4,7 @@ loading, launching."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -18,6 +19,8 @@ from hipr.backends._launch_wait import (
     LAUNCH_FAILED,
     MAX_WAIT_STREAMS,
     QUERY_FAILED,
+    LaunchWait,
+    PreparedLaunchWait,
 )
 from hipr.backends._runtime import INVALID_VALUE, SUCCESS
 from hipr.backends.interface import Dim3, Handle
@@ -26,6 +29,23 @@ from hipr.kernels.builtins import BUILTIN_SOURCE
 from hipr.kernels.kernel_args import MAX_ARGS_BYTES
 
 E = HipErrorCode
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedWait:
+    """A launch-and-wait packed once (:meth:`GpuKernels.prepare_waited`): the call, the
+    argument buffer it points to, and the lane state it was packed for (the lane, its
+    device, its default streams and how many) that :meth:`GpuKernels.waited_again`
+    checks before each call."""
+
+    call: PreparedLaunchWait
+    extra: LaunchExtra
+    lane: Any
+    device: int
+    defaults: dict[int, Any]
+    default_count: int
+
+
 #: A parameter-info query stops here even if the driver never says "past the end".
 _MAX_PARAMS = 4096
 
@@ -248,6 +268,90 @@ class GpuKernels(GpuCore):
         native = self._launch_wait
         if native is None:
             return None
+        address_of_function, dims, packed = self._checked_launch(
+            function, grid, block, shared_mem, args
+        )
+        raw_stream, extra = self._launch_target(None)
+        first = int(raw_stream)
+        others = self._streams_to_wait(first, streams)
+        if others is None:
+            return None
+        held: LaunchExtra | None = None
+        if len(packed) <= extra.capacity:
+            address = extra.fill(packed)
+        else:  # more than the protocol carries (a direct caller): a buffer of its own
+            held = self._extra(packed)
+            address = held.address
+        status = native.run(
+            address_of_function, dims, shared_mem, first, others, address, spin_seconds, reply
+        )
+        del held  # kept alive through the call
+        return self._waited_outcome(native, status, reply is not None)
+
+    def prepare_waited(
+        self,
+        function: Handle,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: int,
+        args: bytes,
+        streams: Sequence[Handle],
+        spin_seconds: float,
+        reply: bytes,
+        request_id_at: int,
+    ) -> PreparedWait | None:
+        """:meth:`launch_waited`'s call packed once, for :meth:`waited_again` to make
+        unchanged while the lane and ``streams`` stay as they are now (the express
+        path's loop over one kernel: PyTorch's ``add_`` then a synchronize): its reply is
+        ``reply`` with the request id at byte ``request_id_at``. The launch's argument
+        bytes get a buffer of their own. None where :meth:`launch_waited` would be."""
+        native = self._launch_wait
+        if native is None:
+            return None
+        address_of_function, dims, packed = self._checked_launch(
+            function, grid, block, shared_mem, args
+        )
+        raw_stream, _ = self._launch_target(None)
+        first = int(raw_stream)
+        others = self._streams_to_wait(first, streams)
+        if others is None:
+            return None
+        extra = self._extra(packed)
+        call = native.prepare(
+            address_of_function, dims, shared_mem, first, others, extra.address,
+            spin_seconds, reply, request_id_at,
+        )  # fmt: skip
+        lane: Any = self._lanes.state
+        defaults: dict[int, Any] = lane.default_streams  # made by _launch_target
+        return PreparedWait(call, extra, lane, lane.device, defaults, len(defaults))
+
+    def waited_again(
+        self, lane: Any, prepared: PreparedWait, fd: int, request_id: int
+    ) -> tuple[bool, HipError | None, int] | None:
+        """The call :meth:`prepare_waited` packed in ``lane`` (a session's, its owner
+        thread idle), made again on the calling thread, its reply (now request
+        ``request_id``'s) sent to ``fd`` (-1: not sent): :meth:`launch_waited`'s
+        outcome. None, with nothing done, where the lane has changed since (another
+        device, another default stream): the caller goes the usual way. Binds the
+        lane's device as :meth:`run_in_lane` would; the lane is not borrowed, since
+        nothing here reads it but these checks."""
+        if (
+            lane is not prepared.lane
+            or getattr(lane, "device", None) != prepared.device
+            or getattr(lane, "default_streams", None) is not prepared.defaults
+            or len(prepared.defaults) != prepared.default_count
+        ):
+            return None
+        self._bind_loop(prepared.device)
+        call = prepared.call
+        status = call.again(fd, request_id)
+        return self._waited_outcome(call, status, fd >= 0)
+
+    def _checked_launch(
+        self, function: Handle, grid: Dim3, block: Dim3, shared_mem: int, args: bytes
+    ) -> tuple[int, tuple[int, ...], bytes]:
+        """The function's address, the launch's six dimensions (checked) and its
+        argument bytes fitted to the kernel's parameters."""
         # The same objects as the last call's (the express path's checked payload, a
         # loop over one kernel): their checks, sizes and packing are the last call's. The
         # slot holds them, so an identity cannot be reused by another object meanwhile.
@@ -260,37 +364,34 @@ class GpuKernels(GpuCore):
             and last[3] == shared_mem
             and last[4] is args
         ):
-            address_of_function, dims, packed = last[5], last[6], last[7]
-        else:
-            check_dims(grid, block)
-            size = self._param_size(function)
-            packed = args if size is None or len(args) <= size else _fit(size, args)
-            address_of_function, dims = int(function), (*grid, *block)
-            self._last_launch = (
-                function, grid, block, shared_mem, args, address_of_function, dims, packed
-            )  # fmt: skip
-        raw_stream, extra = self._launch_target(None)
-        first = int(raw_stream)
+            return last[5], last[6], last[7]
+        check_dims(grid, block)
+        size = self._param_size(function)
+        packed = args if size is None or len(args) <= size else _fit(size, args)
+        address_of_function, dims = int(function), (*grid, *block)
+        self._last_launch = (
+            function, grid, block, shared_mem, args, address_of_function, dims, packed
+        )  # fmt: skip
+        return address_of_function, dims, packed
+
+    def _streams_to_wait(self, first: int, streams: Sequence[Handle]) -> list[int] | None:
+        """The raw streams a waited launch polls besides its own (``first``): the lane's
+        default streams on its other devices, then ``streams``; None when there are
+        more than the native call takes."""
         others: list[int] = []
         defaults: dict[int, Any] = self._tls.default_streams  # made by _launch_target
-        if len(defaults) > 1:  # the lane's default streams on its other devices
+        if len(defaults) > 1:
             others += [int(raw) for raw in defaults.values() if int(raw) != first]
         if streams:
             others += [int(live(s, GpuStream, "stream")) for s in streams]
-        if len(others) > MAX_WAIT_STREAMS:
-            return None
-        held: LaunchExtra | None = None
-        if len(packed) <= extra.capacity:
-            address = extra.fill(packed)
-        else:  # more than the protocol carries (a direct caller): a buffer of its own
-            held = self._extra(packed)
-            address = held.address
-        status = native.run(
-            address_of_function, dims, shared_mem, first, others, address, spin_seconds, reply
-        )
-        del held  # kept alive through the call
+        return None if len(others) > MAX_WAIT_STREAMS else others
+
+    def _waited_outcome(
+        self, native: LaunchWait | PreparedLaunchWait, status: int, with_reply: bool
+    ) -> tuple[bool, HipError | None, int]:
+        """A launch-and-wait's status as :meth:`launch_waited` returns it."""
         if status == DONE:
-            return True, None, 0 if reply is None else native.reply_sent()
+            return True, None, native.reply_sent() if with_reply else 0
         if status == LAUNCH_FAILED:
             code = native.results().launch_result
             return False, self._rt.error(code, self._calls.launch_kernel), 0

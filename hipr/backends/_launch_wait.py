@@ -23,6 +23,7 @@ import shutil
 import struct
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ __all__ = [
     "RUNNING",
     "LaunchWait",
     "LaunchWaitResults",
+    "PreparedLaunchWait",
     "entry_address",
     "load_launch_wait",
 ]
@@ -84,41 +86,32 @@ _SIZE = _STREAMS_AT + 8 * MAX_WAIT_STREAMS
 _STREAM_WORDS = [struct.Struct(f"<{n}Q") for n in range(MAX_WAIT_STREAMS + 1)]
 
 
-class LaunchWait:
-    """One thread's launch-and-wait calls into the native library: the runtime's launch
-    and stream-query entry points (C function addresses) and its "not ready" result
-    are fixed at construction; the call structure is reused, so a call costs one packed
-    store (two with other streams to poll) and one foreign call. Not for use from two
-    threads at once (the worker's event loop owns the one it makes)."""
+class _CallStructure:
+    """One ``struct hipr_launch_wait`` and the call into the library on it: what
+    :class:`LaunchWait` and :class:`PreparedLaunchWait` share."""
 
-    def __init__(self, library: ctypes.CDLL, launch: int, query: int, not_ready: int) -> None:
-        self._fn = library.hipr_launch_wait
-        self._fn.argtypes = [ctypes.c_void_p]
-        self._fn.restype = ctypes.c_int
+    __slots__ = ("_address", "_buffer", "_fn", "_not_ready", "_view")
+
+    def __init__(self, fn: Any, entries: tuple[int, int], not_ready: int) -> None:
+        self._fn = fn
         self._buffer = ctypes.create_string_buffer(_SIZE)
         self._view = memoryview(self._buffer).cast("B")
-        _ENTRIES.pack_into(self._view, 0, launch, query)
+        _ENTRIES.pack_into(self._view, 0, *entries)
         self._not_ready = not_ready
         self._address = ctypes.addressof(self._buffer)
 
-    def run(
+    def _pack(
         self,
         function: int,
         dims: tuple[int, ...],
         shared_mem: int,
         stream: int,
-        others: list[int],
+        others: Sequence[int],
         extra: int,
         spin_seconds: float,
-        reply: tuple[int, bytes] | None = None,
-    ) -> int:
-        """Launch ``function`` (grid and block in ``dims``) on ``stream`` with the filled
-        ``extra`` array, then poll ``stream`` and ``others`` (at most
-        :data:`MAX_WAIT_STREAMS`) until all are idle, a query fails, or ``spin_seconds``
-        pass; with ``reply`` (a socket descriptor and at most :data:`MAX_REPLY_BYTES`
-        bytes), send those bytes once all are idle. The outcome (:data:`DONE`,
-        :data:`RUNNING`, :data:`LAUNCH_FAILED`, :data:`QUERY_FAILED`); :meth:`results`
-        tells the rest."""
+        reply: tuple[int, bytes] | None,
+    ) -> None:
+        """Every input of a call (see :meth:`LaunchWait.run`)."""
         view = self._view
         count = len(others)
         if count > MAX_WAIT_STREAMS:
@@ -137,20 +130,126 @@ class LaunchWait:
         )  # fmt: skip
         if count:
             _STREAM_WORDS[count].pack_into(view, _STREAMS_AT, *others)
+
+    def _call(self) -> int:
         status: int = self._fn(self._address)
         if status == BAD_CALL:
             raise ValueError("hipr_launch_wait refused its call structure")
         return status
 
     def reply_sent(self) -> int:
-        """Bytes of the last :meth:`run`'s reply the socket took (0: none sent; negative:
-        the send's ``-errno``)."""
+        """Bytes of the last call's reply the socket took (0: none sent; negative: the
+        send's ``-errno``)."""
         return int(_OUTPUTS.unpack_from(self._view, _OUTPUTS_AT)[3])
 
     def results(self) -> LaunchWaitResults:
-        """What the last :meth:`run` found beside its outcome."""
+        """What the last call found beside its outcome."""
         launch, query, polled_ns, sent = _OUTPUTS.unpack_from(self._view, _OUTPUTS_AT)
         return LaunchWaitResults(launch, query, polled_ns, sent)
+
+
+class LaunchWait(_CallStructure):
+    """One thread's launch-and-wait calls into the native library: the runtime's launch
+    and stream-query entry points (C function addresses) and its "not ready" result
+    are fixed at construction; the call structure is reused, so a call costs one packed
+    store (two with other streams to poll) and one foreign call. Not for use from two
+    threads at once (the worker's event loop owns the one it makes)."""
+
+    __slots__ = ("_entries",)
+
+    def __init__(self, library: ctypes.CDLL, launch: int, query: int, not_ready: int) -> None:
+        fn = library.hipr_launch_wait
+        fn.argtypes = [ctypes.c_void_p]
+        fn.restype = ctypes.c_int
+        self._entries = (launch, query)
+        super().__init__(fn, self._entries, not_ready)
+
+    def run(
+        self,
+        function: int,
+        dims: tuple[int, ...],
+        shared_mem: int,
+        stream: int,
+        others: Sequence[int],
+        extra: int,
+        spin_seconds: float,
+        reply: tuple[int, bytes] | None = None,
+    ) -> int:
+        """Launch ``function`` (grid and block in ``dims``) on ``stream`` with the filled
+        ``extra`` array, then poll ``stream`` and ``others`` (at most
+        :data:`MAX_WAIT_STREAMS`) until all are idle, a query fails, or ``spin_seconds``
+        pass; with ``reply`` (a socket descriptor and at most :data:`MAX_REPLY_BYTES`
+        bytes), send those bytes once all are idle. The outcome (:data:`DONE`,
+        :data:`RUNNING`, :data:`LAUNCH_FAILED`, :data:`QUERY_FAILED`); :meth:`results`
+        tells the rest."""
+        self._pack(function, dims, shared_mem, stream, others, extra, spin_seconds, reply)
+        return self._call()
+
+    def prepare(
+        self,
+        function: int,
+        dims: tuple[int, ...],
+        shared_mem: int,
+        stream: int,
+        others: Sequence[int],
+        extra: int,
+        spin_seconds: float,
+        reply: bytes,
+        request_id_at: int,
+    ) -> PreparedLaunchWait:
+        """The same call as :meth:`run` with ``reply`` packed once, in a call structure
+        of its own, to be made again and again (:class:`PreparedLaunchWait`): only the
+        reply's socket and request id change from one call to the next. ``extra`` must
+        stay valid and unchanged for the prepared call's life (a buffer of its own, not
+        the thread's reused one)."""
+        return PreparedLaunchWait(
+            self, function, dims, shared_mem, stream, others, extra, spin_seconds, reply,
+            request_id_at,
+        )  # fmt: skip
+
+
+#: The reply's socket, and the request id inside the reply (the wire header's
+#: little-endian 32 bits), as the prepared call patches them.
+_FD = struct.Struct("<i")
+_FD_AT = 76
+_REQUEST_ID = struct.Struct("<I")
+
+
+class PreparedLaunchWait(_CallStructure):
+    """One launch-and-wait packed once and made again unchanged (the express path's
+    loop over one kernel, ``hipr.worker.express``): a call costs two small stores (the
+    reply's socket and its request id) and the foreign call. The structure is its own,
+    so calls of :class:`LaunchWait` meanwhile (other sessions on the same loop) leave it
+    as it was."""
+
+    __slots__ = ("_request_id_at",)
+
+    def __init__(
+        self,
+        native: LaunchWait,
+        function: int,
+        dims: tuple[int, ...],
+        shared_mem: int,
+        stream: int,
+        others: Sequence[int],
+        extra: int,
+        spin_seconds: float,
+        reply: bytes,
+        request_id_at: int,
+    ) -> None:
+        super().__init__(native._fn, native._entries, native._not_ready)
+        if not 0 <= request_id_at <= len(reply) - _REQUEST_ID.size:
+            raise ValueError(f"a request id at {request_id_at} is outside the reply")
+        self._pack(function, dims, shared_mem, stream, others, extra, spin_seconds, (-1, reply))
+        self._request_id_at = _REPLY_AT + request_id_at
+
+    def again(self, fd: int, request_id: int) -> int:
+        """The call, its reply (request ``request_id``'s) sent to ``fd`` once done (-1:
+        not sent); the outcome, as :meth:`LaunchWait.run`'s."""
+        view = self._view
+        _FD.pack_into(view, _FD_AT, fd)
+        _REQUEST_ID.pack_into(view, self._request_id_at, request_id)
+        return self._call()
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,8 @@ PROTOCOL_VERSION = (PROTOCOL_MAJOR << 8) | PROTOCOL_MINOR
 
 HEADER = struct.Struct("<4sHHIIQ")
 HEADER_SIZE = HEADER.size
+#: Where the request id lies in a header: after the magic, the version and the opcode.
+REQUEST_ID_AT = struct.calcsize("<4sHH")
 assert HEADER_SIZE == 24
 
 #: Request ids are 32-bit on the wire; 0 is reserved for worker-initiated frames.

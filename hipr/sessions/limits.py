@@ -74,6 +74,17 @@ class TokenBucket:
         self._tokens = tokens
         return False
 
+    def take_all(self, count: int) -> bool:
+        """Spend ``count`` tokens, or none when the bucket holds fewer."""
+        now = time.monotonic()
+        tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
+        self._stamp = now
+        if tokens >= count:
+            self._tokens = tokens - count
+            return True
+        self._tokens = tokens
+        return False
+
     def give_back(self, count: int) -> None:
         """Return ``count`` tokens taken for requests that did not run after all."""
         self._tokens = min(self.burst, self._tokens + count)

@@ -179,11 +179,18 @@ class QuotaGate:
         bucket = self._bucket()
         return bucket is None or bucket.take()
 
-    def refund(self) -> None:
-        """Give back one request taken by :meth:`try_admit` (it did not run after all)."""
+    def try_admit_all(self, count: int) -> bool:
+        """Spend ``count`` requests of max_request_rate at once, or none: True when the
+        bucket allowed them all (a fused request counts as the requests it stands for)."""
+        bucket = self._bucket()
+        return bucket is None or bucket.take_all(count)
+
+    def refund(self, count: int = 1) -> None:
+        """Give back ``count`` requests taken by :meth:`try_admit` or
+        :meth:`try_admit_all` (they did not run after all)."""
         bucket = self._bucket()
         if bucket is not None:
-            bucket.give_back(1)
+            bucket.give_back(count)
 
     def admit_requests(self, count: int) -> int:
         """Spend up to ``count`` requests of max_request_rate (the launches of a batch,

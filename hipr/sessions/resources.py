@@ -135,6 +135,9 @@ class HandleTable(Generic[T]):
         #: Objects removed so far: an id once found stays valid while this has not
         #: moved (ids are never reused; ``hipr.worker.express``).
         self.removals = 0
+        #: Objects added, removed or put back so far: the set of objects is the same
+        #: while this has not moved (a launch prepared to wait for them all).
+        self.changes = 0
 
     def __len__(self) -> int:
         return len(self._objects)
@@ -147,6 +150,7 @@ class HandleTable(Generic[T]):
         handle_id = self._next_id
         self._next_id += 1
         self._objects[handle_id] = obj
+        self.changes += 1
         return handle_id
 
     def get(self, handle_id: int) -> T:
@@ -164,6 +168,7 @@ class HandleTable(Generic[T]):
         obj = self.get(handle_id)
         del self._objects[handle_id]
         self.removals += 1
+        self.changes += 1
         return obj
 
     def restore(self, handle_id: int, obj: T) -> None:
@@ -171,6 +176,7 @@ class HandleTable(Generic[T]):
         exists and the session's teardown must free it). A single dict store: safe to
         call from the session's GPU thread."""
         self._objects[handle_id] = obj
+        self.changes += 1
 
     def items(self) -> list[tuple[int, T]]:
         """A snapshot of (id, object) pairs, newest last."""

@@ -57,6 +57,16 @@ class DeferredError:
     request_id: int
 
 
+@dataclass(frozen=True, slots=True)
+class PreparedExpress:
+    """A launch-and-wait the backend packed once (``backend.prepare_waited``) and the
+    session's stream-table changes then: made again only while those have not moved
+    (:meth:`Session.launch_waited_again`)."""
+
+    backend_call: Any
+    stream_changes: int
+
+
 def as_hip_error(exc: BaseException, what: str) -> HipError:
     """``exc`` as a HipError; anything else is an internal fault, reported as such."""
     if isinstance(exc, HipError):
@@ -264,6 +274,59 @@ class Session:
             # Polled for its whole length: the executor's wait looks once, then blocks,
             # as after :meth:`_poll` gave up.
             self._poll_gave_up = time.perf_counter()
+        return outcome
+
+    def prepare_waited(
+        self,
+        function: Any,
+        grid: Any,
+        block: Any,
+        shared_mem: int,
+        args: bytes,
+        reply: bytes,
+        request_id_at: int,
+    ) -> PreparedExpress | None:
+        """:meth:`launch_waited`'s native call packed once, for
+        :meth:`launch_waited_again` (the express path's loop over one kernel); None where
+        the backend has no such call or :meth:`launch_waited` could not run here now."""
+        prepare = getattr(self.backend, "prepare_waited", None)
+        if (
+            prepare is None
+            or self._lane is None  # launch_waited_again needs one
+            or self.burst
+            or not self._launch_inline
+            or not self._loop_may_run()
+        ):
+            return None
+        changes = self.streams.changes
+        prepared = self._run_here(
+            prepare, function, grid, block, shared_mem, args, self.streams.objects(),
+            _INLINE_POLL_SECONDS, reply, request_id_at,
+        )  # fmt: skip
+        return None if prepared is None else PreparedExpress(prepared, changes)
+
+    def launch_waited_again(
+        self, prepared: PreparedExpress, fd: int, request_id: int
+    ) -> tuple[bool, HipError | None, int] | None:
+        """The launch :meth:`prepare_waited` packed, made again with its reply (request
+        ``request_id``'s) sent to ``fd`` (-1: not sent), exactly as :meth:`launch_waited`
+        would make it: the same outcome. None, with nothing done, where it cannot run
+        here now or the session's streams or lane have changed since it was packed."""
+        lane = self._lane
+        if (
+            lane is None
+            or self.burst
+            or not self._loop_may_run()
+            or self.streams.changes != prepared.stream_changes
+        ):
+            return None
+        # The backend's own call binds the lane's device: the hot path of PyTorch's
+        # add_ + synchronize skips _run_here's borrowing of the lane.
+        outcome: tuple[bool, HipError | None, int] | None = self.backend.waited_again(  # type: ignore[attr-defined]
+            lane, prepared.backend_call, fd, request_id
+        )
+        if outcome is not None and not outcome[0] and outcome[1] is None:
+            self._poll_gave_up = time.perf_counter()  # as after launch_waited
         return outcome
 
     def device_busy(self) -> bool:

@@ -33,11 +33,11 @@ from hipr.errors import HipError
 from hipr.handlers.args import Args
 from hipr.handlers.module import launch_arguments
 from hipr.protocol.codec import FrameDecoder, encode_frame
-from hipr.protocol.header import HEADER, HEADER_SIZE, MAGIC, Flags
+from hipr.protocol.header import HEADER, HEADER_SIZE, MAGIC, REQUEST_ID_AT, Flags
 from hipr.protocol.opcodes import Opcode
 
 if TYPE_CHECKING:
-    from hipr.sessions.state import Session
+    from hipr.sessions.state import PreparedExpress, Session
 
 __all__ = ["ExpressConnection", "ExpressLaunch"]
 
@@ -68,6 +68,8 @@ class ExpressConnection(Protocol):
 _LAUNCH = int(Opcode.LAUNCH_KERNEL)
 _NAME = "LAUNCH_KERNEL"
 _REPLY = Flags.REPLY
+#: The reply's bytes with request id 0, and where its request id lies.
+_REPLY_TEMPLATE = encode_frame(_LAUNCH, 0, _REPLY, {})
 #: The header and the CBOR part's length prefix, read in one unpack.
 _HEAD = type(HEADER)(HEADER.format + "I")
 _HEAD_SIZE = _HEAD.size
@@ -80,7 +82,7 @@ class ExpressLaunch:
     """One connection's express path (module doc); :meth:`answer` is asked first for
     each read in push mode."""
 
-    __slots__ = ("_call", "_decoder", "_executor", "_payload", "_stamp")
+    __slots__ = ("_call", "_decoder", "_executor", "_payload", "_prepared", "_stamp")
 
     def __init__(self, executor: ExpressConnection, decoder: FrameDecoder) -> None:
         self._executor = executor
@@ -90,6 +92,9 @@ class ExpressLaunch:
         self._payload = b""
         self._stamp = (-1, -1, -1)
         self._call: tuple[Any, Any, Any, int, bytes] = (None, None, None, 0, b"")
+        #: That launch packed once for the session's native call, from its second time
+        #: on (``Session.prepare_waited``); None until then.
+        self._prepared: PreparedExpress | None = None
 
     def _checked(self, payload: bytes) -> tuple[Any, Any, Any, int, bytes] | None:
         """The launch a fused request's payload asks for, checked by the handler's own
@@ -137,32 +142,41 @@ class ExpressLaunch:
             session.allocations.removals,
             session.module_globals.removals,
         )
-        if payload == self._payload and stamp == self._stamp:
+        prepared = None
+        repeated = payload == self._payload and stamp == self._stamp
+        if repeated:
             # The same arguments as the last launch, checked then, and nothing they
             # named has gone since (a loop over one kernel: PyTorch's add_).
             call = self._call
+            prepared = self._prepared
         else:
             checked = self._checked(payload)
             if checked is None:
                 return False
             call = checked
             self._payload, self._stamp, self._call = payload, stamp, call
+            self._prepared = None
         function, grid, block, shared_mem, blob = call
         gate = session.gate
-        if not gate.try_admit():
-            return False
-        if not gate.try_admit():  # the synchronize's own request of max_request_rate
-            gate.refund()
+        if not gate.try_admit_all(2):  # the launch's and the synchronize's requests
             return False
         started = time.perf_counter()
-        reply = encode_frame(_LAUNCH, request_id, _REPLY, {})
         fd = executor.reserve_reply()
         outcome = None
+        reply = b""
         session.burst = False  # alone in its read: nothing follows it to batch with
         try:
-            outcome = session.launch_waited(
-                function, grid, block, shared_mem, blob, None if fd < 0 else (fd, reply)
-            )
+            if prepared is not None:
+                outcome = session.launch_waited_again(prepared, fd, request_id)
+                if outcome is None:  # the session's streams or lane changed: packed anew below
+                    self._prepared = prepared = None
+                else:
+                    reply = encode_frame(_LAUNCH, request_id, _REPLY, {})
+            if outcome is None:
+                reply = encode_frame(_LAUNCH, request_id, _REPLY, {})
+                outcome = session.launch_waited(
+                    function, grid, block, shared_mem, blob, None if fd < 0 else (fd, reply)
+                )
         except HipError as fault:  # a faulted kernel: reported as the wait reports it
             session.defer_error(fault, _NAME, request_id)
             session.launched_pending = request_id
@@ -171,8 +185,7 @@ class ExpressLaunch:
             if fd >= 0:
                 executor.release_reply(reply, 0 if outcome is None else outcome[2])
         if outcome is None:  # not here after all (a queued call, a capture, many streams)
-            gate.refund()
-            gate.refund()
+            gate.refund(2)
             return False
         done, refused, sent = outcome
         if refused is not None or not done:
@@ -183,4 +196,13 @@ class ExpressLaunch:
             session.launched_pending = request_id
             return False
         executor.finish_express(request_id, reply, sent, started)
+        if repeated and prepared is None:
+            # A second launch of the same arguments: packed once for the next ones
+            # (after the reply has left, so its cost is not the client's wait).
+            try:
+                self._prepared = session.prepare_waited(
+                    function, grid, block, shared_mem, blob, _REPLY_TEMPLATE, REQUEST_ID_AT
+                )
+            except HipError:
+                self._prepared = None
         return True

@@ -18,6 +18,8 @@ import pytest
 from hipr.backends import _launch_wait
 from hipr.errors import HipError, HipErrorCode
 from hipr.kernels.builtins import BUILTIN_SOURCE
+from hipr.protocol import Flags, Opcode, encode_frame
+from hipr.protocol.header import REQUEST_ID_AT
 from tests.backends.test_gpu_backends_nogpu import _fill_args, _make
 from tests.proxy.sanitized import SANITIZED_FLAGS, cc, run_clean
 
@@ -242,3 +244,91 @@ def test_the_same_arguments_again_reuse_their_checks(native_sim: tuple[Any, Any]
     backend.module_unload(module)
     assert backend._last_launch is None
     assert (_read(backend, x, n) == 6.0).all()
+
+
+def _reply(request_id: int) -> bytes:
+    """A reply frame of ``request_id`` (the express path's), and where its id lies."""
+    return encode_frame(Opcode.LAUNCH_KERNEL, request_id, Flags.REPLY, {})
+
+
+def test_a_prepared_call_is_made_again_unchanged(native_sim: tuple[Any, Any]) -> None:
+    """Packed once, made again with only its reply's socket and request id changed: the
+    same bytes reach the runtime each time, the session's other stream is waited for
+    each time, and launches of other arguments meanwhile (the loop's shared call
+    structure and argument buffer) leave the packed call as it was."""
+    backend, gpu = native_sim
+    fill, n = _fill(backend), 4
+    x, y = backend.malloc(4 * n), backend.malloc(4 * n)
+    stream = backend.stream_create()
+    lane = backend._lanes.state
+    grid, block = (1, 1, 1), (32, 1, 1)
+    prepared = backend.prepare_waited(
+        fill, grid, block, 0, _fill_args(x, 3.0, n), [stream], 1e-3, _reply(0), REQUEST_ID_AT
+    )
+    assert prepared is not None
+    ours, peer = socket.socketpair()
+    with ours, peer:
+        peer.setblocking(False)
+        before = len(gpu.launches)
+        for request_id in (7, 8, 2**32 - 1):
+            backend.launch(fill, grid, block, 0, stream, _fill_args(y, float(request_id), n))
+            other = backend.launch_waited(fill, grid, block, 0, _fill_args(x, 1.0, n), [], 1e-3)
+            assert other == (True, None, 0)
+            outcome = backend.waited_again(lane, prepared, ours.fileno(), request_id)
+            assert outcome == (True, None, len(_reply(request_id)))
+            assert peer.recv(64) == _reply(request_id)
+            assert (_read(backend, x, n) == 3.0).all()  # its own bytes, not the other's
+            assert (_read(backend, y, n) == float(request_id)).all()  # the stream waited for
+        assert [args for _, args in gpu.launches[before:]][2::3] == [_fill_args(x, 3.0, n)] * 3
+        # No descriptor: nothing sent, the work done all the same.
+        assert backend.waited_again(lane, prepared, -1, 9) == (True, None, 0)
+        with pytest.raises(BlockingIOError):
+            peer.recv(64)
+    backend.stream_destroy(stream)
+    with pytest.raises(ValueError, match="outside the reply"):
+        backend.prepare_waited(fill, grid, block, 0, b"", [], 1e-3, b"short", REQUEST_ID_AT)
+
+
+def test_a_prepared_call_is_not_made_in_a_changed_lane(native_sim: tuple[Any, Any]) -> None:
+    """The lane it was packed in, on another device, with another default stream, or
+    another lane altogether: nothing launched, None (the usual way then)."""
+    backend, gpu = native_sim
+    fill, n = _fill(backend), 4
+    x = backend.malloc(4 * n)
+    lane = backend._lanes.state
+    args = _fill_args(x, 5.0, n)
+    prepared = backend.prepare_waited(
+        fill, (1, 1, 1), (32, 1, 1), 0, args, [], 1e-3, _reply(0), REQUEST_ID_AT
+    )
+    assert prepared is not None
+    before = len(gpu.launches)
+    assert backend.waited_again(object(), prepared, -1, 1) is None
+    lane.device, device = 1, lane.device
+    assert backend.waited_again(lane, prepared, -1, 1) is None
+    lane.device = device
+    lane.default_streams[1] = lane.default_streams[device]  # as if made for device 1
+    assert backend.waited_again(lane, prepared, -1, 1) is None
+    del lane.default_streams[1]
+    lane.default_streams, saved = dict(lane.default_streams), lane.default_streams
+    assert backend.waited_again(lane, prepared, -1, 1) is None
+    lane.default_streams = saved
+    assert len(gpu.launches) == before
+    assert backend.waited_again(lane, prepared, -1, 1) == (True, None, 0)
+    assert len(gpu.launches) == before + 1
+
+
+def test_a_prepared_call_the_runtime_refuses_is_its_error(native_sim: tuple[Any, Any]) -> None:
+    backend, gpu = native_sim
+    fill, n = _fill(backend), 4
+    x = backend.malloc(4 * n)
+    lane = backend._lanes.state
+    prepared = backend.prepare_waited(
+        fill, (1, 1, 1), (2048, 1, 1), 0, _fill_args(x, 1.0, n), [], 1e-3, _reply(0), REQUEST_ID_AT
+    )
+    assert prepared is not None
+    before = len(gpu.launches)
+    for _ in range(2):
+        done, error, sent = backend.waited_again(lane, prepared, -1, 1)
+        assert not done and sent == 0
+        assert isinstance(error, HipError) and error.code == E.hipErrorInvalidValue
+    assert len(gpu.launches) == before

@@ -20,6 +20,7 @@ import anyio
 import pytest
 
 from hipr.backends import load_backend
+from hipr.backends._launch_wait import PreparedLaunchWait
 from hipr.errors import HipError
 from hipr.protocol import Flags, Opcode, encode_frame
 from hipr.transports import connect
@@ -295,3 +296,41 @@ async def test_a_bug_in_the_express_path_ends_only_its_connection(
         assert (await other.call(Opcode.MALLOC, {"size": 64}))["ptr"]
     finally:
         await other.stream.aclose()
+
+
+async def test_a_repeated_launch_is_made_again_from_its_packed_call(
+    raw_session: RawSession,
+    anyio_backend: str,
+    monkeypatch: pytest.MonkeyPatch,
+    transport_kind: str,
+) -> None:
+    """From the third time the express path takes the same launch, it makes the call it
+    packed once (``Session.launch_waited_again``) and the replies and values are the
+    usual path's. A stream made since is not in that call: the next launch goes the
+    usual way, waits for the stream's work too, and is packed anew."""
+    again: list[int] = []
+    made_again = PreparedLaunchWait.again
+
+    def record(self: PreparedLaunchWait, fd: int, request_id: int) -> int:
+        again.append(request_id)
+        return made_again(self, fd, request_id)
+
+    monkeypatch.setattr(PreparedLaunchWait, "again", record)
+    y, x, function = await _axpy(raw_session)
+    z = (await raw_session.call(Opcode.MALLOC, {"size": 64}))["ptr"]
+    await raw_session.call(Opcode.MEMSET, {"ptr": z, "value": 0, "size": 64})
+    same = _args(function, y, x, synchronize=True)
+    for _ in range(4):
+        assert await raw_session.call(Opcode.LAUNCH_KERNEL, same) == {}
+    express = anyio_backend == "asyncio" and transport_kind != "tls"
+    assert len(again) == (2 if express else 0)
+    stream = (await raw_session.call(Opcode.STREAM_CREATE, {}))["stream"]
+    on_stream = {**_args(function, z, x), "stream": stream}
+    await raw_session.replies(raw_session.frame(Opcode.LAUNCH_KERNEL, on_stream, no_reply=True), 0)
+    assert await raw_session.call(Opcode.GET_DEVICE, {}) == {"device": 0}
+    for _ in range(2):
+        assert await raw_session.call(Opcode.LAUNCH_KERNEL, same) == {}
+        assert await _y(raw_session, z) == 1.0  # the stream's kernel ran before the reply
+    # The first after the stream went the usual way; the second made the new packing.
+    assert len(again) == (3 if express else 0)
+    assert await _y(raw_session, y) == 6.0
