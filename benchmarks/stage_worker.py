@@ -170,18 +170,32 @@ def serve(dump: str, worker_argv: list[str]) -> int:
         started = now()
         outcome = run_here(self, fn, *args)
         ended = now()
-        if outcome is None:  # no native call to be had: launched the usual way after
-            return outcome
-        polled_ns = self.backend._launch_wait.results().polled_ns
-        launch_calls.extend((started, ended - polled_ns))
+        if outcome is not None:  # None: no native call to be had, launched the usual way
+            _mark_native(started, ended, self.backend._launch_wait.results(), outcome)
+        return outcome
+
+    launch_waited_again = session.Session.launch_waited_again
+
+    def timed_launch_waited_again(self: Any, prepared: Any, fd: int, request_id: int) -> Any:
+        """The express path's call packed once (``Session.launch_waited_again``), split
+        as :func:`_timed_launch_waited` splits the native call."""
+        started = now()
+        outcome = launch_waited_again(self, prepared, fd, request_id)
+        ended = now()
+        if outcome is not None:
+            _mark_native(started, ended, prepared.backend_call.call.results(), outcome)
+        return outcome
+
+    def _mark_native(started: int, ended: int, results: Any, outcome: Any) -> None:
+        launch_calls.extend((started, ended - results.polled_ns))
         if outcome[0]:
             polled.append(ended)
         if outcome[2] > 0:  # the reply left from C right after the work was seen done
             sends.append((ended, ended))
-        return outcome
 
     session.Session.work_done = timed_work_done  # type: ignore[method-assign]
     session.Session._run_here = timed_run_here  # type: ignore[method-assign]
+    session.Session.launch_waited_again = timed_launch_waited_again  # type: ignore[method-assign]
     gpu_thread.GpuThread._run = timed_run  # type: ignore[method-assign]
     session.Session.spin_until_done = timed_spin  # type: ignore[method-assign]
     loop_stream._Protocol.data_received = data_received  # type: ignore[method-assign]
