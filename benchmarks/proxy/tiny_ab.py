@@ -5,7 +5,7 @@ worker's request path, so a change is judged on medians of alternating rounds, n
 on two separate runs.
 
     python -m benchmarks.proxy.tiny_ab [--rounds 8] [--worker LABEL[:VAR=VALUE,...][@CPUS]]...
-        [--client-cpus CPUS]
+        [--client-cpus CPUS] [--tree LABEL=DIR] [--op tiny|each]
 
 Default workers: ``native`` (the native launch-and-wait) and
 ``python:HIPR_NATIVE_LAUNCH=0`` (the same tree's Python path). Each round runs
@@ -13,7 +13,8 @@ Default workers: ``native`` (the native launch-and-wait) and
 worker in turn; the blocking-socket echo floor is measured between rounds. ``@CPUS``
 pins a worker with taskset (``@2`` or ``@2-3``), ``--client-cpus`` the PyTorch clients;
 ``--tree LABEL=DIR`` runs that worker from another checkout's ``hipr`` (its folder as the
-worker's working directory: ``python -m hipr`` imports from there first)."""
+worker's working directory: ``python -m hipr`` imports from there first). ``--op each``
+compares the time of each of 1,000 ``add_`` then a synchronize instead."""
 
 from __future__ import annotations
 
@@ -25,6 +26,12 @@ from pathlib import Path
 
 from benchmarks.proxy.compare import floors
 from benchmarks.proxy.torch_compare import num, proxied_env, proxy_dir, run_torch, worker
+
+#: ``--op``: torch_ops.py's ``--only`` name, the figure's key, and its words.
+_OPS = {
+    "tiny": ("tiny", "tiny_op_sync_us", "tiny add_ + synchronize"),
+    "each": ("op_of_1000", "op_of_1000_us", "each of 1,000 add_ then synchronize"),
+}
 
 
 def _parse(spec: str) -> tuple[str, dict[str, str], str | None]:
@@ -42,7 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", action="append", default=[], metavar="LABEL[:VAR=V,...][@CPUS]")
     parser.add_argument("--client-cpus", help="pin the PyTorch clients (taskset -c)")
     parser.add_argument("--tree", action="append", default=[], metavar="LABEL=DIR")
+    parser.add_argument(
+        "--op", choices=sorted(_OPS), default="tiny", help="the PyTorch figure compared"
+    )
     args = parser.parse_args(argv)
+    only, key, what = _OPS[args.op]
     specs = [_parse(w) for w in (args.worker or ["native", "python:HIPR_NATIVE_LAUNCH=0"])]
     lib = proxy_dir()
     seen: dict[str, list[float]] = {label: [] for label, _, _ in specs}
@@ -59,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
             echoes.append(floors(1 << 20).echo_median * 1e6)
             order = specs if round_ % 2 == 0 else specs[::-1]
             for label, _, _ in order:
-                result = run_torch(python, proxied_env(urls[label], lib), 0, "tiny", client)
-                value = num(result.get("tiny_op_sync_us"))
+                result = run_torch(python, proxied_env(urls[label], lib), 0, only, client)
+                value = num(result.get(key))
                 if value is None:
                     print(f"round {round_}: {label}: {result}", flush=True)
                     continue
@@ -72,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     for label, values in seen.items():
         if values:
             print(
-                f"{label}: tiny add_ + synchronize, median of {len(values)} rounds "
+                f"{label}: {what}, median of {len(values)} rounds "
                 f"{statistics.median(values):.1f} µs (min {min(values):.1f}, "
                 f"max {max(values):.1f})"
             )

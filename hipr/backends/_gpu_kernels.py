@@ -19,6 +19,7 @@ from hipr.backends._launch_wait import (
     LAUNCH_FAILED,
     MAX_WAIT_STREAMS,
     QUERY_FAILED,
+    LaunchMany,
     LaunchWait,
     PreparedLaunchWait,
 )
@@ -220,6 +221,48 @@ class GpuKernels(GpuCore):
         # The kernel's parameter space too: once for the batch, not per launch.
         size = self._param_size(function)
         return partial(self._issue, function, (*grid, *block), shared_mem, raw_stream, extra, size)
+
+    def batch_launcher(
+        self,
+        function: Handle,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: int,
+        stream: Handle | None,
+    ) -> Callable[[Sequence[bytes]], list[HipError | None]] | None:
+        """:meth:`launcher` for a whole run of argument buffers at once, made in one
+        native call (``LaunchMany``): the callable gives each buffer's error, or None for
+        a launch made. None where the native library is not to be had (the caller then
+        launches them one by one). Call it on the thread that runs the launches."""
+        native = self._launch_wait
+        if native is None:
+            return None
+        check_dims(grid, block)
+        raw_stream, _ = self._launch_target(stream)
+        size = self._param_size(function)
+        return partial(
+            self._issue_all, native.many, int(function), (*grid, *block), shared_mem,
+            int(raw_stream), size,
+        )  # fmt: skip
+
+    def _issue_all(
+        self,
+        many: LaunchMany,
+        function: int,
+        dims: tuple[int, ...],
+        shared_mem: int,
+        raw_stream: int,
+        param_size: int | None,
+        blobs: Sequence[bytes],
+    ) -> list[HipError | None]:
+        """The runtime's launches of ``blobs`` through ``many`` (see :meth:`_issue`)."""
+        packed = [
+            blob if param_size is None or len(blob) <= param_size else _fit(param_size, blob)
+            for blob in blobs
+        ]
+        results = many.run(function, dims, shared_mem, raw_stream, packed, self._extra_words)
+        call = self._calls.launch_kernel
+        return [None if code == SUCCESS else self._rt.error(code, call) for code in results]
 
     def _issue(
         self,

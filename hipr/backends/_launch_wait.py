@@ -23,6 +23,7 @@ import shutil
 import struct
 import subprocess
 import tempfile
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ __all__ = [
     "QUERY_FAILED",
     "QUERY_PROTOTYPE",
     "RUNNING",
+    "LaunchMany",
     "LaunchWait",
     "LaunchWaitResults",
     "PreparedLaunchWait",
@@ -51,7 +53,7 @@ LIBRARY = "libhipr_launch_wait.so"
 PACKAGED = Path(__file__).resolve().parent / "lib" / LIBRARY
 
 #: The call structure's version (``HIPR_LAUNCH_WAIT_ABI``).
-ABI = 3
+ABI = 4
 #: The streams one call may poll besides the launch's (``MAX_WAIT_STREAMS`` in the C source).
 MAX_WAIT_STREAMS = 64
 #: The call's outcomes (``HIPR_LW_*`` in the C source).
@@ -155,7 +157,7 @@ class LaunchWait(_CallStructure):
     store (two with other streams to poll) and one foreign call. Not for use from two
     threads at once (the worker's event loop owns the one it makes)."""
 
-    __slots__ = ("_entries",)
+    __slots__ = ("_entries", "many")
 
     def __init__(self, library: ctypes.CDLL, launch: int, query: int, not_ready: int) -> None:
         fn = library.hipr_launch_wait
@@ -163,6 +165,8 @@ class LaunchWait(_CallStructure):
         fn.restype = ctypes.c_int
         self._entries = (launch, query)
         super().__init__(fn, self._entries, not_ready)
+        #: The same library's run of launches (:class:`LaunchMany`).
+        self.many = LaunchMany(library, launch)
 
     def run(
         self,
@@ -206,6 +210,57 @@ class LaunchWait(_CallStructure):
             self, function, dims, shared_mem, stream, others, extra, spin_seconds, reply,
             request_id_at,
         )  # fmt: skip
+
+
+#: ``struct hipr_launch_many``'s layout (launch_wait.c asserts its offsets).
+_MANY = struct.Struct("<QQ6IIIQQQQQQQ")
+
+
+class LaunchMany:
+    """A run of launches of one kernel in one configuration on one stream, each with
+    argument bytes of its own (a LAUNCH_KERNELS batch), as one native call
+    (``hipr_launch_many``): each launch costs the runtime's own launch, not a binding's
+    call. The call releases the interpreter lock (it runs on a session's GPU thread,
+    while the loop reads the next batch), and each call has its own structure, so any
+    thread may make one."""
+
+    __slots__ = ("_fn", "_launch")
+
+    def __init__(self, library: ctypes.CDLL, launch: int) -> None:
+        # The same library opened again as a CDLL: its calls release the lock.
+        fn = ctypes.CDLL(library._name).hipr_launch_many
+        fn.argtypes = [ctypes.c_void_p]
+        fn.restype = ctypes.c_int
+        self._fn = fn
+        self._launch = launch
+
+    def run(
+        self,
+        function: int,
+        dims: tuple[int, ...],
+        shared_mem: int,
+        stream: int,
+        blobs: Sequence[bytes],
+        extra_keys: tuple[int, int, int],
+    ) -> array[int]:
+        """Launch ``function`` once per argument buffer in ``blobs``, in order, with the
+        runtime's ``extra`` markers ``extra_keys`` (BUFFER_POINTER, BUFFER_SIZE, END):
+        each launch's result (0 or the runtime's error), one refused stopping none of
+        the others."""
+        count = len(blobs)
+        data = b"".join(blobs)
+        sizes = array("I", [len(blob) for blob in blobs])
+        results = array("i", bytes(4 * count))
+        call = ctypes.create_string_buffer(_MANY.size)
+        # The bytes object's own storage: alive, and unchanged, through the call.
+        data_address = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value or 0
+        _MANY.pack_into(
+            call, 0, self._launch, function, *dims, shared_mem, count, stream, data_address,
+            sizes.buffer_info()[0], results.buffer_info()[0], *extra_keys,
+        )  # fmt: skip
+        if self._fn(call) < 0:
+            raise ValueError("hipr_launch_many refused its call structure")
+        return results
 
 
 #: The reply's socket, and the request id inside the reply (the wire header's

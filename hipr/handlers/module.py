@@ -533,16 +533,29 @@ def _launch_each(
 ) -> None:
     """On the GPU thread: every launch, in order; one that fails stops none of the
     others, and the first failure, naming its launch, is the batch's error. A backend
+    with a ``batch_launcher`` makes them all in one native call (``LaunchMany``); one
     with a ``launcher`` makes the shared part of the launches ready once (see
-    ``GpuBackend.launcher``); one that cannot (a destroyed stream, bad geometry) fails
+    ``GpuBackend.launcher``). One that cannot (a destroyed stream, bad geometry) fails
     them all, as each would have failed alone."""
+    make_batch = getattr(backend, "batch_launcher", None)
     make_launcher = getattr(backend, "launcher", None)
     try:
+        launch_all = make_batch(*call) if make_batch is not None else None
         launch = (
             make_launcher(*call) if make_launcher is not None else partial(backend.launch, *call)
-        )
+        ) if launch_all is None else None  # fmt: skip
     except Exception as exc:
         raise _naming(as_hip_error(exc, "launch"), name_of(launches[0][0])) from None
+    if launch_all is not None:
+        try:
+            errors = launch_all([blob for _, blob in launches])
+        except Exception as exc:  # nothing launched (a refused call structure)
+            raise _naming(as_hip_error(exc, "launch"), name_of(launches[0][0])) from None
+        for (index, _), error in zip(launches, errors, strict=True):
+            if error is not None:
+                raise _naming(error, name_of(index))
+        return
+    assert launch is not None
     first: HipError | None = None
     for index, blob in launches:
         try:

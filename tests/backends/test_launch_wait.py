@@ -332,3 +332,56 @@ def test_a_prepared_call_the_runtime_refuses_is_its_error(native_sim: tuple[Any,
         assert not done and sent == 0
         assert isinstance(error, HipError) and error.code == E.hipErrorInvalidValue
     assert len(gpu.launches) == before
+
+
+def test_a_batch_is_launched_in_one_native_call(
+    native_sim: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LAUNCH_KERNELS's launches (``_launch_each``) go through ``hipr_launch_many``, never
+    one binding call each: every buffer reaches the runtime as ``launch`` would pass it
+    (a padded tail trimmed for CUDA), in order; a launch the runtime refuses stops none
+    after it and is named; a stream that cannot launch fails the batch, naming its first
+    launch, with nothing launched."""
+    from hipr.backends._gpu_kernels import GpuKernels
+    from hipr.handlers.module import _launch_each
+
+    backend, gpu = native_sim
+
+    def one_by_one(*_: Any) -> None:
+        raise AssertionError("launched through the binding, one by one")
+
+    monkeypatch.setattr(GpuKernels, "_issue", one_by_one)
+    fill, n = _fill(backend), 4
+    x, y = backend.malloc(4 * n), backend.malloc(4 * n)
+
+    def name_of(index: int) -> str:
+        return f"LAUNCH_KERNELS (launch {index + 1} of 4)"
+
+    padded = _fill_args(y, 2.0, n) + b"\0" * 8
+    launches = [(0, _fill_args(x, 1.0, n)), (1, padded), (3, _fill_args(x, 4.0, n))]
+    before = len(gpu.launches)
+    _launch_each(backend, (fill, (1, 1, 1), (32, 1, 1), 0, None), launches, name_of)
+    sent = [args for _, args in gpu.launches[before:]]
+    trimmed = _fill_args(y, 2.0, n) if backend.name == "cuda" else padded
+    assert sent == [_fill_args(x, 1.0, n), trimmed, _fill_args(x, 4.0, n)]
+    backend.synchronize()
+    assert (_read(backend, x, n) == 4.0).all() and (_read(backend, y, n) == 2.0).all()
+    if backend.name == "cuda":  # CUDA refuses arguments past the kernel's parameters
+        junk = _fill_args(y, 3.0, n) + b"\1" + b"\0" * 7
+        with pytest.raises(HipError, match=r"launch 2 of 4") as info:
+            _launch_each(
+                backend,
+                (fill, (1, 1, 1), (32, 1, 1), 0, None),
+                [(0, _fill_args(x, 5.0, n)), (1, junk), (2, _fill_args(x, 6.0, n))],
+                name_of,
+            )
+        assert info.value.code == E.hipErrorLaunchOutOfResources
+        backend.synchronize()
+        assert (_read(backend, x, n) == 6.0).all()  # the one after it ran
+    stream = backend.stream_create()
+    backend.stream_destroy(stream)
+    before = len(gpu.launches)
+    with pytest.raises(HipError, match=r"launch 1 of 4") as info:
+        _launch_each(backend, (fill, (1, 1, 1), (32, 1, 1), 0, stream), launches, name_of)
+    assert info.value.code == E.hipErrorInvalidHandle
+    assert len(gpu.launches) == before

@@ -34,6 +34,10 @@ _Static_assert(offsetof(struct hipr_launch_wait, reply_sent) == 112, "reply_sent
 _Static_assert(offsetof(struct hipr_launch_wait, reply) == 120, "reply");
 _Static_assert(offsetof(struct hipr_launch_wait, streams) == 184, "streams");
 _Static_assert(sizeof(struct hipr_launch_wait) == 184 + 8 * MAX_WAIT_STREAMS, "size");
+_Static_assert(offsetof(struct hipr_launch_many, dims) == 16, "many dims");
+_Static_assert(offsetof(struct hipr_launch_many, stream) == 48, "many stream");
+_Static_assert(offsetof(struct hipr_launch_many, extra_keys) == 80, "many extra_keys");
+_Static_assert(sizeof(struct hipr_launch_many) == 104, "many size");
 
 static int64_t now_ns(void)
 {
@@ -104,6 +108,30 @@ int hipr_launch_wait(struct hipr_launch_wait *call)
         if (elapsed >= call->spin_ns)
             return HIPR_LW_RUNNING;
     }
+}
+
+int hipr_launch_many(struct hipr_launch_many *call)
+{
+    if (call == NULL || call->launch == NULL ||
+        (call->count > 0 && (call->args == NULL || call->sizes == NULL || call->results == NULL)))
+        return -1;
+    int refused = 0;
+    size_t offset = 0;
+    for (uint32_t i = 0; i < call->count; i++) {
+        /* The runtime reads the size through a pointer to a size_t, and copies the
+         * bytes before the launch returns: both may live on this stack. */
+        size_t size = call->sizes[i];
+        void *extra[5] = {call->extra_keys[0], (void *)(uintptr_t)(call->args + offset),
+                          call->extra_keys[1], &size, call->extra_keys[2]};
+        int result = call->launch(call->function, call->dims[0], call->dims[1], call->dims[2],
+                                  call->dims[3], call->dims[4], call->dims[5],
+                                  call->shared_mem, call->stream, NULL, extra);
+        call->results[i] = result;
+        if (result != 0)
+            ++refused;
+        offset += size;
+    }
+    return refused;
 }
 
 int hipr_launch_wait_abi(void)

@@ -14,7 +14,7 @@ enum { MAX_WAIT_STREAMS = 64, MAX_REPLY_BYTES = 64 };
 
 /* Raised with every change of the structure below: a library built from older sources
  * (an editable install not rebuilt) is then refused rather than misread. */
-#define HIPR_LAUNCH_WAIT_ABI 3
+#define HIPR_LAUNCH_WAIT_ABI 4
 
 /* One call's inputs and outputs. Fixed fields first and the other streams last, so
  * that the caller of the usual launch (one stream) fills its inputs with one store. */
@@ -56,6 +56,27 @@ enum {
  * query fails or spin_ns pass; when all are idle and reply_fd is set, send the reply
  * (without waiting). One of the HIPR_LW_* outcomes. */
 int hipr_launch_wait(struct hipr_launch_wait *call);
+
+/* A run of launches of one kernel in one configuration on one stream, each with argument
+ * bytes of its own (a LAUNCH_KERNELS batch: PyTorch's ops one after another), made in one
+ * call so that each costs the runtime's launch and nothing of the interpreter's. */
+struct hipr_launch_many {
+    launch_fn launch;          /* 0 */
+    void *function;            /* 8 */
+    uint32_t dims[6];          /* 16: grid x, y, z, block x, y, z */
+    uint32_t shared_mem;       /* 40 */
+    uint32_t count;            /* 44: launches */
+    void *stream;              /* 48 */
+    const unsigned char *args; /* 56: each launch's argument bytes, one after another */
+    const uint32_t *sizes;     /* 64: `count` sizes, in order */
+    int32_t *results;          /* 72: out: each launch's own result */
+    void *extra_keys[3];       /* 80: the runtime's BUFFER_POINTER, BUFFER_SIZE, END */
+};
+
+/* Each launch in turn, each with an `extra` array of its own over its slice of `args`; a
+ * launch the runtime refuses stops none of the others. The number refused, or -1 for a
+ * bad call (no launch, or bytes or results missing), when nothing is launched. */
+int hipr_launch_many(struct hipr_launch_many *call);
 
 /* HIPR_LAUNCH_WAIT_ABI of the sources this library was built from. */
 int hipr_launch_wait_abi(void);

@@ -3,6 +3,7 @@
  * arguments as passed, the polling of every stream, and the bad calls it refuses. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -65,6 +66,35 @@ static int fake_query(void *stream)
 }
 
 static char stream_cookies[MAX_WAIT_STREAMS + 1];
+
+/* What hipr_launch_many's launches carried: each one's bytes (copied, as a runtime does
+ * before the launch returns), its size and its `extra` markers; the results to give. */
+static struct {
+    int launches;
+    unsigned char bytes[8][16];
+    size_t sizes[8];
+    void *keys[8][3];
+    int results[8];
+} many;
+
+static int many_launch(void *function, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                       unsigned by, unsigned bz, unsigned shared_mem, void *stream,
+                       void **params, void **extra)
+{
+    int i = many.launches++;
+    EXPECT(i < 8 && function == (void *)0x99 && stream == &stream_cookies[0]);
+    EXPECT(gx == 1 && gy == 2 && gz == 3 && bx == 64 && by == 1 && bz == 1 && shared_mem == 16);
+    EXPECT(params == NULL && extra != NULL);
+    if (i >= 8)
+        return 1;
+    size_t size = *(size_t *)extra[3];
+    many.sizes[i] = size;
+    memcpy(many.bytes[i], extra[1], size < 16 ? size : 16);
+    many.keys[i][0] = extra[0];
+    many.keys[i][1] = extra[2];
+    many.keys[i][2] = extra[4];
+    return many.results[i];
+}
 
 /* A call over `count` streams in all: the launch's and count - 1 others. */
 static void reset(struct hipr_launch_wait *call, unsigned count)
@@ -179,6 +209,40 @@ int main(void)
     /* The most streams allowed: the launch's and MAX_WAIT_STREAMS others. */
     reset(&call, MAX_WAIT_STREAMS + 1);
     EXPECT(hipr_launch_wait(&call) == HIPR_LW_DONE && fake.queries == MAX_WAIT_STREAMS + 1);
+
+    /* A run of launches: each its own slice and size, the markers in place; a refused one
+     * stops none after it, and the count of refused ones is returned. */
+    const unsigned char bytes[] = "aaaabbbbbbbbcc";
+    uint32_t sizes[3] = {4, 8, 2};
+    int32_t results[3] = {-1, -1, -1};
+    struct hipr_launch_many batch = {
+        .launch = many_launch, .function = (void *)0x99, .dims = {1, 2, 3, 64, 1, 1},
+        .shared_mem = 16, .count = 3, .stream = &stream_cookies[0], .args = bytes,
+        .sizes = sizes, .results = results,
+        .extra_keys = {(void *)1, (void *)2, (void *)3},
+    };
+    many.results[1] = 701;
+    EXPECT(hipr_launch_many(&batch) == 1 && many.launches == 3);
+    EXPECT(results[0] == 0 && results[1] == 701 && results[2] == 0);
+    EXPECT(many.sizes[0] == 4 && memcmp(many.bytes[0], "aaaa", 4) == 0);
+    EXPECT(many.sizes[1] == 8 && memcmp(many.bytes[1], "bbbbbbbb", 8) == 0);
+    EXPECT(many.sizes[2] == 2 && memcmp(many.bytes[2], "cc", 2) == 0);
+    EXPECT(many.keys[2][0] == (void *)1 && many.keys[2][1] == (void *)2 &&
+           many.keys[2][2] == (void *)3);
+    /* None at all; bad calls launch nothing. */
+    many.launches = 0;
+    batch.count = 0;
+    batch.args = NULL;
+    EXPECT(hipr_launch_many(&batch) == 0 && many.launches == 0);
+    batch.count = 1;
+    EXPECT(hipr_launch_many(&batch) == -1 && many.launches == 0);
+    batch.args = bytes;
+    batch.results = NULL;
+    EXPECT(hipr_launch_many(&batch) == -1 && many.launches == 0);
+    batch.results = results;
+    batch.launch = NULL;
+    EXPECT(hipr_launch_many(&batch) == -1 && many.launches == 0);
+    EXPECT(hipr_launch_many(NULL) == -1);
 
     return verdict();
 }
