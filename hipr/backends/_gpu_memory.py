@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import time
 from collections.abc import Sequence
 from functools import partial
 from itertools import pairwise
@@ -16,6 +17,8 @@ from hipr.backends.interface import Handle
 from hipr.errors import HipError, HipErrorCode
 
 E = HipErrorCode
+#: The largest copy back :meth:`GpuMemory.memcpy_dtoh_if_quick` makes: a few µs of DMA.
+QUICK_DTOH_BYTES = 64 * 1024
 
 
 #: Answers to a batch of copies that mean "not here" rather than "these copies are
@@ -38,6 +41,9 @@ def _packed(pieces: Sequence[tuple[int, memoryview]], base: int) -> list[tuple[i
 
 class GpuMemory(GpuCore):
     """The GPU backend's memory: allocation, copies (staged, carved, batched) and memset."""
+
+    #: The largest copy :meth:`memcpy_dtoh_if_quick` makes (the worker's handlers ask).
+    quick_dtoh_bytes = QUICK_DTOH_BYTES
 
     def malloc(self, size: int) -> int:
         """Device memory; hipErrorOutOfMemory when the device is full."""
@@ -239,6 +245,58 @@ class GpuMemory(GpuCore):
         self._call(self._calls.memcpy_dtoh_async, addr, src, nbytes, raw)
         self._call(self._calls.stream_synchronize, raw)
         del keep
+
+    def memcpy_dtoh_if_quick(
+        self, dst: memoryview, src: int, stream: Handle | None, spin_seconds: float
+    ) -> bool:
+        """A small device-to-host copy (at most :data:`QUICK_DTOH_BYTES`) made without
+        waiting for the GPU, for the worker's event loop (PyTorch's ``item()``): queued
+        on the stream into a pinned block, its end polled for up to ``spin_seconds``.
+        True once the bytes are in ``dst``. False, with ``dst`` untouched, when the copy
+        is larger, the stream is being captured, or the copy had not ended by then (the
+        block goes back once a fence behind it passes): the caller then makes the usual,
+        waiting copy, which reads the same bytes. A failed query (a faulted kernel) raises
+        as :meth:`memcpy_dtoh` would."""
+        nbytes = memoryview(dst).nbytes
+        if nbytes > QUICK_DTOH_BYTES:
+            return False
+        self._current()
+        raw = self._stream(stream)
+        if nbytes == 0:
+            return True
+        if self._capture_refs(stream, raw) is not None:
+            return False  # a captured copy is recorded, not run: the usual way refuses it
+        addr, _, keep = host_address(dst, writable=True)
+        block = self._staging.take(nbytes)
+        try:
+            self._call(self._calls.memcpy_dtoh_async, block.ptr, src, nbytes, raw)
+        except BaseException:
+            self._staging.give_back([block])  # nothing was queued to write it
+            raise
+        query = self._calls.stream_query
+        deadline = time.perf_counter() + spin_seconds
+        try:
+            done = self._query(query, raw)
+            while not done and time.perf_counter() < deadline:
+                done = self._query(query, raw)
+        except HipError:
+            self._staging.give_back([block])  # the stream failed: the copy will not write
+            raise
+        if done:
+            ctypes.memmove(addr, block.ptr, nbytes)
+            del keep
+            self._staging.give_back([block])
+            return True
+        try:
+            fence = self.fence_after(raw)
+        except HipError:
+            # Nothing to tell when the copy has written the block: wait for it here.
+            with contextlib.suppress(HipError):
+                self._call(self._calls.stream_synchronize, raw)
+            self._staging.give_back([block])
+            return False
+        self._staging.retire([fence], [block])
+        return False
 
     def memcpy_dtod(self, dst: int, src: int, size: int, stream: Handle | None = None) -> None:
         """Device to device; without a stream it returns once done."""

@@ -20,8 +20,11 @@ over the call's arguments) does the same for calls that are quick for some argum
 only, such as a kernel over few elements where kernels run on the host. A backend may
 also offer ``work_done(streams) -> bool``, a non-blocking "has everything this session
 issued (on ``streams`` and the default stream) finished?", which lets a device
-synchronisation on an idle device be answered at once. Backends without them (a
-fault-injecting wrapper, say) keep every call on the session's thread.
+synchronisation on an idle device be answered at once. A backend may also offer
+``memcpy_dtoh_if_quick(dst, src, stream, spin_seconds) -> bool`` with
+``quick_dtoh_bytes``: a small copy back made on the loop when the stream's work ends
+within the poll, else nothing copied (the worker then makes the usual copy). Backends
+without them (a fault-injecting wrapper, say) keep every call on the session's thread.
 
 Bulk data: a backend whose device memory is host memory (the emulator) may offer
 ``host_window(dst, size) -> memoryview``, a writable view of those device bytes; the

@@ -43,6 +43,24 @@ PIPELINE_DEPTH = 4
 DTOH_CHUNK = 4 << 20
 
 
+#: How long the worker's loop polls for a small copy back to end before the usual,
+#: waiting copy takes the request (``Backend.memcpy_dtoh_if_quick``).
+QUICK_DTOH_SPIN = 30e-6
+
+
+def _copied_back_quickly(session: Session, out: memoryview, src: int, stream: Any) -> bool:
+    """True when ``out`` was filled right here on the loop: a small copy whose stream's
+    work ended within :data:`QUICK_DTOH_SPIN` (PyTorch's ``item()`` after a tiny
+    kernel), without the GPU thread's two hand-offs; False, with nothing to undo, where
+    the usual copy must run (the backend has no such call, the session's GPU thread has
+    work queued, or the copy had not ended)."""
+    quick = getattr(session.backend, "memcpy_dtoh_if_quick", None)
+    if quick is None or out.nbytes > getattr(session.backend, "quick_dtoh_bytes", 0):
+        return False
+    ran, done = session.try_here(quick, out, src, stream, QUICK_DTOH_SPIN)
+    return ran and bool(done)
+
+
 def _host_buffer(size: int) -> memoryview:
     """A fresh host buffer for device bytes, left uninitialised: the copy fills all of it,
     so zeroing it first (as ``bytearray(size)`` does) would be a wasted pass over memory."""
@@ -202,7 +220,8 @@ async def memcpy_dtoh(session: Session, request: Request) -> Any:
     session.observer.bytes_copied(session.tenant, "dtoh", size)
     if size <= DTOH_CHUNK:
         out = _host_buffer(size)
-        await session.gpu(session.backend.memcpy_dtoh, out, src, stream)
+        if not _copied_back_quickly(session, out, src, stream):
+            await session.gpu(session.backend.memcpy_dtoh, out, src, stream)
         return Reply({"size": size}, out)
     # Double-buffered: the GPU fills chunk k+1 while chunk k is on the wire.
     pending: PendingCall[None] | None = None
@@ -222,6 +241,25 @@ async def memcpy_dtoh(session: Session, request: Request) -> Any:
     assert pending is not None
     await pending.result()
     return Reply({"size": size}, pending_buffer)
+
+
+@answers_now(m.MemcpyDtoh)
+def memcpy_dtoh_now(session: Session, request: Request) -> Any:
+    """A small copy back answered from the I/O callback when its stream's work ends
+    within a short poll (PyTorch's ``item()``: four bytes after a tiny kernel); anything
+    else goes to the executor, which makes the usual copy."""
+    args = request.args
+    src = args.address(m.MemcpyDtoh.src)
+    size = args.size(m.MemcpyDtoh.size)
+    if request.no_reply or size > getattr(session.backend, "quick_dtoh_bytes", 0):
+        return LATER
+    session.check_range(src, size, "source")
+    stream = session.stream(args.handle(m.MemcpyDtoh.stream, optional=True))
+    out = _host_buffer(size)
+    if not _copied_back_quickly(session, out, src, stream):
+        return LATER
+    session.observer.bytes_copied(session.tenant, "dtoh", size)
+    return Reply({"size": size}, out)
 
 
 @handler(m.MemcpyDtod)

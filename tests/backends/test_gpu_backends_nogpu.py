@@ -2389,3 +2389,55 @@ async def test_a_worker_serves_when_its_backend_pins_buffers_of_another_size(
     assert np.array_equal(back, data)
     assert any(entry["event"] == "no pinned payload buffers" for entry in logs)
     assert backend.payload_buffer_figures() == {"held": 1, "in_use": 0, "bytes": 4096}
+
+
+def test_sim_a_small_copy_back_is_made_quickly_or_not_at_all(
+    sim: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``memcpy_dtoh_if_quick`` (PyTorch's ``item()`` on the worker's loop): the bytes of a
+    stream's finished work, copied through a pinned block that goes back at once; or
+    nothing, when the copy is too large, the stream is being captured, or its work had
+    not ended within the poll. Then ``dst`` is untouched and the block goes back only
+    once a fence behind the queued copy has passed; a failed stream raises, as the
+    usual copy would, and gives the block back."""
+    backend, gpu = sim
+    fill = backend.module_get_function(backend.builtin_module(), "fill_f32")
+    n = 4
+    x = backend.malloc(4 * n)
+    stream = backend.stream_create()
+    backend.launch(fill, (1, 1, 1), (32, 1, 1), 0, stream, _fill_args(x, 3.0, n))
+    out = np.zeros(n, np.float32)
+    assert backend.memcpy_dtoh_if_quick(out.data, x, stream, 1e-3)
+    assert (out == 3.0).all() and backend._staging.outstanding == 0
+    # The default stream, and an empty copy.
+    out[:] = 0
+    assert backend.memcpy_dtoh_if_quick(out.data, x, None, 1e-3) and (out == 3.0).all()
+    assert backend.memcpy_dtoh_if_quick(memoryview(bytearray()), x, None, 1e-3)
+    # Too large: nothing queued.
+    big = backend.malloc(backend.quick_dtoh_bytes + 1)
+    calls = len(gpu.calls)
+    assert not backend.memcpy_dtoh_if_quick(
+        memoryview(bytearray(backend.quick_dtoh_bytes + 1)), big, None, 1e-3
+    )
+    assert len(gpu.calls) == calls
+    # Still running when the poll ends: dst untouched, the block held until its fence.
+    backend.launch(fill, (1, 1, 1), (32, 1, 1), 0, stream, _fill_args(x, 5.0, n))
+    with monkeypatch.context() as patched:
+        patched.setattr(backend, "_query", lambda fn, handle: False)
+        out[:] = 0
+        assert not backend.memcpy_dtoh_if_quick(out.data, x, stream, 0.0)
+        assert (out == 0.0).all() and backend._staging.outstanding == 1
+    backend.stream_synchronize(stream)  # the fence passes: the block goes back
+    assert backend._staging.outstanding == 0
+    # Being captured: refused before anything is queued.
+    backend.stream_begin_capture(stream)
+    assert not backend.memcpy_dtoh_if_quick(out.data, x, stream, 1e-3)
+    backend.graph_destroy(backend.stream_end_capture(stream))
+    # A failed stream (a faulted kernel): its error, the block back.
+    gpu.sticky = 700
+    with pytest.raises(HipError) as info:
+        backend.memcpy_dtoh_if_quick(out.data, x, stream, 1e-3)
+    assert info.value.code == E.hipErrorIllegalAddress
+    gpu.sticky = 0
+    assert backend._staging.outstanding == 0
+    backend.stream_destroy(stream)

@@ -97,6 +97,7 @@ def test_the_worker_answers_now_only_calls_that_cannot_block() -> None:
         Opcode.LAUNCH_KERNELS,
         Opcode.MEMCPY_HTOD,
         Opcode.MEMCPY_HTOD_MANY,
+        Opcode.MEMCPY_DTOH,  # a small one whose stream's work ends within a bounded poll
         Opcode.EVENT_RECORD,
         Opcode.STREAM_WAIT_EVENT,
         Opcode.GET_DEVICE,

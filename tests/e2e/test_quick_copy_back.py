@@ -1,0 +1,79 @@
+"""A small MEMCPY_DTOH (PyTorch's ``item()``: four bytes after a tiny kernel) on a GPU
+backend: copied on the worker's loop when the stream's work ends within a short poll
+(``Backend.memcpy_dtoh_if_quick``), from the I/O callback in push mode and from the
+executor otherwise, never through the session's GPU thread; a larger copy, or one whose
+stream is still busy when the poll ends, is the usual copy, with the same bytes. On the
+simulated runtimes here, on the real CUDA backend with ``HIPR_TEST_BACKEND=cuda``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hipr.protocol import Opcode
+from tests.e2e.raw import RawSession
+from tests.e2e.test_fused_launch_sync import _args, _axpy, _y
+from tests.e2e.test_fused_launch_sync_native import backend, transport_kind
+
+pytestmark = pytest.mark.anyio
+
+__all__ = ["backend", "transport_kind"]
+
+
+async def test_a_small_copy_back_never_goes_through_the_gpu_thread(
+    raw_session: RawSession, backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    waited: list[int] = []
+    usual = type(backend).memcpy_dtoh
+
+    def record(self: Any, dst: Any, src: int, stream: Any = None) -> None:
+        waited.append(memoryview(dst).nbytes)
+        usual(self, dst, src, stream)
+
+    monkeypatch.setattr(type(backend), "memcpy_dtoh", record)
+    y, x, function = await _axpy(raw_session)
+    for expected in (1.0, 2.0, 3.0):
+        assert await raw_session.call(Opcode.LAUNCH_KERNEL, _args(function, y, x)) == {}
+        assert await _y(raw_session, y) == expected  # 64 bytes, right after the kernel
+    assert waited == []
+    # Larger than the loop copies: the usual copy, on the GPU thread.
+    size = backend.quick_dtoh_bytes + 4
+    big = (await raw_session.call(Opcode.MALLOC, {"size": size}))["ptr"]
+    await raw_session.call(Opcode.MEMSET, {"ptr": big, "value": 7, "size": size})
+    await raw_session.call(Opcode.MEMCPY_DTOH, {"src": big, "size": size})
+    assert bytes(raw_session.last_bulk) == b"\7" * size
+    assert waited == [size]
+
+
+async def test_a_copy_not_ended_within_the_poll_is_the_usual_copy(
+    raw_session: RawSession, backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stream still busy when the poll ends: nothing of the quick copy reaches the
+    reply; the usual copy reads the same bytes, and the quick copy's pinned block goes
+    back once its fence has passed."""
+    waited: list[int] = []
+    usual = type(backend).memcpy_dtoh
+    quick = type(backend).memcpy_dtoh_if_quick
+
+    def record(self: Any, dst: Any, src: int, stream: Any = None) -> None:
+        waited.append(memoryview(dst).nbytes)
+        usual(self, dst, src, stream)
+
+    def still_busy(self: Any, dst: Any, src: int, stream: Any, spin: float) -> bool:
+        with monkeypatch.context() as patched:
+            patched.setattr(self, "_query", lambda fn, handle: False)
+            return bool(quick(self, dst, src, stream, spin))
+
+    monkeypatch.setattr(type(backend), "memcpy_dtoh", record)
+    monkeypatch.setattr(type(backend), "memcpy_dtoh_if_quick", still_busy)
+    y, x, function = await _axpy(raw_session)
+    assert await raw_session.call(Opcode.LAUNCH_KERNEL, _args(function, y, x)) == {}
+    await raw_session.call(Opcode.MEMCPY_DTOH, {"src": y, "size": 64})
+    values = np.frombuffer(bytes(raw_session.last_bulk), np.float32)
+    assert (values == 1.0).all()
+    assert waited == [64]
+    await raw_session.call(Opcode.DEVICE_SYNCHRONIZE, {})
+    backend._staging.reclaim()
+    assert backend._staging.outstanding == 0
