@@ -5,7 +5,7 @@ worker's request path, so a change is judged on medians of alternating rounds, n
 on two separate runs.
 
     python -m benchmarks.proxy.tiny_ab [--rounds 8] [--worker LABEL[:VAR=VALUE,...][@CPUS]]...
-        [--client-cpus CPUS] [--tree LABEL=DIR] [--op tiny|each]
+        [--client-cpus CPUS] [--tree LABEL=DIR] [--op tiny|each|item]
 
 Default workers: ``native`` (the native launch-and-wait) and
 ``python:HIPR_NATIVE_LAUNCH=0`` (the same tree's Python path). Each round runs
@@ -14,7 +14,8 @@ worker in turn; the blocking-socket echo floor is measured between rounds. ``@CP
 pins a worker with taskset (``@2`` or ``@2-3``), ``--client-cpus`` the PyTorch clients;
 ``--tree LABEL=DIR`` runs that worker from another checkout's ``hipr`` (its folder as the
 worker's working directory: ``python -m hipr`` imports from there first). ``--op each``
-compares the time of each of 1,000 ``add_`` then a synchronize instead."""
+compares the time of each of 1,000 ``add_`` then a synchronize instead, ``--op item``
+that of ``t.item()``."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from benchmarks.proxy.torch_compare import num, proxied_env, proxy_dir, run_torc
 _OPS = {
     "tiny": ("tiny", "tiny_op_sync_us", "tiny add_ + synchronize"),
     "each": ("op_of_1000", "op_of_1000_us", "each of 1,000 add_ then synchronize"),
+    "item": ("item", "item_us", "item() (one 4-byte copy back)"),
 }
 
 
