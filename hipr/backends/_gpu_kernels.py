@@ -216,10 +216,7 @@ class GpuKernels(GpuCore):
         batch): the geometry's check, the stream and the thread's ``extra`` array are
         looked up here, and each call costs the argument buffer's copy and the runtime's
         launch. Call it on the thread that runs the launches."""
-        check_dims(grid, block)
-        raw_stream, extra = self._launch_target(stream)
-        # The kernel's parameter space too: once for the batch, not per launch.
-        size = self._param_size(function)
+        raw_stream, extra, size = self._shared_by_launches(function, grid, block, stream)
         return partial(self._issue, function, (*grid, *block), shared_mem, raw_stream, extra, size)
 
     def batch_launcher(
@@ -237,13 +234,21 @@ class GpuKernels(GpuCore):
         native = self._launch_wait
         if native is None:
             return None
-        check_dims(grid, block)
-        raw_stream, _ = self._launch_target(stream)
-        size = self._param_size(function)
+        raw_stream, _, size = self._shared_by_launches(function, grid, block, stream)
         return partial(
             self._issue_all, native.many, int(function), (*grid, *block), shared_mem,
             int(raw_stream), size,
         )  # fmt: skip
+
+    def _shared_by_launches(
+        self, function: Handle, grid: Dim3, block: Dim3, stream: Handle | None
+    ) -> tuple[Any, ReusedLaunchExtra, int | None]:
+        """What a run of launches shares, made ready once: the geometry checked, the raw
+        stream and the thread's ``extra`` array, and the kernel's parameter space (once
+        for the batch, not per launch)."""
+        check_dims(grid, block)
+        raw_stream, extra = self._launch_target(stream)
+        return raw_stream, extra, self._param_size(function)
 
     def _issue_all(
         self,

@@ -11,7 +11,10 @@ check). A payload equal to the last one checked is not checked again while no fu
 allocation or module global of the session has gone since (their tables' ``removals``):
 a check that once passed can only fail after a removal. The launch and its wait are one
 native call that also sends the reply; the request's bookkeeping (its reply kept for a
-resend, its metrics) follows the send.
+resend, its metrics) follows the send. From the second time the same payload comes, that
+call is packed once (``Session.prepare_waited``) and made again with only the reply's
+socket and request id patched in (``Session.launch_waited_again``), while the session's
+streams and lane stay as they were.
 
 It only ever takes a request it can finish exactly as the usual path would. Anything
 else (another opcode, flags, a frame not alone in the read, a resend, a stream, a
@@ -68,7 +71,8 @@ class ExpressConnection(Protocol):
 _LAUNCH = int(Opcode.LAUNCH_KERNEL)
 _NAME = "LAUNCH_KERNEL"
 _REPLY = Flags.REPLY
-#: The reply's bytes with request id 0, and where its request id lies.
+#: The reply's bytes with request id 0: the packed call patches each request's in at
+#: ``REQUEST_ID_AT``.
 _REPLY_TEMPLATE = encode_frame(_LAUNCH, 0, _REPLY, {})
 #: The header and the CBOR part's length prefix, read in one unpack.
 _HEAD = type(HEADER)(HEADER.format + "I")
