@@ -313,17 +313,10 @@ class GpuKernels(GpuCore):
         (nothing polled, nothing sent); None, with nothing done, where the native call
         is not to be had. A failed query (a faulted kernel) raises, as :meth:`work_done`
         does."""
-        native = self._launch_wait
-        if native is None:
+        target = self._waited_target(function, grid, block, shared_mem, args, streams)
+        if target is None:
             return None
-        address_of_function, dims, packed = self._checked_launch(
-            function, grid, block, shared_mem, args
-        )
-        raw_stream, extra = self._launch_target(None)
-        first = int(raw_stream)
-        others = self._streams_to_wait(first, streams)
-        if others is None:
-            return None
+        native, address_of_function, dims, packed, first, extra, others = target
         held: LaunchExtra | None = None
         if len(packed) <= extra.capacity:
             address = extra.fill(packed)
@@ -353,20 +346,13 @@ class GpuKernels(GpuCore):
         path's loop over one kernel: PyTorch's ``add_`` then a synchronize): its reply is
         ``reply`` with the request id at byte ``request_id_at``. The launch's argument
         bytes get a buffer of their own. None where :meth:`launch_waited` would be."""
-        native = self._launch_wait
-        if native is None:
+        target = self._waited_target(function, grid, block, shared_mem, args, streams)
+        if target is None:
             return None
-        address_of_function, dims, packed = self._checked_launch(
-            function, grid, block, shared_mem, args
-        )
-        raw_stream, _ = self._launch_target(None)
-        first = int(raw_stream)
-        others = self._streams_to_wait(first, streams)
-        if others is None:
-            return None
+        native, address_of_function, dims, packed, first, _, others = target
         extra = self._extra(packed)
-        call = native.prepare(
-            address_of_function, dims, shared_mem, first, others, extra.address,
+        call = PreparedLaunchWait(
+            native, address_of_function, dims, shared_mem, first, others, extra.address,
             spin_seconds, reply, request_id_at,
         )  # fmt: skip
         lane: Any = self._lanes.state
@@ -394,6 +380,32 @@ class GpuKernels(GpuCore):
         call = prepared.call
         status = call.again(fd, request_id)
         return self._waited_outcome(call, status, fd >= 0)
+
+    def _waited_target(
+        self,
+        function: Handle,
+        grid: Dim3,
+        block: Dim3,
+        shared_mem: int,
+        args: bytes,
+        streams: Sequence[Handle],
+    ) -> tuple[LaunchWait, int, tuple[int, ...], bytes, int, ReusedLaunchExtra, list[int]] | None:
+        """What a launch-and-wait needs (:meth:`launch_waited`, :meth:`prepare_waited`):
+        the native call, the function's address, the six dimensions, the fitted
+        arguments, the lane's default stream, the thread's ``extra`` array and the other
+        streams to poll; None without the native call or with too many streams."""
+        native = self._launch_wait
+        if native is None:
+            return None
+        address_of_function, dims, packed = self._checked_launch(
+            function, grid, block, shared_mem, args
+        )
+        raw_stream, extra = self._launch_target(None)
+        first = int(raw_stream)
+        others = self._streams_to_wait(first, streams)
+        if others is None:
+            return None
+        return native, address_of_function, dims, packed, first, extra, others
 
     def _checked_launch(
         self, function: Handle, grid: Dim3, block: Dim3, shared_mem: int, args: bytes

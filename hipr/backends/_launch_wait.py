@@ -189,28 +189,6 @@ class LaunchWait(_CallStructure):
         self._pack(function, dims, shared_mem, stream, others, extra, spin_seconds, reply)
         return self._call()
 
-    def prepare(
-        self,
-        function: int,
-        dims: tuple[int, ...],
-        shared_mem: int,
-        stream: int,
-        others: Sequence[int],
-        extra: int,
-        spin_seconds: float,
-        reply: bytes,
-        request_id_at: int,
-    ) -> PreparedLaunchWait:
-        """The same call as :meth:`run` with ``reply`` packed once, in a call structure
-        of its own, to be made again and again (:class:`PreparedLaunchWait`): only the
-        reply's socket and request id change from one call to the next. ``extra`` must
-        stay valid and unchanged for the prepared call's life (a buffer of its own, not
-        the thread's reused one)."""
-        return PreparedLaunchWait(
-            self, function, dims, shared_mem, stream, others, extra, spin_seconds, reply,
-            request_id_at,
-        )  # fmt: skip
-
 
 #: ``struct hipr_launch_many``'s layout (launch_wait.c asserts its offsets).
 _MANY = struct.Struct("<QQ6IIIQQQQQQQ")
@@ -272,10 +250,12 @@ _REQUEST_ID = struct.Struct("<I")
 
 class PreparedLaunchWait(_CallStructure):
     """One launch-and-wait packed once and made again unchanged (the express path's
-    loop over one kernel, ``hipr.worker.express``): a call costs two small stores (the
-    reply's socket and its request id) and the foreign call. The structure is its own,
-    so calls of :class:`LaunchWait` meanwhile (other sessions on the same loop) leave it
-    as it was."""
+    loop over one kernel, ``hipr.worker.express``): :meth:`LaunchWait.run`'s call with
+    ``reply`` (its request id at byte ``request_id_at``) packed in a call structure of
+    its own, so calls of :class:`LaunchWait` meanwhile (other sessions on the same loop)
+    leave it as it was. A call costs two small stores (the reply's socket and its
+    request id) and the foreign call. ``extra`` must stay valid and unchanged for its
+    life (a buffer of its own, not the thread's reused one)."""
 
     __slots__ = ("_request_id_at",)
 

@@ -264,15 +264,26 @@ class Session:
         refused the launch; None, with nothing done, where it cannot run here (the
         launch then goes the usual way). A faulted kernel raises."""
         native = getattr(self.backend, "launch_waited", None)
-        if native is None or self.burst or not self._launch_inline or not self._loop_may_run():
-            return None  # not here: _can_inline(backend.launch), without the bound method
-        outcome: tuple[bool, HipError | None, int] | None = self._run_here(
-            native, function, grid, block, shared_mem, args, self.streams.objects(),
-            _INLINE_POLL_SECONDS, reply,
+        if native is None or not self._waited_here():
+            return None
+        return self._noted(
+            self._run_here(
+                native, function, grid, block, shared_mem, args, self.streams.objects(),
+                _INLINE_POLL_SECONDS, reply,
+            )
         )  # fmt: skip
+
+    def _waited_here(self) -> bool:
+        """True when a launch and its wait may run here on the loop now:
+        ``_can_inline(backend.launch)``, without the bound method."""
+        return not self.burst and self._launch_inline and self._loop_may_run()
+
+    def _noted(
+        self, outcome: tuple[bool, HipError | None, int] | None
+    ) -> tuple[bool, HipError | None, int] | None:
+        """A launch-and-wait's outcome, noted: one that polled for its whole length makes
+        the executor's wait look once, then block, as after :meth:`_poll` gave up."""
         if outcome is not None and not outcome[0] and outcome[1] is None:
-            # Polled for its whole length: the executor's wait looks once, then blocks,
-            # as after :meth:`_poll` gave up.
             self._poll_gave_up = time.perf_counter()
         return outcome
 
@@ -290,13 +301,8 @@ class Session:
         :meth:`launch_waited_again` (the express path's loop over one kernel); None where
         the backend has no such call or :meth:`launch_waited` could not run here now."""
         prepare = getattr(self.backend, "prepare_waited", None)
-        if (
-            prepare is None
-            or self._lane is None  # launch_waited_again needs one
-            or self.burst
-            or not self._launch_inline
-            or not self._loop_may_run()
-        ):
+        # launch_waited_again needs a lane.
+        if prepare is None or self._lane is None or not self._waited_here():
             return None
         changes = self.streams.changes
         prepared = self._run_here(
@@ -315,19 +321,17 @@ class Session:
         lane = self._lane
         if (
             lane is None
-            or self.burst
-            or not self._loop_may_run()
+            or not self._waited_here()
             or self.streams.changes != prepared.stream_changes
         ):
             return None
         # The backend's own call binds the lane's device: the hot path of PyTorch's
         # add_ + synchronize skips _run_here's borrowing of the lane.
-        outcome: tuple[bool, HipError | None, int] | None = self.backend.waited_again(  # type: ignore[attr-defined]
-            lane, prepared.backend_call, fd, request_id
+        return self._noted(
+            self.backend.waited_again(  # type: ignore[attr-defined]
+                lane, prepared.backend_call, fd, request_id
+            )
         )
-        if outcome is not None and not outcome[0] and outcome[1] is None:
-            self._poll_gave_up = time.perf_counter()  # as after launch_waited
-        return outcome
 
     def device_busy(self) -> bool:
         """True while the session has GPU work queued or running: on its thread, or (on a
