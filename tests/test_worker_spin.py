@@ -3,6 +3,7 @@ way to busy GPU threads."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -101,3 +102,61 @@ async def test_the_spinner_stops_while_a_gpu_thread_is_busy() -> None:
             poll.note_activity()
             await anyio.sleep(0.01)
             busy = True  # the spinner sees it at its next pass and ends
+
+
+class _Thread:
+    """A GPU thread as busy polling sees it, counting how often it is asked."""
+
+    def __init__(self) -> None:
+        self.busy = False
+        self.asked = 0
+
+    @property
+    def idle(self) -> bool:
+        self.asked += 1
+        return not self.busy
+
+
+async def test_only_gpu_threads_handed_work_are_asked() -> None:
+    """By default a spin's turn asks only the threads handed work since they were last
+    seen idle: the idle sessions of a busy worker cost it nothing."""
+    poll = BusyPoll(0.5)
+    idle_ones = [_Thread() for _ in range(100)]
+    worker = _Thread()
+    assert not poll._gpu_threads_busy()
+    worker.busy = True
+    poll.note_gpu_work(worker)
+    assert poll._gpu_threads_busy() and poll._gpu_threads_busy()
+    worker.busy = False
+    assert not poll._gpu_threads_busy()
+    asked = worker.asked
+    assert not poll._gpu_threads_busy()
+    assert worker.asked == asked  # seen idle once: forgotten until handed work again
+    assert all(thread.asked == 0 for thread in idle_ones)
+
+
+async def test_a_sessions_gpu_thread_reports_its_work() -> None:
+    """``GpuThread(on_work=...)``: posting or submitting work notes the thread, and busy
+    polling sees it busy until that work has run."""
+    from hipr.sessions.gpu_thread import GpuThread
+
+    poll = BusyPoll(0.5)
+    thread = GpuThread("spin-test", on_work=poll.note_gpu_work)
+    try:
+        assert not poll._gpu_threads_busy()
+        thread.post(lambda: None, on_error=lambda exc: None)
+        assert poll._gpu_threads_busy()  # posted, not yet flushed: not idle
+        thread.flush()
+        with anyio.fail_after(5):
+            while poll._gpu_threads_busy():
+                await anyio.sleep(0.001)
+        gate = threading.Event()
+        pending = thread.submit(gate.wait, 5)
+        assert poll._gpu_threads_busy()
+        gate.set()
+        assert await pending.result() is True
+        with anyio.fail_after(5):
+            while poll._gpu_threads_busy():
+                await anyio.sleep(0.001)
+    finally:
+        await thread.close()

@@ -19,10 +19,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.lowlevel
+
+
+class Idle(Protocol):
+    """A session's GPU thread, as busy polling sees it."""
+
+    @property
+    def idle(self) -> bool:
+        """True when nothing is queued, batched or running."""
+        ...
+
 
 #: Starts a task in the worker's task group (``TaskGroup.start_soon``).
 StartTask = Callable[[Callable[[], Coroutine[Any, Any, None]]], object]
@@ -31,10 +41,14 @@ StartTask = Callable[[Callable[[], Coroutine[Any, Any, None]]], object]
 class BusyPoll:
     """The worker's busy polling; disabled (every method a no-op) when ``seconds`` is 0."""
 
-    def __init__(self, seconds: float, gpu_threads_busy: Callable[[], bool]) -> None:
-        """``gpu_threads_busy``: True while any session's GPU thread has work."""
+    def __init__(self, seconds: float, gpu_threads_busy: Callable[[], bool] | None = None) -> None:
+        """``gpu_threads_busy``: True while any session's GPU thread has work; by default
+        the threads handed work since they were last seen idle (:meth:`note_gpu_work`)
+        are asked, so that a spin's turn costs the same beside one session or hundreds."""
         self.seconds = max(0.0, seconds)
-        self._gpu_threads_busy = gpu_threads_busy
+        self._gpu_threads_busy = gpu_threads_busy or self._noted_threads_busy
+        #: GPU threads given work and not yet seen idle since (loop thread only).
+        self._working: set[Idle] = set()
         self._start: StartTask | None = None
         self._until = 0.0
         self._spinning = False
@@ -46,6 +60,19 @@ class BusyPoll:
     def enabled(self) -> bool:
         """True when the worker spins at all."""
         return self.seconds > 0
+
+    def note_gpu_work(self, thread: Idle) -> None:
+        """A session's GPU thread was handed work (``GpuThread``'s ``on_work``)."""
+        self._working.add(thread)
+
+    def _noted_threads_busy(self) -> bool:
+        """True while a thread noted by :meth:`note_gpu_work` still has work; those seen
+        idle are forgotten until they are handed work again."""
+        working = self._working
+        if working:
+            for thread in [t for t in working if t.idle]:
+                working.discard(thread)
+        return bool(working)
 
     def attach(self, start: StartTask) -> None:
         """Start spinners in this task group from now on (the worker's, while it serves)."""

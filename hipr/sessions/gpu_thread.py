@@ -69,7 +69,10 @@ class GpuThread:
     #: Fire-and-forget calls batched before the thread is woken for them.
     MAX_BATCH = 256
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, on_work: Callable[[GpuThread], None] | None = None) -> None:
+        """``on_work(self)`` is called (on the caller's thread) each time work is posted or
+        submitted: the worker's busy polling keeps the threads that may be busy."""
+        self._on_work = on_work
         self._queue: queue.SimpleQueue[_Call | list[_Call] | object] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
@@ -139,6 +142,8 @@ class GpuThread:
         item = _Call(fn, args, LoopWaker().call_soon, anyio.Event(), None, then)
         self.flush()  # everything posted before runs before this call
         self._handed += 1
+        if self._on_work is not None:
+            self._on_work(self)
         self._queue.put(item)
         return PendingCall(item)
 
@@ -161,6 +166,8 @@ class GpuThread:
         if self._closed:
             raise RuntimeError("GPU thread is closed")
         self._batch.append(_Call(fn, args, None, None, on_error))
+        if self._on_work is not None:
+            self._on_work(self)
         if len(self._batch) >= self.MAX_BATCH:
             self.flush()
 

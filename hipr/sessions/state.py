@@ -135,9 +135,9 @@ class Session:
         #: Counts detaches, so that a grace timer knows whether its detach is the latest.
         self.detach_epoch = 0
         self.log = log.bind(session=self.id, tenant=tenant, peer=peer)
-        self._gpu = GpuThread(name=f"hipr-gpu-{self.id}")
         #: The worker's busy polling: a synchronize may wait by polling (spin_wait).
         self._busy_poll = busy_poll or BusyPoll(0.0, lambda: False)
+        self._gpu = GpuThread(name=f"hipr-gpu-{self.id}", on_work=self._busy_poll.note_gpu_work)
         #: The expected wait of this session's device synchronizes (polled through).
         self.sync_forecast = SyncForecast(self._busy_poll.seconds)
         #: Backend calls that never wait for the GPU (run inline when the thread is idle).

@@ -131,7 +131,7 @@ class Worker:
         self.child_link: ChildLink | None = None
         self._trim_pending = False
         #: Busy polling of the event loop (``spin_wait``, "auto" resolved); disabled at 0.
-        self.busy_poll = BusyPoll(spin_seconds(config), self._gpu_threads_busy)
+        self.busy_poll = BusyPoll(spin_seconds(config))
         #: Runaway GPU work seen and stopped (hipr/worker/runaway.py).
         self.runaways = RunawayLedger()
         #: Each tenant process's exit status once a stop has ended them.
@@ -273,11 +273,6 @@ class Worker:
     async def end_session(self, session: Session) -> None:
         """Close a session and drop it from the registry."""
         await self._close_session(session)
-
-    def _gpu_threads_busy(self) -> bool:
-        """True while any session's GPU thread has work (it then needs the interpreter
-        lock, which a spinning loop would hold)."""
-        return any(session.gpu_busy for session in self.sessions.values())
 
     def authenticate(self, hello: Args, stream: anyio.abc.ByteStream) -> Tenant:
         """The tenant a HELLO's credentials name, or AuthError."""

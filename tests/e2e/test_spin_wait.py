@@ -103,7 +103,7 @@ async def gpu_threads_idle(worker: Worker) -> None:
     """Until no session's GPU thread has work: the worker polls only then, so a test of
     polling starts there (a reply can reach the client before its thread's bookkeeping)."""
     with anyio.fail_after(5):
-        while worker._gpu_threads_busy():
+        while any(session.gpu_busy for session in worker.sessions.values()):
             await anyio.sleep(0.001)
 
 
