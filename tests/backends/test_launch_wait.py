@@ -270,15 +270,15 @@ def test_a_prepared_call_is_made_again_unchanged(native_sim: tuple[Any, Any]) ->
     with ours, peer:
         peer.setblocking(False)
         before = len(gpu.launches)
-        for request_id in (7, 8, 2**32 - 1):
-            backend.launch(fill, grid, block, 0, stream, _fill_args(y, float(request_id), n))
+        for value, request_id in enumerate((7, 8, 2**32 - 1), start=1):
+            backend.launch(fill, grid, block, 0, stream, _fill_args(y, float(value), n))
             other = backend.launch_waited(fill, grid, block, 0, _fill_args(x, 1.0, n), [], 1e-3)
             assert other == (True, None, 0)
             outcome = backend.waited_again(lane, prepared, ours.fileno(), request_id)
             assert outcome == (True, None, len(_reply(request_id)))
             assert peer.recv(64) == _reply(request_id)
             assert (_read(backend, x, n) == 3.0).all()  # its own bytes, not the other's
-            assert (_read(backend, y, n) == float(request_id)).all()  # the stream waited for
+            assert (_read(backend, y, n) == float(value)).all()  # the stream waited for
         assert [args for _, args in gpu.launches[before:]][2::3] == [_fill_args(x, 3.0, n)] * 3
         # No descriptor: nothing sent, the work done all the same.
         assert backend.waited_again(lane, prepared, -1, 9) == (True, None, 0)
