@@ -5,9 +5,9 @@ session costs the others when the worker busy-polls (``spin_wait``).
         [--sessions 0,64,512] [--count 2000] [--rounds 2] [--tree LABEL=DIR] ...
 
 Per round and per worker (this tree, then each ``--tree``: another checkout's ``hipr``,
-run from its folder), one worker on a unix socket with ``spin_wait`` = 200 µs (its busy
-polling, on whatever machine), for each session count in turn: a helper process opens
-that many sessions (raw connections through HELLO) and holds them silent, and this
+run from its folder; ``torch_compare.worker_process``), one worker on a unix socket
+with ``spin_wait`` = 200 µs (its busy polling, on whatever machine), for each session
+count in turn: a helper process opens that many sessions (raw connections through HELLO) and holds them silent, and this
 process times ``--count`` null synchronizes of its own ``hipr.connect()`` session.
 Prints the p50 and p90 per worker and session count. A benchmark: it reports, it
 asserts nothing.
@@ -16,7 +16,6 @@ asserts nothing.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -25,6 +24,7 @@ import time
 from pathlib import Path
 
 import hipr
+from benchmarks.proxy.torch_compare import worker_process
 
 HOLDER = """
 import sys, anyio
@@ -60,46 +60,36 @@ def _synchronizes(url: str, count: int) -> list[float]:
 
 def one_worker(args: argparse.Namespace, label: str, tree: Path | None) -> list[str]:
     """The figures of one worker, one line per session count."""
-    directory = Path(tempfile.mkdtemp(prefix="his-"))
-    sock = directory / "w.sock"
-    config = directory / "worker.toml"
-    config.write_text("spin_wait = 0.0002\n")
-    env = dict(os.environ)
-    if tree is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")])
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "hipr", "worker", "--backend", args.backend, "--loop",
-         args.loop, "--listen", f"unix://{sock}", "--config", str(config),
-         "--log-level", "error"],
-        env=env, cwd=tree,
-    )  # fmt: skip
     lines = []
-    try:
-        deadline = time.monotonic() + 60
-        while not sock.exists():
-            if worker.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"{label}: the worker did not start")
-            time.sleep(0.1)
-        url = f"unix://{sock}"
-        for count in args.sessions:
-            holder = subprocess.Popen(
-                [sys.executable, "-c", HOLDER, url, str(count)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-            )  # fmt: skip
-            assert holder.stdout is not None and holder.stdin is not None
-            if holder.stdout.readline().strip() != "ready":
-                raise SystemExit(f"{label}: the idle sessions could not be opened")
-            times = _synchronizes(url, args.count)
-            holder.stdin.close()
-            holder.wait(timeout=60)
-            lines.append(
-                f"{label:8} {count:5d} idle sessions: null synchronize p50 "
-                f"{_percentile(times, 0.5):7.1f} µs, p90 {_percentile(times, 0.9):7.1f} µs, "
-                f"mean {statistics.fmean(times) * 1e6:7.1f} µs"
-            )
-    finally:
-        worker.terminate()
-        worker.wait(timeout=30)
+    with tempfile.TemporaryDirectory(prefix="his-") as folder:
+        config = Path(folder) / "worker.toml"
+        config.write_text("spin_wait = 0.0002\n")
+        with worker_process(
+            args.backend, tree=tree, args=["--loop", args.loop, "--config", str(config)]
+        ) as (url, _):
+            lines += _rounds(args, label, url)
+    return lines
+
+
+def _rounds(args: argparse.Namespace, label: str, url: str) -> list[str]:
+    """One line per session count, on the worker at ``url``."""
+    lines = []
+    for count in args.sessions:
+        holder = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, url, str(count)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert holder.stdout is not None and holder.stdin is not None
+        if holder.stdout.readline().strip() != "ready":
+            raise SystemExit(f"{label}: the idle sessions could not be opened")
+        times = _synchronizes(url, args.count)
+        holder.stdin.close()
+        holder.wait(timeout=60)
+        lines.append(
+            f"{label:8} {count:5d} idle sessions: null synchronize p50 "
+            f"{_percentile(times, 0.5):7.1f} µs, p90 {_percentile(times, 0.9):7.1f} µs, "
+            f"mean {statistics.fmean(times) * 1e6:7.1f} µs"
+        )
     return lines
 
 

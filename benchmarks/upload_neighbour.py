@@ -17,16 +17,14 @@ it reports, it asserts nothing.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import hipr
 from benchmarks.proxy.compare import floors
+from benchmarks.proxy.torch_compare import worker_process
 
 UPLOADER = """
 import sys, time, numpy as np, hipr
@@ -49,20 +47,7 @@ def percentile(values: list[float], share: float) -> float:
 
 
 def one_worker(args: argparse.Namespace, label: str, env: dict[str, str]) -> str:
-    directory = Path(tempfile.mkdtemp(prefix="hun-"))
-    sock = directory / "w.sock"
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "hipr", "worker", "--backend", args.backend, "--loop",
-         args.loop, "--listen", f"unix://{sock}", "--log-level", "error"],
-        env={**os.environ, **env},
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while not sock.exists():
-            if worker.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"{label}: the worker did not start")
-            time.sleep(0.1)
-        url = f"unix://{sock}"
+    with worker_process(args.backend, env, args=["--loop", args.loop]) as (url, _):
         with hipr.connect(url) as gpu:
 
             def syncs(count: int) -> list[float]:
@@ -93,9 +78,6 @@ def one_worker(args: argparse.Namespace, label: str, env: dict[str, str]) -> str
             f"p99 {percentile(busy, 0.99):7.0f} max {max(busy) * 1e6:7.0f} us, "
             f"{len(busy):6d} syncs | upload {statistics.median(rates):.2f} GB/s"
         )
-    finally:
-        worker.terminate()
-        worker.wait(timeout=30)
 
 
 def _variant(spec: str) -> tuple[str, dict[str, str]]:

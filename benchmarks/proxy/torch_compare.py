@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -65,8 +65,10 @@ def worker_process(
     extra_env: dict[str, str] | None = None,
     cpus: str | None = None,
     tree: Path | None = None,
+    args: Sequence[str] = (),
 ) -> Iterator[tuple[str, int]]:
-    """:func:`worker`, yielding its URL and its process id."""
+    """:func:`worker`, yielding its URL and its process id; ``args`` go to ``hipr
+    worker`` after the others (``--loop``, ``--config FILE``)."""
     directory = Path(tempfile.mkdtemp(prefix="htc-"))
     sock = directory / "w.sock"
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
@@ -75,7 +77,7 @@ def worker_process(
     pinned = ["taskset", "-c", cpus] if cpus else []
     process = subprocess.Popen(
         [*pinned, sys.executable, "-m", "hipr", "worker", "--backend", backend,
-         "--listen", f"unix://{sock}", "--log-level", "warning"],
+         "--listen", f"unix://{sock}", "--log-level", "warning", *args],
         env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tree,
     )  # fmt: skip
     try:
