@@ -6,11 +6,11 @@ session costs the others when the worker busy-polls (``spin_wait``).
 
 Per round and per worker (this tree, then each ``--tree``: another checkout's ``hipr``,
 run from its folder; ``torch_compare.worker_process``), one worker on a unix socket
-with ``spin_wait`` = 200 µs (its busy polling, on whatever machine), for each session
-count in turn: a helper process opens that many sessions (raw connections through HELLO) and holds them silent, and this
-process times ``--count`` null synchronizes of its own ``hipr.connect()`` session.
-Prints the p50 and p90 per worker and session count. A benchmark: it reports, it
-asserts nothing.
+with ``spin_wait`` = 200 µs (its busy polling, on whatever machine). For each session
+count in turn, a helper process opens that many sessions (raw connections through
+HELLO) and holds them silent, and this process times ``--count`` null synchronizes of
+its own ``hipr.connect()`` session. Prints the p50 and p90 per worker and session count.
+A benchmark: it reports, it asserts nothing.
 """
 
 from __future__ import annotations
