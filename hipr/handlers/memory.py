@@ -48,16 +48,25 @@ DTOH_CHUNK = 4 << 20
 QUICK_DTOH_SPIN = 30e-6
 
 
-def _copied_back_quickly(session: Session, out: memoryview, src: int, stream: Any) -> bool:
+def _copied_back_quickly(
+    session: Session, request: Request, out: memoryview, src: int, stream: Any
+) -> bool:
     """True when ``out`` was filled right here on the loop: a small copy whose stream's
     work ended within :data:`QUICK_DTOH_SPIN` (PyTorch's ``item()`` after a tiny
     kernel), without the GPU thread's two hand-offs; False, with nothing to undo, where
     the usual copy must run (the backend has no such call, the session's GPU thread has
-    work queued, or the copy had not ended)."""
+    work queued, or the copy had not ended). A request polled for once (in the I/O
+    callback) is not polled for again by the executor: its stream was busy."""
     quick = getattr(session.backend, "memcpy_dtoh_if_quick", None)
-    if quick is None or out.nbytes > getattr(session.backend, "quick_dtoh_bytes", 0):
+    if (
+        quick is None
+        or out.nbytes > getattr(session.backend, "quick_dtoh_bytes", 0)
+        or session.copy_back_polled == request.request_id
+    ):
         return False
     ran, done = session.try_here(quick, out, src, stream, QUICK_DTOH_SPIN)
+    if ran and not done:
+        session.copy_back_polled = request.request_id
     return ran and bool(done)
 
 
@@ -220,7 +229,7 @@ async def memcpy_dtoh(session: Session, request: Request) -> Any:
     session.observer.bytes_copied(session.tenant, "dtoh", size)
     if size <= DTOH_CHUNK:
         out = _host_buffer(size)
-        if not _copied_back_quickly(session, out, src, stream):
+        if not _copied_back_quickly(session, request, out, src, stream):
             await session.gpu(session.backend.memcpy_dtoh, out, src, stream)
         return Reply({"size": size}, out)
     # Double-buffered: the GPU fills chunk k+1 while chunk k is on the wire.
@@ -256,7 +265,7 @@ def memcpy_dtoh_now(session: Session, request: Request) -> Any:
     session.check_range(src, size, "source")
     stream = session.stream(args.handle(m.MemcpyDtoh.stream, optional=True))
     out = _host_buffer(size)
-    if not _copied_back_quickly(session, out, src, stream):
+    if not _copied_back_quickly(session, request, out, src, stream):
         return LATER
     session.observer.bytes_copied(session.tenant, "dtoh", size)
     return Reply({"size": size}, out)

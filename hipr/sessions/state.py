@@ -129,6 +129,9 @@ class Session:
         #: Kept with the session, not the connection: resent after a dropped link, that
         #: request is only waited for, never launched again.
         self.launched_pending = 0
+        #: The request whose small copy back the loop already polled for and saw still
+        #: queued (``hipr.handlers.memory``): the executor then copies without polling again.
+        self.copy_back_polled = 0
         self.replies = ReplyCache()
         #: The connection serving the session, or None while it waits to be resumed.
         self.connection: object | None = None

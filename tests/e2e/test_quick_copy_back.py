@@ -7,6 +7,7 @@ simulated runtimes here, on the real CUDA backend with ``HIPR_TEST_BACKEND=cuda`
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -51,8 +52,9 @@ async def test_a_copy_not_ended_within_the_poll_is_the_usual_copy(
     raw_session: RawSession, backend: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The stream still busy when the poll ends: nothing of the quick copy reaches the
-    reply; the usual copy reads the same bytes, and the quick copy's pinned block goes
-    back once its fence has passed."""
+    reply; the usual copy reads the same bytes, the loop polls for the request once
+    (the I/O callback's try is not repeated by the executor), and the quick copy's
+    pinned block goes back once its fence has passed."""
     waited: list[int] = []
     usual = type(backend).memcpy_dtoh
     quick = type(backend).memcpy_dtoh_if_quick
@@ -61,7 +63,11 @@ async def test_a_copy_not_ended_within_the_poll_is_the_usual_copy(
         waited.append(memoryview(dst).nbytes)
         usual(self, dst, src, stream)
 
+    polls: list[int] = []
+
+    @functools.wraps(quick)  # its name is what lets the session run it on the loop
     def still_busy(self: Any, dst: Any, src: int, stream: Any, spin: float) -> bool:
+        polls.append(src)
         with monkeypatch.context() as patched:
             patched.setattr(self, "_query", lambda fn, handle: False)
             return bool(quick(self, dst, src, stream, spin))
@@ -70,10 +76,13 @@ async def test_a_copy_not_ended_within_the_poll_is_the_usual_copy(
     monkeypatch.setattr(type(backend), "memcpy_dtoh_if_quick", still_busy)
     y, x, function = await _axpy(raw_session)
     assert await raw_session.call(Opcode.LAUNCH_KERNEL, _args(function, y, x)) == {}
+    # The session's GPU thread idle, so that the loop tries the quick copy at all.
+    await raw_session.call(Opcode.DEVICE_SYNCHRONIZE, {})
     await raw_session.call(Opcode.MEMCPY_DTOH, {"src": y, "size": 64})
     values = np.frombuffer(bytes(raw_session.last_bulk), np.float32)
     assert (values == 1.0).all()
     assert waited == [64]
+    assert polls == [y]  # polled for once: the executor does not poll again
     await raw_session.call(Opcode.DEVICE_SYNCHRONIZE, {})
     backend._staging.reclaim()
     assert backend._staging.outstanding == 0
