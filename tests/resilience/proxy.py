@@ -15,8 +15,9 @@ class FaultyProxy:
     """Forwards client links to ``target``; faults are switched on by the test.
 
     ``cut_every`` cuts each link once that many bytes (both directions together) have
-    crossed it, in the middle of whatever frame is passing; ``stalled`` stops forwarding
-    without closing, as a dead route does.
+    crossed it, in the middle of whatever frame is passing; set back to None, it stops
+    cutting live links too. ``stalled`` stops forwarding without closing, as a dead
+    route does.
     """
 
     def __init__(self, target: str) -> None:
@@ -53,10 +54,15 @@ class FaultyProxy:
                         await anyio.sleep(0.01)
                     if self.throttle:
                         await anyio.sleep(len(data) / self.throttle)
+                    if self.cut_every is None and budget[0] != 0:
+                        budget[0] = None
                     if budget[0] is not None:
+                        if budget[0] == 0:  # the other direction is cutting this link
+                            raise anyio.BrokenResourceError
                         if len(data) >= budget[0]:
-                            await dst.send(data[: budget[0]])
-                            self.cuts += 1
+                            head, budget[0] = data[: budget[0]], 0
+                            self.cuts += 1  # once per link, before the send can yield
+                            await dst.send(head)
                             raise anyio.BrokenResourceError
                         budget[0] -= len(data)
                     await dst.send(data)
