@@ -257,16 +257,20 @@ def test_ssh_forward_to_the_workers_socket(
     short_dir: Path,
 ) -> None:
     worker = _start(short_dir)
+    own_tmp = short_dir / "t"  # the forward's private directory goes under TMPDIR
+    own_tmp.mkdir()
     try:
         url = _ssh_url(sshd, worker.unix_url.removeprefix("unix://"))
-        before = set(Path("/tmp").glob("hipr-ssh-*"))
-        result = program.run(url, "basic")
+        result = program.run(url, "basic", env={"TMPDIR": str(own_tmp)})
         assert_sanitizer_clean(result)
         assert result.stdout.strip() == "ok basic"
-        # The forward's private directory went as soon as it was connected to (other
-        # programs' may come and go meanwhile: only those of 6 characters are the proxy's).
-        left = {p for p in set(Path("/tmp").glob("hipr-ssh-*")) - before if len(p.name) == 15}
-        assert not left
+        # The forward's private directory went as soon as it was connected to.
+        assert list(own_tmp.iterdir()) == []
+        missing = short_dir / "gone"
+        refused = program.run(url, "basic", env={"TMPDIR": str(missing)})
+        assert refused.returncode != 0
+        assert "cannot make a private directory for the ssh forward" in refused.stderr
+        assert not missing.exists()
     finally:
         stop_worker(worker.process)
 

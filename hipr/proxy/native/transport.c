@@ -711,6 +711,17 @@ static void end_ssh(pid_t pid) {
     waitpid(pid, NULL, 0);
 }
 
+/* A mkdtemp/mkstemp template in $TMPDIR as other programs honour it, or in /tmp where it
+ * is unset, relative or too long for the forward's socket path (sun_path: 108 bytes, and
+ * the socket is the directory's "/s"). */
+static void temp_template(char *out, size_t size, const char *name) {
+    const char *base = getenv("TMPDIR");
+    if (!base || base[0] != '/' || strlen(base) + strlen(name) + 4 > 100) base = "/tmp";
+    size_t end = strlen(base);
+    while (end > 1 && base[end - 1] == '/') end--;
+    snprintf(out, size, "%.*s/%s", (int)end, base, name);
+}
+
 static hipr_link *open_ssh(const char *url, const parsed_url *u, double timeout_s, char *err,
                            size_t err_size) {
     if (!u->host[0]) {
@@ -768,16 +779,18 @@ static hipr_link *open_ssh(const char *url, const parsed_url *u, double timeout_
     else snprintf(hp, sizeof hp, "%s", u->host);
     snprintf(dest, sizeof dest, "%.90s%s%.290s", u->user, u->user[0] ? "@" : "", hp);
 
-    char dir[] = "/tmp/hipr-ssh-XXXXXX"; /* mode 0700: ours alone */
+    char dir[128]; /* mode 0700: ours alone */
+    temp_template(dir, sizeof dir, "hipr-ssh-XXXXXX");
     if (!mkdtemp(dir)) {
         snprintf(err, err_size, "cannot make a private directory for the ssh forward: %s",
                  strerror(errno));
         return NULL;
     }
-    char local[64];
+    char local[sizeof dir + 2]; /* under 108 bytes used: temp_template keeps dir short */
     snprintf(local, sizeof local, "%s/s", dir);
     argv_t *a = calloc(1, sizeof *a);
-    char errpath[] = "/tmp/hipr-ssh-err-XXXXXX";
+    char errpath[128];
+    temp_template(errpath, sizeof errpath, "hipr-ssh-err-XXXXXX");
     int err_fd = mkostemp(errpath, O_CLOEXEC);
     if (err_fd >= 0) unlink(errpath); /* nothing has to drain it; read when something fails */
     if (!a || err_fd < 0) {
@@ -851,7 +864,7 @@ static hipr_link *open_ssh(const char *url, const parsed_url *u, double timeout_
         arg(a, "%s", "-l");
         arg(a, "%s", u->user);
     }
-    char forward[700];
+    char forward[sizeof local + sizeof target];
     snprintf(forward, sizeof forward, "%s:%s", local, target);
     arg(a, "%s", "-L");
     arg(a, "%s", forward);
