@@ -1,8 +1,11 @@
-"""Shared test set-up: every async test runs under both trio and asyncio."""
+"""Shared test set-up: every async test runs under both trio and asyncio; under
+pytest-xdist each test process has a temporary directory of its own."""
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -10,6 +13,24 @@ from pathlib import Path
 
 import pytest
 import structlog
+
+
+def _temporary_directory_per_test_process() -> None:
+    """Under ``pytest -n``: point TMPDIR (this process's and its children's) at a
+    directory of this test process's own. Tests check that what they made there (ssh
+    forwards' private directories, tenants' socket directories) is gone afterwards, and
+    another process's test must not come and go in the same place meanwhile. Short, under
+    /tmp: unix socket paths inside it must stay under 108 bytes."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return
+    own = tempfile.mkdtemp(prefix=f"hipr-{worker}-", dir="/tmp")
+    os.environ["TMPDIR"] = own
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+    atexit.register(shutil.rmtree, own, ignore_errors=True)
+
+
+_temporary_directory_per_test_process()
 
 
 @pytest.fixture(params=["trio", "asyncio"])

@@ -73,6 +73,7 @@ def test_authentication_by_token_uid_and_certificate(tenants_file: Path) -> None
         ("hipr_wrong", None, "not valid"),
         (OLD, None, "revoked"),
     ],
+    ids=["none", "empty-with-uid", "unknown", "revoked"],  # OLD is random: ids keep -n stable
 )
 def test_refusals_say_which_and_never_echo_the_token(
     tenants_file: Path, token: str | None, uid: int | None, message: str

@@ -85,6 +85,7 @@ async def raw_hello(url: str, args: dict[str, object]) -> hipr.HipError | dict[s
         ("hipr_not-a-real-token", "not valid"),
         (REVOKED, "revoked"),
     ],
+    ids=["none", "unknown", "revoked"],  # REVOKED is random: an id of its own keeps -n stable
 )
 async def test_bad_tokens_are_refused_and_say_why(
     tenant_worker: tuple[Worker, EmulatorBackend], token: str | None, message: str
