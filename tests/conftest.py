@@ -1,9 +1,11 @@
 """Shared test set-up: every async test runs under both trio and asyncio; under
-pytest-xdist each test process has a temporary directory of its own."""
+pytest-xdist each test process has a temporary directory of its own, and a test marked
+``alone`` runs while no other test process runs a test."""
 
 from __future__ import annotations
 
 import atexit
+import fcntl
 import logging
 import os
 import shutil
@@ -31,6 +33,25 @@ def _temporary_directory_per_test_process() -> None:
 
 
 _temporary_directory_per_test_process()
+
+
+@pytest.fixture(autouse=True)
+def _alone_or_beside_others(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Under ``pytest -n``: a test marked ``alone`` holds the run's lock file exclusively,
+    every other test holds it shared. Tests that time the worker under an attack against
+    its own baseline (measured moments before, in the same test) would otherwise read
+    the other test processes' load on the two cores as the attack's cost."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run:
+        yield
+        return
+    exclusive = request.node.get_closest_marker("alone") is not None
+    with open(f"/tmp/hipr-tests-{run}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture(params=["trio", "asyncio"])

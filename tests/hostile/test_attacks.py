@@ -24,7 +24,7 @@ from hipr.testing.harness import rss_bytes
 from hipr.testing.hostile import ATTACKS, Outcome, measure
 from tests.hostile.conftest import FRAME_TIMEOUT, HANDSHAKE_TIMEOUT, Hostile, settle_memory
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60), pytest.mark.alone]
 
 MiB = 1 << 20
 #: Lines of one event a window lets through, plus its summary and a few others.

@@ -31,7 +31,7 @@ from hipr.worker.config import WorkerConfig
 from hipr.worker.server import Worker, running_worker
 from hipr.worker.tenants import new_token, token_hash
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.alone]
 
 ALICE = new_token()
 BOB = new_token()

@@ -221,6 +221,7 @@ async def isolated(anyio_backend: str, short_tmp: Path) -> AsyncIterator[Worker]
         yield worker
 
 
+@pytest.mark.alone  # compares alice's latency with a baseline of her own
 async def test_work_outliving_its_session_ends_the_tenants_process(isolated: Worker) -> None:
     url = isolated.bound_urls[0]
     isolation = isolated.isolation

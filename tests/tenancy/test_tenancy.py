@@ -297,6 +297,7 @@ async def test_unix_peer_uid_maps_to_a_tenant(short_tmp: Path) -> None:
         assert gpu.worker_info()["tenant"] == "local"
 
 
+@pytest.mark.alone  # compares latency with a baseline of its own
 async def test_a_flooding_tenant_does_not_starve_another(
     tenant_worker: tuple[Worker, EmulatorBackend],
 ) -> None:
