@@ -40,7 +40,8 @@ from pathlib import Path
 from benchmarks.stages import _first_between, _print, _print_profile, _spans, _Worker
 
 ROUND_STAGES = (
-    "client call -> worker data_received",
+    "client call -> step returns",
+    "step returns -> worker data_received",
     "data_received -> request starts",
     "request starts -> runtime launch call",
     "runtime launch call",
@@ -56,11 +57,11 @@ import json, os, sys, time
 def timed(step, sync, count):
     for _ in range(300):
         step(); sync()
-    pairs = []
+    rounds, clock = [], time.perf_counter_ns
     for _ in range(count):
-        t0 = time.perf_counter_ns(); step(); sync(); pairs.append((t0, time.perf_counter_ns()))
+        t0 = clock(); step(); t1 = clock(); sync(); rounds.append((t0, t1, clock()))
     with open(os.environ["HIPR_STAGES_OUT"], "w") as f:
-        json.dump(pairs, f)
+        json.dump(rounds, f)
 """
 
 _CLIENTS = {
@@ -115,10 +116,13 @@ gpu.close()
 
 
 def _round_stages(
-    client: Sequence[tuple[int, int]], marks: dict[str, list[int]]
+    client: Sequence[tuple[int, int, int]], marks: dict[str, list[int]]
 ) -> dict[str, list[int]]:
-    """Per-stage durations (ns) of each client round whose marks are all found inside
-    its own window (one fused request a round): rounds missing a point are left out."""
+    """Per-stage durations (ns) of each client round (its start, the return of its step,
+    its end) whose marks are all found inside its own window (one fused request a round):
+    rounds missing a point are left out. The step's return splits the client's part: the
+    program's own call (for PyTorch, ``add_``'s dispatch and the proxy's note of the
+    launch) from the synchronize's call, the proxy's send and the worker's wake-up."""
     starts = sorted(marks["starts"][::2])
     calls = marks.get("launch_calls", [])
     call_starts, call_ends = calls[::2], calls[1::2]
@@ -126,9 +130,9 @@ def _round_stages(
     recvs = sorted(marks["recv"])
     send0, send1 = marks["send0"], marks["send1"]
     kept: list[tuple[int, int]] = []
-    points: list[list[int]] = [[] for _ in range(7)]
-    for begun, finished in client:
-        arrived = _first_between(recvs, begun, finished)
+    points: list[list[int]] = [[] for _ in range(8)]
+    for begun, stepped, finished in client:
+        arrived = _first_between(recvs, stepped, finished)
         if arrived is None:
             continue
         started = _first_between(starts, arrived, finished)
@@ -143,21 +147,22 @@ def _round_stages(
         sent_end = send1[send0.index(sent)]
         kept.append((begun, finished))
         for series, value in zip(
-            points, (arrived, started, call, called_end, done, sent, sent_end), strict=True
+            points,
+            (stepped, arrived, started, call, called_end, done, sent, sent_end),
+            strict=True,
         ):
             series.append(value)
     return _spans(ROUND_STAGES, kept, points) if kept else {}
 
 
-def _run_client(name: str, url: str, count: int, out_path: Path) -> list[tuple[int, int]]:
+def _run_client(name: str, url: str, count: int, out_path: Path) -> list[tuple[int, int, int]]:
     env = dict(os.environ, HIPR_STAGES_OUT=str(out_path), HIPR_URL=url)
     command = [sys.executable, "-c", _CLIENTS[name], str(count)]
     if name != "python":  # the others through the proxy runtime
         api = "hip" if name == "hip" else "cuda"
         command = [sys.executable, "-m", "hipr", "run", "--url", url, "--api", api, "--", *command]
     subprocess.run(command, env=env, check=True, timeout=300)
-    pairs: list[tuple[int, int]] = [tuple(p) for p in json.loads(out_path.read_text())]
-    return pairs
+    return [(a, b, c) for a, b, c in json.loads(out_path.read_text())]
 
 
 def measure(backend: str, count: int, clients: Sequence[str], profile_top: int) -> None:

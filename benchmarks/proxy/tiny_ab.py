@@ -6,6 +6,7 @@ on two separate runs.
 
     python -m benchmarks.proxy.tiny_ab [--rounds 8] [--worker LABEL[:VAR=VALUE,...][@CPUS]]...
         [--client-cpus CPUS] [--tree LABEL=DIR] [--op tiny|each|item]
+        [--copies-first LABEL [--copies-mib 256]]
 
 Default workers: ``native`` (the native launch-and-wait) and
 ``python:HIPR_NATIVE_LAUNCH=0`` (the same tree's Python path). Each round runs
@@ -15,7 +16,10 @@ pins a worker with taskset (``@2`` or ``@2-3``), ``--client-cpus`` the PyTorch c
 ``--tree LABEL=DIR`` runs that worker from another checkout's ``hipr`` (its folder as the
 worker's working directory: ``python -m hipr`` imports from there first). ``--op each``
 compares the time of each of 1,000 ``add_`` then a synchronize instead, ``--op item``
-that of ``t.item()``."""
+that of ``t.item()``. ``--copies-first LABEL`` has that worker serve a PyTorch program's
+copies of ``--copies-mib`` MiB (pageable and pinned, each way) just before each of its rounds (as
+``torch_compare`` runs its copies on the worker before the tiny op is timed), so a
+worker fresh from large copies is compared with one that made none."""
 
 from __future__ import annotations
 
@@ -52,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--client-cpus", help="pin the PyTorch clients (taskset -c)")
     parser.add_argument("--tree", action="append", default=[], metavar="LABEL=DIR")
     parser.add_argument(
+        "--copies-first", action="append", default=[], metavar="LABEL",
+        help="this worker serves large copies before each of its rounds",
+    )  # fmt: skip
+    parser.add_argument("--copies-mib", type=int, default=256)
+    parser.add_argument(
         "--op", choices=sorted(_OPS), default="tiny", help="the PyTorch figure compared"
     )
     args = parser.parse_args(argv)
@@ -72,6 +81,13 @@ def main(argv: list[str] | None = None) -> int:
             echoes.append(floors(1 << 20).echo_median * 1e6)
             order = specs if round_ % 2 == 0 else specs[::-1]
             for label, _, _ in order:
+                if label in args.copies_first:
+                    copies = run_torch(
+                        python, proxied_env(urls[label], lib), args.copies_mib,
+                        "h2d,d2h", client,
+                    )  # fmt: skip
+                    if num(copies.get("h2d_pageable_GBps")) is None:
+                        print(f"round {round_}: {label}: copies {copies}", flush=True)
                 result = run_torch(python, proxied_env(urls[label], lib), 0, only, client)
                 value = num(result.get(key))
                 if value is None:
