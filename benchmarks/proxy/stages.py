@@ -52,6 +52,15 @@ ROUND_STAGES = (
     "total",
 )
 
+#: The same stages with the proxy's own marks (``HIPR_PROXY_MARKS``) splitting the second.
+PROXY_ROUND_STAGES = (
+    ROUND_STAGES[0],
+    "step returns -> proxy's synchronize",
+    "proxy's synchronize -> request sent",
+    "request sent -> worker data_received",
+    *ROUND_STAGES[2:],
+)
+
 _TIMING = """
 import json, os, sys, time
 def timed(step, sync, count):
@@ -116,13 +125,19 @@ gpu.close()
 
 
 def _round_stages(
-    client: Sequence[tuple[int, int, int]], marks: dict[str, list[int]]
+    client: Sequence[tuple[int, int, int]],
+    marks: dict[str, list[int]],
+    proxy: Sequence[tuple[int, int]] = (),
 ) -> dict[str, list[int]]:
     """Per-stage durations (ns) of each client round (its start, the return of its step,
     its end) whose marks are all found inside its own window (one fused request a round):
     rounds missing a point are left out. The step's return splits the client's part: the
     program's own call (for PyTorch, ``add_``'s dispatch and the proxy's note of the
-    launch) from the synchronize's call, the proxy's send and the worker's wake-up."""
+    launch) from the synchronize's call, the proxy's send and the worker's wake-up; the
+    proxy's marks (``proxy``: when each fused synchronize reached the proxy's core and
+    when its request was sent), where given, split that again."""
+    reached = [r for r, _ in proxy]
+    sent_at = dict(proxy)
     starts = sorted(marks["starts"][::2])
     calls = marks.get("launch_calls", [])
     call_starts, call_ends = calls[::2], calls[1::2]
@@ -130,11 +145,18 @@ def _round_stages(
     recvs = sorted(marks["recv"])
     send0, send1 = marks["send0"], marks["send1"]
     kept: list[tuple[int, int]] = []
-    points: list[list[int]] = [[] for _ in range(8)]
+    names = PROXY_ROUND_STAGES if proxy else ROUND_STAGES
+    points: list[list[int]] = [[] for _ in range(len(names) - 2)]
     for begun, stepped, finished in client:
         arrived = _first_between(recvs, stepped, finished)
         if arrived is None:
             continue
+        own: tuple[int, ...] = ()
+        if proxy:
+            entered = _first_between(reached, stepped, arrived)
+            if entered is None or sent_at[entered] > arrived:
+                continue
+            own = (entered, sent_at[entered])
         started = _first_between(starts, arrived, finished)
         call = _first_between(call_starts, arrived, finished)
         if started is None or call is None:
@@ -148,21 +170,34 @@ def _round_stages(
         kept.append((begun, finished))
         for series, value in zip(
             points,
-            (stepped, arrived, started, call, called_end, done, sent, sent_end),
+            (stepped, *own, arrived, started, call, called_end, done, sent, sent_end),
             strict=True,
         ):
             series.append(value)
-    return _spans(ROUND_STAGES, kept, points) if kept else {}
+    return _spans(names, kept, points) if kept else {}
 
 
-def _run_client(name: str, url: str, count: int, out_path: Path) -> list[tuple[int, int, int]]:
+def _run_client(
+    name: str, url: str, count: int, out_path: Path
+) -> tuple[list[tuple[int, int, int]], list[tuple[int, int]]]:
+    """The client's rounds, and the proxy's marks of its synchronizes (none for the
+    Python client, or from a proxy without them)."""
+    proxy_marks = out_path.with_suffix(".marks")
+    proxy_marks.unlink(missing_ok=True)
     env = dict(os.environ, HIPR_STAGES_OUT=str(out_path), HIPR_URL=url)
+    env["HIPR_PROXY_MARKS"] = str(proxy_marks)
     command = [sys.executable, "-c", _CLIENTS[name], str(count)]
     if name != "python":  # the others through the proxy runtime
         api = "hip" if name == "hip" else "cuda"
         command = [sys.executable, "-m", "hipr", "run", "--url", url, "--api", api, "--", *command]
     subprocess.run(command, env=env, check=True, timeout=300)
-    return [(a, b, c) for a, b, c in json.loads(out_path.read_text())]
+    rounds = [(a, b, c) for a, b, c in json.loads(out_path.read_text())]
+    proxy: list[tuple[int, int]] = []
+    if proxy_marks.exists():
+        for line in proxy_marks.read_text().splitlines():
+            reached, sent = line.split()
+            proxy.append((int(reached), int(sent)))
+    return rounds, proxy
 
 
 def measure(backend: str, count: int, clients: Sequence[str], profile_top: int) -> None:
@@ -173,11 +208,11 @@ def measure(backend: str, count: int, clients: Sequence[str], profile_top: int) 
     try:
         for name in clients:
             try:
-                client = _run_client(name, url, count, directory / f"{name}.json")
+                client, proxy = _run_client(name, url, count, directory / f"{name}.json")
             except (subprocess.SubprocessError, OSError) as error:
                 print(f"{name}: did not run ({error})")
                 continue
-            stages = _round_stages(client, worker.marks())
+            stages = _round_stages(client, worker.marks(), proxy)
             print(f"\n{backend} worker, {name} through the proxy: {len(client)} rounds")
             if not stages:
                 print("  no round matched the worker's marks")

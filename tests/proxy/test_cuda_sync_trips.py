@@ -9,6 +9,7 @@ import os
 import platform
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,28 @@ def test_synchronize_goes_to_the_worker_only_when_something_may_be_pending(
     failed, after = error[4], error[5]
     assert failed[1] != 0 and failed[2] == 1
     assert after == ("cuCtxSynchronize", 0, 1)  # an error is never followed by a local answer
+
+
+def test_proxy_marks_time_each_fused_synchronize(
+    sanitized_libs: Path, worker_url: str, tmp_path: Path
+) -> None:
+    """HIPR_PROXY_MARKS (benchmarks/proxy/stages.py): each synchronize sent with its
+    launches is written as when it reached the core and when its request went out, on
+    the clock Python's monotonic_ns reads, when the program ends."""
+    cuda = sanitized_libs / CUDA_SUBDIR
+    program = tmp_path / "cuda_sync_trips"
+    cc([*SANITIZED_FLAGS, str(C_FILE), "-o", str(program), *linked_to(cuda, CUDA_LIBRARY)])
+    marks = tmp_path / "marks"
+    env = dict(os.environ, HIPR_URL=worker_url, HIPR_PROXY_MARKS=str(marks), **SANITIZER_ENV)
+    before = time.monotonic_ns()
+    run = subprocess.run(
+        [str(program)], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    after = time.monotonic_ns()
+    assert_sanitizer_clean(run)
+    assert run.stdout.strip() == "ok", run.stderr
+    pairs = [tuple(int(t) for t in line.split()) for line in marks.read_text().splitlines()]
+    assert pairs  # the program's launches then cuCtxSynchronize: one fused request
+    for reached, sent in pairs:
+        assert before <= reached <= sent <= after
+    assert pairs == sorted(pairs)

@@ -106,6 +106,58 @@ static double now_s(void) {
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
+/* --- synchronize marks ------------------------------------------------------------------
+ * HIPR_PROXY_MARKS=FILE, for benchmarks/proxy/stages.py: for each synchronize sent fused
+ * with its launches, when the call reached the core and when its request went to the
+ * socket (CLOCK_MONOTONIC ns, the clock of Python's perf_counter_ns), written to FILE as
+ * "reached sent" lines when the process ends. Off, a synchronize pays one load. */
+#define MARKS_MAX 65536
+static struct {
+    int on;
+    char path[512];
+    size_t count;
+    uint64_t (*at)[2];
+} M;
+
+static uint64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+/* Under `lock`, once per connection. */
+static void marks_init(void) {
+    const char *path = getenv("HIPR_PROXY_MARKS");
+    if (M.at || !path || !*path || strlen(path) >= sizeof M.path) return;
+    M.at = calloc(MARKS_MAX, sizeof *M.at);
+    if (!M.at) return;
+    snprintf(M.path, sizeof M.path, "%s", path);
+    M.on = 1;
+}
+
+/* Under `lock`: a fused synchronize that reached the core at `reached` goes out now. */
+static void marks_note(uint64_t reached) {
+    if (!M.on || !reached || M.count >= MARKS_MAX) return;
+    M.at[M.count][0] = reached;
+    M.at[M.count][1] = now_ns();
+    M.count++;
+}
+
+/* Under `lock`, as the process ends. */
+static void marks_write(void) {
+    if (!M.at) return;
+    FILE *f = fopen(M.path, "w");
+    if (f) {
+        for (size_t i = 0; i < M.count; i++)
+            fprintf(f, "%llu %llu\n", (unsigned long long)M.at[i][0],
+                    (unsigned long long)M.at[i][1]);
+        fclose(f);
+    }
+    free(M.at);
+    M.at = NULL;
+    M.on = 0;
+}
+
 void hipr_warn_once(const char *what, int *flag) {
     if (__atomic_exchange_n(flag, 1, __ATOMIC_RELAXED)) return;
     fprintf(stderr, "hipr proxy: %s\n", what);
@@ -925,6 +977,7 @@ static int connect_locked(void) {
         forecast_on = S.spin_s > 0 && !(f && strcmp(f, "0") == 0);
         forecast_nap_only = f && strcmp(f, "nap") == 0;
     }
+    marks_init();
     S.reconnect_s = env_number("HIPR_RECONNECT_TIMEOUT", 60.0);
     S.reconnect_attempts = S.reconnect_s > 0 ? (int)env_number("HIPR_RECONNECT_ATTEMPTS", 10) : 0;
     if (!S.wire_ready) {
@@ -1010,6 +1063,7 @@ unsigned hipr_resumes(void) {
 
 int hipr_call(int device, uint16_t opcode, hipr_map *args, const void *bulk, size_t bulk_len,
               void *sink, size_t sink_size, hipr_reply *r) {
+    uint64_t reached = M.on && opcode == OP_DEVICE_SYNCHRONIZE ? now_ns() : 0;
     memset(r, 0, sizeof *r);
     uint8_t *cbor;
     size_t len;
@@ -1029,7 +1083,10 @@ int hipr_call(int device, uint16_t opcode, hipr_map *args, const void *bulk, siz
              * of two. The worker replies after the wait, as DEVICE_SYNCHRONIZE does. */
             uint32_t id;
             rc = put_batch_as(1, &id);
-            if (rc == HIPR_SUCCESS) rc = exchange(id, NULL, NULL, 0, r);
+            if (rc == HIPR_SUCCESS) {
+                marks_note(reached);
+                rc = exchange(id, NULL, NULL, 0, r);
+            }
         } else
             rc = call_locked(opcode, 0, cbor, len, bulk, bulk_len, sink, sink_size, r);
         if (rc == HIPR_SUCCESS) forecast_record(opcode, now_s() - started);
@@ -1229,5 +1286,6 @@ __attribute__((destructor)) static void hipr_client_fini(void) {
         S.fail_code = HIPR_UNKNOWN;
     }
     if (S.wire_ready) hipr_wire_free(&S.wire);
+    marks_write();
     pthread_mutex_unlock(&lock);
 }
