@@ -10,8 +10,9 @@ A worker of ``--backend`` on a unix socket (``torch_compare.worker_process``). T
 1. the PyTorch client (``x.add_(1); torch.cuda.synchronize()`` in a loop) under
    ``HIPR_PROXY_TRACE=1``: every driver entry point the CUDA runtime reached through
    ``cuGetProcAddress`` during ``--rounds`` rounds, after a warm-up, and how often;
-2. the same client for ``--seconds`` under ``py-spy record --native``: the functions its
-   main thread's samples end in, and the ones they pass through, by share of samples.
+2. the same client for ``--seconds`` under ``py-spy record --native`` (without
+   ``--native`` where its unwinding fails): the functions the samples end in, and the
+   ones they pass through, by share of samples.
 
 Needs py-spy on the path for 2. A profile: it reports, it asserts nothing.
 """
@@ -74,11 +75,17 @@ def sampled(env: dict[str, str], seconds: float, top: int) -> None:
         try:
             assert client.stdout is not None
             client.stdout.readline()  # "looping": past the start and the warm-up
-            subprocess.run(
-                ["py-spy", "record", "--native", "-r", "2000", "-d", str(seconds),
-                 "-p", str(client.pid), "-f", "raw", "-o", str(raw)],
-                check=True, capture_output=True, timeout=seconds + 120,
-            )  # fmt: skip
+            for native in (["--native"], []):  # py-spy's native unwinding can fail
+                spy = subprocess.run(
+                    ["py-spy", "record", *native, "-r", "2000", "-d", str(seconds),
+                     "-p", str(client.pid), "-f", "raw", "-o", str(raw)],
+                    capture_output=True, text=True, timeout=seconds + 120,
+                )  # fmt: skip
+                if spy.returncode == 0:
+                    break
+                print(f"py-spy record {' '.join(native)} failed: {spy.stderr.strip()[-300:]}")
+            else:
+                return
         finally:
             client.kill()
             client.wait()
@@ -95,7 +102,7 @@ def sampled(env: dict[str, str], seconds: float, top: int) -> None:
             leaves[frames[-1]] += n
             for frame in set(frames):
                 through[frame] += n
-    print(f"\npy-spy --native, {total} samples of the client over {seconds:g} s")
+    print(f"\npy-spy, {total} samples of the client over {seconds:g} s")
     print("  samples ending in:")
     for frame, n in leaves.most_common(top):
         print(f"  {100 * n / total:5.1f} %  {frame[:150]}")
