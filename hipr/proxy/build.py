@@ -30,6 +30,7 @@ CORE_SOURCES = (
     "transport.c",
     "client.c",
     "launch_extra.c",
+    "launch_cbor.c",
     "module_send.c",
     "file_bytes.c",
     "graph_wire.c",

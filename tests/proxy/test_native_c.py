@@ -93,6 +93,26 @@ def test_decoder_fuzz_under_sanitizers(proxy_libs: None, tmp_path: Path) -> None
         assert result.stdout.startswith("ok") and all(n > 0 for n in counts), result.stdout
 
 
+def test_launch_maps_written_directly_match_libcbor(proxy_libs: None, tmp_path: Path) -> None:
+    """The launch requests' CBOR written straight into a buffer (launch_cbor.c) decodes
+    to the map libcbor builds, for configurations of every width, one launch or many;
+    a room too small is refused without a byte written past it."""
+    harness = tmp_path / "launch_cbor_check"
+    cc(
+        [
+            *SANITIZED_FLAGS, f"-I{NATIVE}", str(C_DIR / "launch_cbor_check.c"),
+            str(NATIVE / "launch_cbor.c"), str(NATIVE / "cborx.c"), "-lcbor", "-o", str(harness),
+        ]
+    )  # fmt: skip
+    env = dict(os.environ, **SANITIZER_ENV)
+    for seed in ("1", "977"):
+        result = subprocess.run(
+            [str(harness), "1500", seed], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert_sanitizer_clean(result)
+        assert result.stdout.strip() == "ok", result.stderr
+
+
 def test_pointer_set_agrees_with_a_plain_array(tmp_path: Path) -> None:
     """The set behind the CUDA front's per-launch handle checks (ptr_set.c)."""
     harness = tmp_path / "ptr_set_check"

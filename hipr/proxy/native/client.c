@@ -13,6 +13,7 @@
  * caller's buffer is there to send again until the worker has it. */
 #define _GNU_SOURCE
 #include "client.h"
+#include "launch_cbor.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -541,37 +542,17 @@ static int put_batch(void) { return put_batch_as(0, NULL); }
 /* put_batch; with `synchronize` (protocol 1.3) the frame also stands for the
  * DEVICE_SYNCHRONIZE after the launches: it asks for a reply, whose id goes to `id_out`. */
 static int put_batch_as(int synchronize, uint32_t *id_out) {
+    /* Under `lock`, as B is. */
+    static uint8_t map[HIPR_LAUNCH_CBOR_ROOM(BATCH_BYTES, BATCH_MAX)];
     int count = B.count;
     B.count = 0; /* put_request below must not come back here */
-    const hipr_launch_config *c = &B.config;
-    hipr_map m;
-    hipr_map_init(&m, 8);
-    hipr_map_launch_config(&m, c);
-    if (count == 1) {
-        hipr_map_bytes(&m, "args", B.data, B.used);
-    } else {
-        cbor_item_t *list = cbor_new_definite_array((size_t)count);
-        size_t off = 0;
-        for (int i = 0; list && i < count; i++) {
-            cbor_item_t *b = cbor_build_bytestring(B.data + off, B.lens[i]);
-            if (!b || !cbor_array_push(list, b)) m.failed = 1;
-            if (b) cbor_decref(&b);
-            off += B.lens[i];
-        }
-        if (!list) m.failed = 1;
-        else hipr_map_item(&m, "args", list);
-    }
-    if (synchronize) hipr_map_item(&m, "synchronize", cbor_build_bool(true));
+    size_t len = hipr_launch_cbor(map, sizeof map, &B.config, B.data, B.lens, (size_t)count,
+                                  synchronize);
     B.used = 0;
-    uint8_t *cbor;
-    size_t len;
-    int rc = hipr_map_encode(&m, &cbor, &len) == 0 ? HIPR_SUCCESS : HIPR_OUT_OF_MEMORY;
-    hipr_map_free(&m);
-    if (rc) return rc;
+    if (!len) return HIPR_INVALID_VALUE; /* no launch queued: a caller's bug */
     uint32_t id = hipr_wire_take_id(&S.wire);
-    rc = put_request(count == 1 ? OP_LAUNCH_KERNEL : OP_LAUNCH_KERNELS, id,
-                     synchronize ? 0 : HIPR_F_NO_REPLY, cbor, len, NULL, 0);
-    free(cbor);
+    int rc = put_request(count == 1 ? OP_LAUNCH_KERNEL : OP_LAUNCH_KERNELS, id,
+                         synchronize ? 0 : HIPR_F_NO_REPLY, map, len, NULL, 0);
     if (id_out) *id_out = id;
     return rc;
 }
@@ -1013,16 +994,20 @@ static int connect_locked(void) {
     return HIPR_SUCCESS;
 }
 
+/* This process's id, kept by the constructor and the fork handler: getpid() is a system
+ * call (glibc caches it no more), and ready_locked runs on every call. */
+static pid_t self_pid;
+
 /* With the lock held: the session, connected on first use (and anew in a forked child). */
 static int ready_locked(void) {
-    if (S.owner != getpid()) {
+    if (S.owner != self_pid) {
         /* A forked child: the parent's link and session belong to the parent. Its
          * handles are not valid here; the child opens its own session. */
         hipr_link_forget(S.link);
         S.link = NULL;
         S.state = S_IDLE;
         S.keeper_running = 0;
-        S.owner = getpid();
+        S.owner = self_pid;
         B.count = 0; /* the parent's launches */
         B.used = 0;
         if (S.wire_ready) hipr_wire_reset(&S.wire);
@@ -1257,6 +1242,7 @@ static void after_fork_parent(void) {
 static void after_fork_child(void) {
     /* The child gets its own session on its first call (ready_locked): handles of the
      * parent's session are not valid there. */
+    self_pid = getpid();
     hipr_transport_after_fork_child();
     pthread_mutex_unlock(&lock);
     for (int i = n_guards - 1; i >= 0; i--) {
@@ -1267,7 +1253,7 @@ static void after_fork_child(void) {
 
 /* Before the fronts' constructors (which register their locks here). */
 __attribute__((constructor(101))) static void hipr_client_init(void) {
-    S.owner = getpid();
+    S.owner = self_pid = getpid();
     srand((unsigned)getpid() ^ (unsigned)time(NULL));
     pthread_atfork(before_fork, after_fork_parent, after_fork_child);
 }
