@@ -6,7 +6,7 @@ on two separate runs.
 
     python -m benchmarks.proxy.tiny_ab [--rounds 8] [--worker LABEL[:VAR=VALUE,...][@CPUS]]...
         [--client-cpus CPUS] [--tree LABEL=DIR] [--op tiny|each|item]
-        [--copies-first LABEL [--copies-mib 256]]
+        [--copies-first LABEL [--copies-mib 256]] [--lib LABEL=DIR]
 
 Default workers: ``native`` (the native launch-and-wait) and
 ``python:HIPR_NATIVE_LAUNCH=0`` (the same tree's Python path). Each round runs
@@ -19,7 +19,9 @@ compares the time of each of 1,000 ``add_`` then a synchronize instead, ``--op i
 that of ``t.item()``. ``--copies-first LABEL`` has that worker serve a PyTorch program's
 copies of ``--copies-mib`` MiB (pageable and pinned, each way) just before each of its rounds (as
 ``torch_compare`` runs its copies on the worker before the tiny op is timed), so a
-worker fresh from large copies is compared with one that made none."""
+worker fresh from large copies is compared with one that made none. ``--lib LABEL=DIR``
+runs that label's PyTorch clients through the proxy libraries in DIR (``hipr proxy build
+--out DIR`` of another tree) instead of this tree's: a change of the proxy compared."""
 
 from __future__ import annotations
 
@@ -60,12 +62,14 @@ def main(argv: list[str] | None = None) -> int:
         help="this worker serves large copies before each of its rounds",
     )  # fmt: skip
     parser.add_argument("--copies-mib", type=int, default=256)
+    parser.add_argument("--lib", action="append", default=[], metavar="LABEL=DIR")
     parser.add_argument(
         "--op", choices=sorted(_OPS), default="tiny", help="the PyTorch figure compared"
     )
     args = parser.parse_args(argv)
     only, key, what = _OPS[args.op]
     specs = [_parse(w) for w in (args.worker or ["native", "python:HIPR_NATIVE_LAUNCH=0"])]
+    libs = {label: Path(d).resolve() for label, _, d in (t.partition("=") for t in args.lib)}
     lib = proxy_dir()
     seen: dict[str, list[float]] = {label: [] for label, _, _ in specs}
     python = args.python
@@ -83,12 +87,13 @@ def main(argv: list[str] | None = None) -> int:
             for label, _, _ in order:
                 if label in args.copies_first:
                     copies = run_torch(
-                        python, proxied_env(urls[label], lib), args.copies_mib,
+                        python, proxied_env(urls[label], libs.get(label, lib)), args.copies_mib,
                         "h2d,d2h", client,
                     )  # fmt: skip
                     if num(copies.get("h2d_pageable_GBps")) is None:
                         print(f"round {round_}: {label}: copies {copies}", flush=True)
-                result = run_torch(python, proxied_env(urls[label], lib), 0, only, client)
+                env = proxied_env(urls[label], libs.get(label, lib))
+                result = run_torch(python, env, 0, only, client)
                 value = num(result.get(key))
                 if value is None:
                     print(f"round {round_}: {label}: {result}", flush=True)
