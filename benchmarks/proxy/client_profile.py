@@ -3,11 +3,12 @@ the CUDA proxy: the driver calls one round makes, and py-spy's native samples of
 client's main thread.
 
     python -m benchmarks.proxy.client_profile [--backend cuda] [--rounds 5]
-        [--seconds 3] [--top 30]
+        [--seconds 3] [--top 30] [--op tiny|item]
 
 A worker of ``--backend`` on a unix socket (``torch_compare.worker_process``). Then:
 
-1. the PyTorch client (``x.add_(1); torch.cuda.synchronize()`` in a loop) under
+1. the PyTorch client (``t.add_(1); torch.cuda.synchronize()`` in a loop, or
+   ``t.item()`` with ``--op item``) under
    ``HIPR_PROXY_TRACE=1``: every driver entry point the CUDA runtime reached through
    ``cuGetProcAddress`` during ``--rounds`` rounds, after a warm-up, and how often;
 2. the same client for ``--seconds`` under ``py-spy record --native`` (without
@@ -28,27 +29,30 @@ from pathlib import Path
 
 from benchmarks.proxy.torch_compare import proxied_env, proxy_dir, worker_process
 
+#: ``--op``: one round of the client's loop.
+OPS = {"tiny": "t.add_(1); sync()", "item": "t.item()"}
+
 CLIENT = r"""
 import os, sys, time, torch
 t = torch.zeros(1, device="cuda")
 sync = torch.cuda.synchronize
 for _ in range(300):
-    t.add_(1); sync()
+    {step}
 os.write(2, b"=== rounds begin\n")
 for _ in range(int(sys.argv[1])):
-    t.add_(1); sync()
+    {step}
 os.write(2, b"=== rounds end\n")
 end = time.monotonic() + float(sys.argv[2])
 print("looping", flush=True)
 while time.monotonic() < end:
-    t.add_(1); sync()
+    {step}
 """
 
 
-def traced_calls(env: dict[str, str], rounds: int) -> collections.Counter[str]:
+def traced_calls(client: str, env: dict[str, str], rounds: int) -> collections.Counter[str]:
     """The driver calls the client's ``rounds`` timed rounds made, by name."""
     out = subprocess.run(
-        [sys.executable, "-c", CLIENT, str(rounds), "0"],
+        [sys.executable, "-c", client, str(rounds), "0"],
         env=dict(env, HIPR_PROXY_TRACE="1"), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     lines = out.stderr.splitlines()
@@ -64,12 +68,12 @@ def traced_calls(env: dict[str, str], rounds: int) -> collections.Counter[str]:
     return calls
 
 
-def sampled(env: dict[str, str], seconds: float, top: int) -> None:
+def sampled(client_source: str, env: dict[str, str], seconds: float, top: int) -> None:
     """py-spy's native samples of the looping client's main thread."""
     with tempfile.TemporaryDirectory(prefix="hipr-cp-") as tmp:
         raw = Path(tmp) / "client.txt"
         client = subprocess.Popen(
-            [sys.executable, "-c", CLIENT, "0", str(seconds + 10)],
+            [sys.executable, "-c", client_source, "0", str(seconds + 10)],
             env=env, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         try:
@@ -77,7 +81,7 @@ def sampled(env: dict[str, str], seconds: float, top: int) -> None:
             client.stdout.readline()  # "looping": past the start and the warm-up
             for native in (["--native"], []):  # py-spy's native unwinding can fail
                 spy = subprocess.run(
-                    ["py-spy", "record", *native, "-r", "2000", "-d", str(seconds),
+                    ["py-spy", "record", *native, "-r", "2000", "-d", str(max(1, round(seconds))),
                      "-p", str(client.pid), "-f", "raw", "-o", str(raw)],
                     capture_output=True, text=True, timeout=seconds + 120,
                 )  # fmt: skip
@@ -118,15 +122,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--op", choices=sorted(OPS), default="tiny")
     args = parser.parse_args(argv)
+    client = CLIENT.format(step=OPS[args.op])
     with worker_process(args.backend) as (url, _):
         env = proxied_env(url, proxy_dir())
-        calls = traced_calls(env, args.rounds)
-        print(f"driver calls over {args.rounds} rounds of add_ + synchronize:")
+        calls = traced_calls(client, env, args.rounds)
+        print(f"driver calls over {args.rounds} rounds of {OPS[args.op]}:")
         for name, n in calls.most_common():
             print(f"  {n / args.rounds:6.1f} a round  {name}")
         if args.seconds > 0:
-            sampled(env, args.seconds, args.top)
+            sampled(client, env, args.seconds, args.top)
     return 0
 
 

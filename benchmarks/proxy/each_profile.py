@@ -1,11 +1,14 @@
 """Where the worker's time goes while PyTorch runs 1,000 ``add_`` then a synchronize
-through the CUDA proxy: each worker thread's CPU over the run, and py-spy's samples of
-the worker, per thread (the functions seen most, and where the samples ended).
+(or 1,000 ``t.item()``) through the CUDA proxy: each worker thread's CPU over the run,
+and py-spy's samples of the worker, per thread (the functions seen most, and where the
+samples ended).
 
     python -m benchmarks.proxy.each_profile [--backend cuda] [--seconds 5] [--top 40]
+        [--op each|item]
 
 A worker of ``--backend`` on a unix socket (``torch_compare.worker_process``); the
-PyTorch client loops over rounds of 1,000 ``add_`` + synchronize for ``--seconds``
+PyTorch client loops over rounds of 1,000 ``add_`` + synchronize (``--op item``: 1,000
+``item()``) for ``--seconds``
 while ``py-spy record --threads`` samples the worker, then once more without py-spy.
 Needs py-spy on the path. A profile: it reports, it asserts nothing.
 """
@@ -23,20 +26,27 @@ from pathlib import Path
 
 from benchmarks.proxy.torch_compare import proxied_env, proxy_dir, worker_process
 
+#: The client's loop: ``--op each`` 1,000 ``add_`` then a synchronize a round, ``--op
+#: item`` 1,000 ``t.item()`` (a 4-byte copy back and its wait each) a round.
+OPS = {
+    "each": ("for _ in range(1000): t.add_(1)\n    sync()", "add_"),
+    "item": ("for _ in range(1000): t.item()", "item()"),
+}
+
 CLIENT = r"""
 import sys, time, torch
 t = torch.zeros(1, device="cuda")
 sync = torch.cuda.synchronize
+def one_round():
+    {round}
 for _ in range(3):
-    for _ in range(1000): t.add_(1)
-    sync()
+    one_round()
 end = time.perf_counter() + float(sys.argv[1])
 rounds, start = 0, time.perf_counter()
 while time.perf_counter() < end:
-    for _ in range(1000): t.add_(1)
-    sync(); rounds += 1
-print(f"each of 1,000 add_: {(time.perf_counter() - start) / rounds / 1000 * 1e6:.2f} us"
-      f" over {rounds} rounds", flush=True)
+    one_round(); rounds += 1
+print(f"each of 1,000 {what}: {{(time.perf_counter() - start) / rounds / 1000 * 1e6:.2f}} us"
+      f" over {{rounds}} rounds", flush=True)
 """
 
 
@@ -82,11 +92,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--python", default=sys.executable, help="the Python with PyTorch")
+    parser.add_argument("--op", choices=sorted(OPS), default="each")
     args = parser.parse_args(argv)
+    body, what = OPS[args.op]
+    client = CLIENT.format(round=body, what=what)
     with tempfile.TemporaryDirectory() as folder, worker_process(args.backend) as (url, pid):
         raw = Path(folder) / "spy.txt"
         env = proxied_env(url, proxy_dir())
-        subprocess.run([args.python, "-c", CLIENT, "2"], env=env, check=True)  # warm-up
+        subprocess.run([args.python, "-c", client, "2"], env=env, check=True)  # warm-up
         before = cpu_by_thread(pid)
         spy = subprocess.Popen(
             ["py-spy", "record", "-p", str(pid), "-r", "2000", "-f", "raw", "--threads",
@@ -94,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         time.sleep(0.5)
-        subprocess.run([args.python, "-c", CLIENT, str(args.seconds)], env=env, check=True)
+        subprocess.run([args.python, "-c", client, str(args.seconds)], env=env, check=True)
         after = cpu_by_thread(pid)
         spy.wait()
         for key, spent in after.items():
@@ -102,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             if used > 0.01:
                 print(f"worker thread {key[1]} ({key[0]}): {used:.2f} s of CPU in the run")
         print("without py-spy:", flush=True)
-        subprocess.run([args.python, "-c", CLIENT, str(args.seconds)], env=env, check=True)
+        subprocess.run([args.python, "-c", client, str(args.seconds)], env=env, check=True)
         if raw.exists():
             summarise(raw, args.top)
     return 0
