@@ -10,6 +10,8 @@ device synchronize, each round one fused request (protocol 1.3's LAUNCH_KERNEL w
 ``synchronize``):
 
 - ``torch``: ``x.add_(1)`` on a one-element tensor, then ``torch.cuda.synchronize()``;
+- ``torch_item``: ``x.item()`` (a 4-byte copy back, no launch: no round matches the
+  stages above; for ``--profile``);
 - ``cupy``: a one-thread ``RawKernel``, then ``cupy.cuda.Device().synchronize()``;
 - ``hip``: the same one-thread kernel through hip-python (``hipModuleLaunchKernel``,
   ``hipDeviceSynchronize``), where hip-python is installed;
@@ -80,6 +82,13 @@ import torch
 x = torch.ones(1, device="cuda")
 timed(lambda: x.add_(1), torch.cuda.synchronize, int(sys.argv[1]))
 """,
+    # A copy back, not a launch: no round matches the launch's stages; for --profile.
+    "torch_item": _TIMING
+    + """
+import torch
+x = torch.ones(1, device="cuda")
+timed(x.item, lambda: None, int(sys.argv[1]))
+""",
     "cupy": _TIMING
     + """
 import cupy as cp
@@ -138,12 +147,12 @@ def _round_stages(
     when its request was sent), where given, split that again."""
     reached = [r for r, _ in proxy]
     sent_at = dict(proxy)
-    starts = sorted(marks["starts"][::2])
+    starts = sorted(marks.get("starts", [])[::2])
     calls = marks.get("launch_calls", [])
     call_starts, call_ends = calls[::2], calls[1::2]
-    seen = sorted(marks.get("polled", []) + marks["waited"])
-    recvs = sorted(marks["recv"])
-    send0, send1 = marks["send0"], marks["send1"]
+    seen = sorted(marks.get("polled", []) + marks.get("waited", []))
+    recvs = sorted(marks.get("recv", []))
+    send0, send1 = marks.get("send0", []), marks.get("send1", [])
     kept: list[tuple[int, int]] = []
     names = PROXY_ROUND_STAGES if proxy else ROUND_STAGES
     points: list[list[int]] = [[] for _ in range(len(names) - 2)]
