@@ -113,9 +113,10 @@ class BusyPoll:
     def _turn(self) -> None:
         """One pass of the spin under asyncio: a callback that schedules itself again
         until the window closes or a GPU thread needs the interpreter. The loop polls
-        its sockets without sleeping between two passes; a pass costs uvloop 1.8 µs
-        against a task's checkpoint's 4.2 µs on the 2-core test machine, so a request
-        that arrives mid-pass waits half as long to be read."""
+        its sockets without sleeping between two passes; a pass costs uvloop ~1.0 µs
+        against 2.4-3.1 µs for a task's checkpoint on the 2-core test machine
+        (``benchmarks/spin_pass.py``), so a request that arrives mid-pass is read
+        sooner."""
         again = False
         try:
             again = time.perf_counter() < self._until and not self._gpu_threads_busy()
