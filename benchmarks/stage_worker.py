@@ -46,6 +46,9 @@ def serve(dump: str, worker_argv: list[str]) -> int:
     #: Each inline backend ``launch`` call, as (start, end) pairs flattened: the runtime's
     #: own part of "launch starts -> launch issued".
     launch_calls: list[int] = []
+    #: Each quick copy back tried on the loop (``memcpy_dtoh_if_quick``: the copy queued
+    #: and its stream polled), as (start, end) pairs flattened.
+    copy_calls: list[int] = []
     sends: list[tuple[int, int]] = []
     now = time.perf_counter_ns
 
@@ -155,13 +158,13 @@ def serve(dump: str, worker_argv: list[str]) -> int:
         name = getattr(fn, "__name__", "")
         if name == "launch_waited":
             return _timed_launch_waited(self, fn, args)
-        if name != "launch":
+        if name not in ("launch", "memcpy_dtoh_if_quick"):
             return run_here(self, fn, *args)
         started = now()
         try:
             return run_here(self, fn, *args)
         finally:
-            launch_calls.extend((started, now()))
+            (launch_calls if name == "launch" else copy_calls).extend((started, now()))
 
     def _timed_launch_waited(self: Any, fn: Any, args: tuple[Any, ...]) -> Any:
         """The native launch-and-wait: one call, split into the launch and the poll by the
@@ -215,6 +218,7 @@ def serve(dump: str, worker_argv: list[str]) -> int:
         marks["waited"] = list(waited)
         marks["polled"] = list(polled)
         marks["launch_calls"] = list(launch_calls)
+        marks["copy_calls"] = list(copy_calls)
         Path(dump).write_text(json.dumps(marks))
 
     signal.signal(signal.SIGUSR1, write)

@@ -10,8 +10,8 @@ device synchronize, each round one fused request (protocol 1.3's LAUNCH_KERNEL w
 ``synchronize``):
 
 - ``torch``: ``x.add_(1)`` on a one-element tensor, then ``torch.cuda.synchronize()``;
-- ``torch_item``: ``x.item()`` (a 4-byte copy back, no launch: no round matches the
-  stages above; for ``--profile``);
+- ``torch_item``: ``x.item()``, a 4-byte copy back, stage by stage as its own
+  (``ITEM_STAGES``: the quick copy on the loop in place of the launch);
 - ``cupy``: a one-thread ``RawKernel``, then ``cupy.cuda.Device().synchronize()``;
 - ``hip``: the same one-thread kernel through hip-python (``hipModuleLaunchKernel``,
   ``hipDeviceSynchronize``), where hip-python is installed;
@@ -63,6 +63,19 @@ PROXY_ROUND_STAGES = (
     *ROUND_STAGES[2:],
 )
 
+#: A copy back's stages (the ``torch_item`` client: ``x.item()``, one MEMCPY_DTOH a round,
+#: answered in the I/O callback by the quick copy on the loop).
+ITEM_STAGES = (
+    "client call -> worker data_received",
+    "data_received -> request starts",
+    "request starts -> quick copy called",
+    "quick copy (queued, polled, copied out)",
+    "copy returned -> reply send starts",
+    "reply send",
+    "reply sent -> client round ends",
+    "total",
+)
+
 _TIMING = """
 import json, os, sys, time
 def timed(step, sync, count):
@@ -82,7 +95,7 @@ import torch
 x = torch.ones(1, device="cuda")
 timed(lambda: x.add_(1), torch.cuda.synchronize, int(sys.argv[1]))
 """,
-    # A copy back, not a launch: no round matches the launch's stages; for --profile.
+    # A copy back, not a launch: its own stages (ITEM_STAGES).
     "torch_item": _TIMING
     + """
 import torch
@@ -186,6 +199,36 @@ def _round_stages(
     return _spans(names, kept, points) if kept else {}
 
 
+def _item_stages(
+    client: Sequence[tuple[int, int, int]], marks: dict[str, list[int]]
+) -> dict[str, list[int]]:
+    """Per-stage durations (ns) of each ``torch_item`` round (:data:`ITEM_STAGES`) whose
+    marks are all found inside its own window; rounds missing a point are left out."""
+    recvs = sorted(marks.get("recv", []))
+    starts = sorted(marks.get("starts", [])[::2])
+    copies = marks.get("copy_calls", [])
+    copy_starts, copy_ends = copies[::2], copies[1::2]
+    send0, send1 = marks.get("send0", []), marks.get("send1", [])
+    kept: list[tuple[int, int]] = []
+    points: list[list[int]] = [[] for _ in range(len(ITEM_STAGES) - 2)]
+    for begun, _, finished in client:
+        arrived = _first_between(recvs, begun, finished)
+        started = _first_between(starts, arrived, finished) if arrived is not None else None
+        copy = _first_between(copy_starts, started, finished) if started is not None else None
+        if arrived is None or started is None or copy is None:
+            continue
+        copied = copy_ends[copy_starts.index(copy)]
+        sent = _first_between(send0, copied, finished)
+        if sent is None:
+            continue
+        kept.append((begun, finished))
+        for series, value in zip(
+            points, (arrived, started, copy, copied, sent, send1[send0.index(sent)]), strict=True
+        ):
+            series.append(value)
+    return _spans(ITEM_STAGES, kept, points) if kept else {}
+
+
 def _run_client(
     name: str, url: str, count: int, out_path: Path
 ) -> tuple[list[tuple[int, int, int]], list[tuple[int, int]]]:
@@ -221,13 +264,17 @@ def measure(backend: str, count: int, clients: Sequence[str], profile_top: int) 
             except (subprocess.SubprocessError, OSError) as error:
                 print(f"{name}: did not run ({error})")
                 continue
-            stages = _round_stages(client, worker.marks(), proxy)
+            if name == "torch_item":
+                stages = _item_stages(client, worker.marks())
+            else:
+                stages = _round_stages(client, worker.marks(), proxy)
             print(f"\n{backend} worker, {name} through the proxy: {len(client)} rounds")
             if not stages:
                 print("  no round matched the worker's marks")
                 continue
             print(f"  rounds matched: {len(stages['total'])} of {len(client)}")
-            _print(f"  stages of one tiny op + synchronize ({name})", stages, print)
+            what = "item()" if name == "torch_item" else "tiny op + synchronize"
+            _print(f"  stages of one {what} ({name})", stages, print)
         if profile_top and clients:
             first = clients[0]
 
