@@ -18,6 +18,7 @@ import anyio
 import numpy as np
 
 from hipr.errors import HipError, invalid_value
+from hipr.handlers.args import Args
 from hipr.handlers.context import Reply, Request, admit_each, post_ordered, run_batch, run_ordered
 from hipr.handlers.registry import LATER, answers_now, handler
 from hipr.protocol import messages as m
@@ -49,7 +50,7 @@ QUICK_DTOH_SPIN = 30e-6
 
 
 def _copied_back_quickly(
-    session: Session, request: Request, out: memoryview, src: int, stream: Any
+    session: Session, request_id: int, out: memoryview, src: int, stream: Any
 ) -> bool:
     """True when ``out`` was filled right here on the loop: a small copy whose stream's
     work ended within :data:`QUICK_DTOH_SPIN` (PyTorch's ``item()`` after a tiny
@@ -61,12 +62,12 @@ def _copied_back_quickly(
     if (
         quick is None
         or out.nbytes > getattr(session.backend, "quick_dtoh_bytes", 0)
-        or session.copy_back_polled == request.request_id
+        or session.copy_back_polled == request_id
     ):
         return False
     ran, done = session.try_here(quick, out, src, stream, QUICK_DTOH_SPIN)
     if ran and not done:
-        session.copy_back_polled = request.request_id
+        session.copy_back_polled = request_id
     return ran and bool(done)
 
 
@@ -229,7 +230,7 @@ async def memcpy_dtoh(session: Session, request: Request) -> Any:
     session.observer.bytes_copied(session.tenant, "dtoh", size)
     if size <= DTOH_CHUNK:
         out = _host_buffer(size)
-        if not _copied_back_quickly(session, request, out, src, stream):
+        if not _copied_back_quickly(session, request.request_id, out, src, stream):
             await session.gpu(session.backend.memcpy_dtoh, out, src, stream)
         return Reply({"size": size}, out)
     # Double-buffered: the GPU fills chunk k+1 while chunk k is on the wire.
@@ -252,23 +253,37 @@ async def memcpy_dtoh(session: Session, request: Request) -> Any:
     return Reply({"size": size}, pending_buffer)
 
 
+def quick_copy_back(session: Session, args: Args, request_id: int) -> memoryview | None:
+    """The bytes of MEMCPY_DTOH ``args`` (request ``request_id``) when the copy is small
+    and its stream's work ended within a short poll, copied right here on the loop
+    (:func:`_copied_back_quickly`); None where the usual copy must take the request.
+    Refuses as the handler does (HipError): a source outside the session's allocations,
+    a stream not its own. Used by the answers-now variant below and by the express path
+    (``hipr.worker.express``)."""
+    src = args.address(m.MemcpyDtoh.src)
+    size = args.size(m.MemcpyDtoh.size)
+    if size > getattr(session.backend, "quick_dtoh_bytes", 0):
+        return None
+    session.check_range(src, size, "source")
+    stream = session.stream(args.handle(m.MemcpyDtoh.stream, optional=True))
+    out = _host_buffer(size)
+    if not _copied_back_quickly(session, request_id, out, src, stream):
+        return None
+    session.observer.bytes_copied(session.tenant, "dtoh", size)
+    return out
+
+
 @answers_now(m.MemcpyDtoh)
 def memcpy_dtoh_now(session: Session, request: Request) -> Any:
     """A small copy back answered from the I/O callback when its stream's work ends
     within a short poll (PyTorch's ``item()``: four bytes after a tiny kernel); anything
     else goes to the executor, which makes the usual copy."""
-    args = request.args
-    src = args.address(m.MemcpyDtoh.src)
-    size = args.size(m.MemcpyDtoh.size)
-    if request.no_reply or size > getattr(session.backend, "quick_dtoh_bytes", 0):
+    if request.no_reply:
         return LATER
-    session.check_range(src, size, "source")
-    stream = session.stream(args.handle(m.MemcpyDtoh.stream, optional=True))
-    out = _host_buffer(size)
-    if not _copied_back_quickly(session, request, out, src, stream):
+    out = quick_copy_back(session, request.args, request.request_id)
+    if out is None:
         return LATER
-    session.observer.bytes_copied(session.tenant, "dtoh", size)
-    return Reply({"size": size}, out)
+    return Reply({"size": out.nbytes}, out)
 
 
 @handler(m.MemcpyDtod)

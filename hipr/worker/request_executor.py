@@ -113,7 +113,7 @@ class RequestExecutor:
         # Read once: a log line per request only when someone asked for debug logs.
         self._log_requests = logging.getLogger("hipr.connection").isEnabledFor(logging.DEBUG)
         #: Where the backend has the native launch-and-wait, the express path of a lone
-        #: LAUNCH_KERNEL with ``synchronize`` (``hipr.worker.express``).
+        #: LAUNCH_KERNEL with ``synchronize`` or small MEMCPY_DTOH (``hipr.worker.express``).
         self._express = (
             ExpressLaunch(self, reader.decoder)
             if getattr(session.backend, "native_launch", False)
@@ -649,10 +649,18 @@ class RequestExecutor:
             and not session.error_pending
         )
 
-    def finish_express(self, request_id: int, reply: bytes, sent: int, started: float) -> None:
-        """An express request ran and its reply is ``reply``, of which the socket took
-        ``sent`` bytes from the native call (0 or negative: none): send the rest, keep
-        it for a resend, count it, as :meth:`_settle` and :meth:`_reply_data` would."""
+    def finish_express(
+        self,
+        request_id: int,
+        reply: bytes,
+        sent: int,
+        started: float,
+        name: str = "LAUNCH_KERNEL",
+    ) -> None:
+        """An express request (an opcode's ``name``) ran and its reply is ``reply``, of
+        which the socket took ``sent`` bytes from the native call (0 or negative: none):
+        send the rest, keep it for a resend, count it, as :meth:`_settle` and
+        :meth:`_reply_data` would."""
         if sent < len(reply):  # not sent from the native call, or only in part
             push = self._reader.push
             assert push is not None
@@ -662,7 +670,7 @@ class RequestExecutor:
                 pass  # a lost link is found by the stream's own end; the reply waits below
         session = self.session
         session.replies.put(request_id, reply)
-        self._note_run(session, "LAUNCH_KERNEL", request_id, False, None, started)
+        self._note_run(session, name, request_id, False, None, started)
 
     async def _finish_answered_early(
         self, session: Session, name: str, request_id: int, data: bytes, error: HipError | None

@@ -13,7 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from hipr.errors import HipError
 from hipr.protocol import Opcode
+from hipr.worker import express
 from tests.e2e.raw import RawSession
 from tests.e2e.test_fused_launch_sync import _args, _axpy, _y
 from tests.e2e.test_fused_launch_sync_native import backend, transport_kind
@@ -86,3 +88,53 @@ async def test_a_copy_not_ended_within_the_poll_is_the_usual_copy(
     await raw_session.call(Opcode.DEVICE_SYNCHRONIZE, {})
     backend._staging.reclaim()
     assert backend._staging.outstanding == 0
+
+
+async def test_a_lone_small_copy_back_takes_the_express_path(
+    raw_session: RawSession,
+    backend: Any,
+    anyio_backend: str,
+    transport_kind: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In push mode (asyncio, a plain socket) a lone small MEMCPY_DTOH is answered by the
+    I/O callback's express path, with the handler's own copy: the same bytes, kept for a
+    resend (a resend gets them without another copy), counted as a MEMCPY_DTOH. Refused
+    requests, large copies and anything under trio or TLS take the usual path, with the
+    same errors and bytes as before."""
+    taken: list[int] = []
+    quick = express.quick_copy_back
+
+    def record(session: Any, args: Any, request_id: int) -> Any:
+        out = quick(session, args, request_id)
+        if out is not None:
+            taken.append(request_id)
+        return out
+
+    monkeypatch.setattr(express, "quick_copy_back", record)
+    y, x, function = await _axpy(raw_session)
+    assert await raw_session.call(Opcode.LAUNCH_KERNEL, _args(function, y, x)) == {}
+    await raw_session.call(Opcode.DEVICE_SYNCHRONIZE, {})
+    copies = backend._staging.outstanding
+    read = raw_session.frame(Opcode.MEMCPY_DTOH, {"src": y, "size": 64})
+    assert await raw_session.replies(read, 1) == [{"size": 64}]
+    assert (np.frombuffer(bytes(raw_session.last_bulk), np.float32) == 1.0).all()
+    push = anyio_backend == "asyncio" and transport_kind != "tls"
+    assert len(taken) == (1 if push else 0)
+    # A resend of the same request: the kept reply, not another copy.
+    assert await raw_session.replies(read, 1) == [{"size": 64}]
+    assert (np.frombuffer(bytes(raw_session.last_bulk), np.float32) == 1.0).all()
+    assert len(taken) == (1 if push else 0)
+    # A source outside the session's allocations: the handler's own refusal, as before.
+    with pytest.raises(HipError, match="source"):
+        await raw_session.call(Opcode.MEMCPY_DTOH, {"src": y + 4096, "size": 4})
+    # Larger than the loop copies: the usual copy.
+    size = backend.quick_dtoh_bytes + 4
+    big = (await raw_session.call(Opcode.MALLOC, {"size": size}))["ptr"]
+    await raw_session.call(Opcode.MEMSET, {"ptr": big, "value": 9, "size": size})
+    await raw_session.call(Opcode.MEMCPY_DTOH, {"src": big, "size": size})
+    assert bytes(raw_session.last_bulk) == b"\x09" * size
+    assert len(taken) == (1 if push else 0)
+    await raw_session.call(Opcode.DEVICE_SYNCHRONIZE, {})
+    backend._staging.reclaim()
+    assert backend._staging.outstanding == copies
