@@ -69,25 +69,31 @@ def test_hipcc_path_and_extras_under_sanitizers(
     assert result.stdout.strip() == "ok"
 
 
-def test_decoder_fuzz_under_sanitizers(proxy_libs: None, tmp_path: Path) -> None:
-    harness = tmp_path / "fuzz_wire"
+def _harness_runs(
+    tmp_path: Path, program: str, sources: tuple[str, ...], iterations: str
+) -> list[subprocess.CompletedProcess[str]]:
+    """A C harness of tests/proxy/c built with the core's ``sources`` and libcbor under
+    the sanitizers, run clean for two seeds."""
+    harness = tmp_path / program
     cc(
         [
-            *SANITIZED_FLAGS, f"-I{NATIVE}", str(C_DIR / "fuzz_wire.c"),
-            str(NATIVE / "wire.c"), str(NATIVE / "cborx.c"), "-lcbor", "-o", str(harness),
+            *SANITIZED_FLAGS, f"-I{NATIVE}", str(C_DIR / f"{program}.c"),
+            *(str(NATIVE / source) for source in sources), "-lcbor", "-o", str(harness),
         ]
     )  # fmt: skip
     env = dict(os.environ, **SANITIZER_ENV)
+    runs = []
     for seed in ("1", "977"):
         result = subprocess.run(
-            [str(harness), "6000", seed],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
+            [str(harness), iterations, seed], env=env, capture_output=True, text=True, timeout=120
         )
         assert_sanitizer_clean(result)
+        runs.append(result)
+    return runs
+
+
+def test_decoder_fuzz_under_sanitizers(proxy_libs: None, tmp_path: Path) -> None:
+    for result in _harness_runs(tmp_path, "fuzz_wire", ("wire.c", "cborx.c"), "6000"):
         counts = [int(n) for n in re.findall(r"\d+", result.stdout)]
         # Every kind of stream was exercised: frames decoded, streams refused, clean ones.
         assert result.stdout.startswith("ok") and all(n > 0 for n in counts), result.stdout
@@ -97,19 +103,9 @@ def test_launch_maps_written_directly_match_libcbor(proxy_libs: None, tmp_path: 
     """The launch requests' CBOR written straight into a buffer (launch_cbor.c) decodes
     to the map libcbor builds, for configurations of every width, one launch or many;
     a room too small is refused without a byte written past it."""
-    harness = tmp_path / "launch_cbor_check"
-    cc(
-        [
-            *SANITIZED_FLAGS, f"-I{NATIVE}", str(C_DIR / "launch_cbor_check.c"),
-            str(NATIVE / "launch_cbor.c"), str(NATIVE / "cborx.c"), "-lcbor", "-o", str(harness),
-        ]
-    )  # fmt: skip
-    env = dict(os.environ, **SANITIZER_ENV)
-    for seed in ("1", "977"):
-        result = subprocess.run(
-            [str(harness), "1500", seed], env=env, capture_output=True, text=True, timeout=120
-        )
-        assert_sanitizer_clean(result)
+    for result in _harness_runs(
+        tmp_path, "launch_cbor_check", ("launch_cbor.c", "cborx.c"), "1500"
+    ):
         assert result.stdout.strip() == "ok", result.stderr
 
 

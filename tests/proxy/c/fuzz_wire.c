@@ -14,16 +14,7 @@
 #include "cborx.h"
 #include "wire.h"
 
-static uint64_t state;
-
-static uint64_t next(void) {
-    state ^= state << 13;
-    state ^= state >> 7;
-    state ^= state << 17;
-    return state;
-}
-
-static size_t below(size_t n) { return n ? (size_t)(next() % n) : 0; }
+#include "xorshift.h"
 
 #include "check.h"
 /* A random CBOR map: a reply as the worker sends it (or an error map). */

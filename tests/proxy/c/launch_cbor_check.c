@@ -16,16 +16,7 @@
 
 #include "check.h"
 
-static uint64_t state;
-
-static uint64_t next(void) {
-    state ^= state << 13;
-    state ^= state >> 7;
-    state ^= state << 17;
-    return state;
-}
-
-static size_t below(size_t n) { return n ? (size_t)(next() % n) : 0; }
+#include "xorshift.h"
 
 /* An integer whose shortest CBOR form is any of the five. */
 static uint64_t any_width(void) {
