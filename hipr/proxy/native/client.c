@@ -133,7 +133,7 @@ static void marks_init(void) {
     M.at = calloc(MARKS_MAX, sizeof *M.at);
     if (!M.at) return;
     snprintf(M.path, sizeof M.path, "%s", path);
-    M.on = 1;
+    __atomic_store_n(&M.on, 1, __ATOMIC_RELAXED); /* read outside the lock by hipr_call */
 }
 
 /* Under `lock`: a fused synchronize that reached the core at `reached` goes out now. */
@@ -154,9 +154,9 @@ static void marks_write(void) {
                     (unsigned long long)M.at[i][1]);
         fclose(f);
     }
+    __atomic_store_n(&M.on, 0, __ATOMIC_RELAXED);
     free(M.at);
     M.at = NULL;
-    M.on = 0;
 }
 
 void hipr_warn_once(const char *what, int *flag) {
@@ -1048,7 +1048,8 @@ unsigned hipr_resumes(void) {
 
 int hipr_call(int device, uint16_t opcode, hipr_map *args, const void *bulk, size_t bulk_len,
               void *sink, size_t sink_size, hipr_reply *r) {
-    uint64_t reached = M.on && opcode == OP_DEVICE_SYNCHRONIZE ? now_ns() : 0;
+    uint64_t reached =
+        opcode == OP_DEVICE_SYNCHRONIZE && __atomic_load_n(&M.on, __ATOMIC_RELAXED) ? now_ns() : 0;
     memset(r, 0, sizeof *r);
     uint8_t *cbor;
     size_t len;
