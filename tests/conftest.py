@@ -35,18 +35,41 @@ def _temporary_directory_per_test_process() -> None:
 _temporary_directory_per_test_process()
 
 
+#: The run's lock file (``_alone_or_beside_others``): made by the controlling process of
+#: ``pytest -n`` before its test processes start, which find it in the environment.
+_LOCK = "HIPR_TEST_LOCK"
+_LOCK_KEY = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The controlling process of ``pytest -n N`` makes the run's lock file."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "numprocesses", 0):
+        return
+    descriptor, path = tempfile.mkstemp(prefix="hipr-tests-", suffix=".lock", dir="/tmp")
+    os.close(descriptor)
+    os.environ[_LOCK] = config.stash[_LOCK_KEY] = path
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The controlling process removes the lock file once every test process is done."""
+    path = config.stash.get(_LOCK_KEY, None)
+    if path is not None:
+        Path(path).unlink(missing_ok=True)
+        os.environ.pop(_LOCK, None)
+
+
 @pytest.fixture(autouse=True)
 def _alone_or_beside_others(request: pytest.FixtureRequest) -> Iterator[None]:
     """Under ``pytest -n``: a test marked ``alone`` holds the run's lock file exclusively,
     every other test holds it shared. Tests that time the worker under an attack against
     its own baseline (measured moments before, in the same test) would otherwise read
     the other test processes' load on the two cores as the attack's cost."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if not run:
+    path = os.environ.get(_LOCK) if os.environ.get("PYTEST_XDIST_WORKER") else None
+    if not path:
         yield
         return
     exclusive = request.node.get_closest_marker("alone") is not None
-    with open(f"/tmp/hipr-tests-{run}.lock", "a") as lock:
+    with open(path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         try:
             yield
