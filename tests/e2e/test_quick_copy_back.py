@@ -8,17 +8,23 @@ simulated runtimes here, on the real CUDA backend with ``HIPR_TEST_BACKEND=cuda`
 from __future__ import annotations
 
 import functools
+import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 from hipr.errors import HipError
-from hipr.protocol import Opcode
+from hipr.protocol import Flags, Opcode, encode_frame
+from hipr.transports import connect
 from hipr.worker import express
+from hipr.worker.config import WorkerConfig
+from hipr.worker.server import running_worker
 from tests.e2e.raw import RawSession
 from tests.e2e.test_fused_launch_sync import _args, _axpy, _y
 from tests.e2e.test_fused_launch_sync_native import backend, transport_kind
+from tests.tenancy.test_fused_rate import TENANTS, TOKEN
 
 pytestmark = pytest.mark.anyio
 
@@ -138,3 +144,50 @@ async def test_a_lone_small_copy_back_takes_the_express_path(
     await raw_session.call(Opcode.DEVICE_SYNCHRONIZE, {})
     backend._staging.reclaim()
     assert backend._staging.outstanding == copies
+
+
+async def test_a_small_copy_back_spends_one_request_of_the_rate(
+    backend: Any, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One at a time, each answered before the next (the express path's case): each
+    small copy back spends one of the tenant's requests, wherever it is answered; once
+    the bucket is empty the refusals name max_request_rate, and a refused request is
+    not copied."""
+    taken: list[int] = []
+    quick = express.quick_copy_back
+
+    def record(session: Any, args: Any, request_id: int) -> Any:
+        out = quick(session, args, request_id)
+        taken.append(request_id)
+        return out
+
+    monkeypatch.setattr(express, "quick_copy_back", record)
+    tenants = short_tmp / "tenants.toml"
+    tenants.write_text(TENANTS)  # 20 requests a second, a burst of 50
+    config = WorkerConfig(tenants_file=tenants, resume_grace=0.0, isolation="none")
+    async with running_worker(config, backend, [f"unix://{short_tmp}/r.sock"]) as worker:
+        session = RawSession(await connect(worker.bound_urls[0]))
+        try:
+            await session.replies(encode_frame(Opcode.HELLO, 1, Flags.NONE, {"token": TOKEN}), 1)
+            y, x, function = await _axpy(session)
+            await session.call(Opcode.LAUNCH_KERNEL, _args(function, y, x))
+            await session.call(Opcode.DEVICE_SYNCHRONIZE, {})
+            outcomes: list[str] = []
+            started = time.monotonic()
+            for _ in range(80):
+                read = session.frame(Opcode.MEMCPY_DTOH, {"src": y, "size": 4})
+                try:
+                    await session.replies(read, 1)
+                    assert bytes(session.last_bulk) == np.float32(1.0).tobytes()
+                    outcomes.append("ok")
+                except HipError as exc:
+                    assert "max_request_rate" in str(exc)
+                    outcomes.append("refused")
+            elapsed = time.monotonic() - started
+        finally:
+            await session.stream.aclose()
+    answered = outcomes.count("ok")
+    # Each copy took a request: no more were answered than the burst and what refilled.
+    assert 30 <= answered <= 50 + 20 * elapsed + 1, (answered, elapsed)
+    assert outcomes[:30] == ["ok"] * 30 and "refused" in outcomes[-20:], outcomes
+    assert len(taken) <= answered  # the express path never copied for a refused request
