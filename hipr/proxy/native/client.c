@@ -118,6 +118,7 @@ static struct {
     char path[512];
     size_t count;
     uint64_t (*at)[2];
+    int forked;
 } M;
 
 static uint64_t now_ns(void) {
@@ -129,7 +130,7 @@ static uint64_t now_ns(void) {
 /* Under `lock`, once per connection. */
 static void marks_init(void) {
     const char *path = getenv("HIPR_PROXY_MARKS");
-    if (M.at || !path || !*path || strlen(path) >= sizeof M.path) return;
+    if (M.at || M.forked || !path || !*path || strlen(path) >= sizeof M.path) return;
     M.at = calloc(MARKS_MAX, sizeof *M.at);
     if (!M.at) return;
     snprintf(M.path, sizeof M.path, "%s", path);
@@ -144,6 +145,16 @@ static void marks_note(uint64_t reached) {
     M.count++;
 }
 
+/* The marks let go: once written, and in a forked child, which never marks (the file
+ * is the parent's: a DataLoader worker ending would overwrite it). */
+static void marks_forget(int forked) {
+    __atomic_store_n(&M.on, 0, __ATOMIC_RELAXED);
+    free(M.at);
+    M.at = NULL;
+    M.count = 0;
+    if (forked) M.forked = 1;
+}
+
 /* Under `lock`, as the process ends. */
 static void marks_write(void) {
     if (!M.at) return;
@@ -154,9 +165,7 @@ static void marks_write(void) {
                     (unsigned long long)M.at[i][1]);
         fclose(f);
     }
-    __atomic_store_n(&M.on, 0, __ATOMIC_RELAXED);
-    free(M.at);
-    M.at = NULL;
+    marks_forget(0);
 }
 
 void hipr_warn_once(const char *what, int *flag) {
@@ -1244,6 +1253,7 @@ static void after_fork_child(void) {
     /* The child gets its own session on its first call (ready_locked): handles of the
      * parent's session are not valid there. */
     self_pid = getpid();
+    marks_forget(1);
     hipr_transport_after_fork_child();
     pthread_mutex_unlock(&lock);
     for (int i = n_guards - 1; i >= 0; i--) {

@@ -2,15 +2,22 @@
  * tests/proxy/test_cuda_sync_trips.py, which reads the round trips each traced call made
  * between the "== step" lines printed here. A synchronize with nothing asked of the device
  * since the last one is answered without the network; the null stream's synchronize is the
- * device's while no stream is non-blocking; an error keeps the next one remote. */
+ * device's while no stream is non-blocking; an error keeps the next one remote. With the
+ * argument "fork", a forked child then makes a fused launch + synchronize of its own and
+ * exits: under HIPR_PROXY_MARKS the marks file must still not exist afterwards (only the
+ * process that read the variable writes it, at its own exit). */
+#define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "cuda_proc.h"
 
 static void step(const char *name) { fprintf(stderr, "== %s\n", name); }
 
-int main(void) {
+int main(int argc, char **argv) {
     PROC(init, (unsigned), "cuInit");
     PROC(retain, (void **, int), "cuDevicePrimaryCtxRetain");
     PROC(set, (void *), "cuCtxSetCurrent");
@@ -91,6 +98,27 @@ int main(void) {
     EXPECT(memset8(gone, 1, 4096) == 0); /* fire-and-forget: its error comes later */
     EXPECT(ctx_sync() != 0);
     EXPECT(ctx_sync() == 0);
+    if (argc > 1 && strcmp(argv[1], "fork") == 0) {
+        step("fork");
+        fflush(NULL);
+        pid_t child = fork();
+        if (child == 0) {
+            /* The child's own session: the parent's handles are not valid here. */
+            CUdeviceptr b = 0;
+            CUmodule m2 = NULL;
+            CUfunction f2 = NULL;
+            int ok = alloc(&b, N * sizeof(float)) == 0 && load(&m2, "hipr:builtin") == 0 &&
+                     function(&f2, m2, "fill_f32") == 0;
+            void *p2[] = {&b, &value, &n};
+            ok = ok && launch(f2, 1, 1, 1, N, 1, 1, 0, NULL, p2, NULL) == 0 && ctx_sync() == 0;
+            exit(ok ? 0 : 3); /* exit, not _exit: the library's destructor runs */
+        }
+        int status = 0;
+        EXPECT(child > 0 && waitpid(child, &status, 0) == child);
+        EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        const char *marks = getenv("HIPR_PROXY_MARKS");
+        if (marks) EXPECT(access(marks, F_OK) != 0); /* the child wrote none */
+    }
     step("end");
     EXPECT(unload(mod) == 0 && mfree(a) == 0);
     EXPECT(release(0) == 0);
