@@ -12,7 +12,8 @@ and its fallbacks against the driver's own launch and query."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -207,32 +208,40 @@ async def test_a_launch_the_runtime_refuses_is_the_replys_error_and_not_run_agai
     assert await _y(raw_session, y) == 1.0
 
 
+@asynccontextmanager
+async def rate_limited_session(backend: Any, directory: Path) -> AsyncIterator[RawSession]:
+    """A raw session of tenant carol (``TENANTS``: 20 requests a second, a burst of 50)
+    on a worker of ``backend`` listening in ``directory``."""
+    tenants = directory / "tenants.toml"
+    tenants.write_text(TENANTS)
+    config = WorkerConfig(tenants_file=tenants, resume_grace=0.0, isolation="none")
+    async with running_worker(config, backend, [f"unix://{directory}/r.sock"]) as worker:
+        session = RawSession(await connect(worker.bound_urls[0]))
+        try:
+            await session.replies(encode_frame(Opcode.HELLO, 1, Flags.NONE, {"token": TOKEN}), 1)
+            yield session
+        finally:
+            await session.stream.aclose()
+
+
 async def test_a_fused_request_spends_the_rate_of_two_requests(
     backend: Any, short_tmp: Path
 ) -> None:
     """One at a time, each answered before the next (the express path's case): each
     fused request spends two of the tenant's requests, and once the bucket is empty the
     refusals name max_request_rate."""
-    tenants = short_tmp / "tenants.toml"
-    tenants.write_text(TENANTS)
-    config = WorkerConfig(tenants_file=tenants, resume_grace=0.0, isolation="none")
-    async with running_worker(config, backend, [f"unix://{short_tmp}/r.sock"]) as worker:
-        session = RawSession(await connect(worker.bound_urls[0]))
-        try:
-            await session.replies(encode_frame(Opcode.HELLO, 1, Flags.NONE, {"token": TOKEN}), 1)
-            y, x, function = await _axpy(session)
-            await anyio.sleep(0.1)
-            outcomes: list[str] = []
-            for _ in range(40):
-                fused = session.frame(Opcode.LAUNCH_KERNEL, _args(function, y, x, synchronize=True))
-                try:
-                    await session.replies(fused, 1)
-                    outcomes.append("ok")
-                except HipError as exc:
-                    assert "max_request_rate" in str(exc)
-                    outcomes.append("refused")
-        finally:
-            await session.stream.aclose()
+    async with rate_limited_session(backend, short_tmp) as session:
+        y, x, function = await _axpy(session)
+        await anyio.sleep(0.1)
+        outcomes: list[str] = []
+        for _ in range(40):
+            fused = session.frame(Opcode.LAUNCH_KERNEL, _args(function, y, x, synchronize=True))
+            try:
+                await session.replies(fused, 1)
+                outcomes.append("ok")
+            except HipError as exc:
+                assert "max_request_rate" in str(exc)
+                outcomes.append("refused")
     answered = outcomes.count("ok")
     assert 18 <= answered <= 30, outcomes  # ~(50 - setup) / 2, plus what refilled
     assert outcomes[-1] == "refused"

@@ -16,15 +16,12 @@ import numpy as np
 import pytest
 
 from hipr.errors import HipError
-from hipr.protocol import Flags, Opcode, encode_frame
-from hipr.transports import connect
+from hipr.handlers.memory import quick_copy_back
+from hipr.protocol import Opcode
 from hipr.worker import express
-from hipr.worker.config import WorkerConfig
-from hipr.worker.server import running_worker
 from tests.e2e.raw import RawSession
 from tests.e2e.test_fused_launch_sync import _args, _axpy, _y
-from tests.e2e.test_fused_launch_sync_native import backend, transport_kind
-from tests.tenancy.test_fused_rate import TENANTS, TOKEN
+from tests.e2e.test_fused_launch_sync_native import backend, rate_limited_session, transport_kind
 
 pytestmark = pytest.mark.anyio
 
@@ -109,7 +106,7 @@ async def test_a_lone_small_copy_back_takes_the_express_path(
     requests, large copies and anything under trio or TLS take the usual path, with the
     same errors and bytes as before."""
     taken: list[int] = []
-    quick = express.quick_copy_back
+    quick = quick_copy_back
 
     def record(session: Any, args: Any, request_id: int) -> Any:
         out = quick(session, args, request_id)
@@ -117,7 +114,7 @@ async def test_a_lone_small_copy_back_takes_the_express_path(
             taken.append(request_id)
         return out
 
-    monkeypatch.setattr(express, "quick_copy_back", record)
+    monkeypatch.setattr(express, "quick_copy_back", record)  # where the express path calls it
     y, x, function = await _axpy(raw_session)
     assert await raw_session.call(Opcode.LAUNCH_KERNEL, _args(function, y, x)) == {}
     await raw_session.call(Opcode.DEVICE_SYNCHRONIZE, {})
@@ -154,38 +151,30 @@ async def test_a_small_copy_back_spends_one_request_of_the_rate(
     the bucket is empty the refusals name max_request_rate, and a refused request is
     not copied."""
     taken: list[int] = []
-    quick = express.quick_copy_back
+    quick = quick_copy_back
 
     def record(session: Any, args: Any, request_id: int) -> Any:
         out = quick(session, args, request_id)
         taken.append(request_id)
         return out
 
-    monkeypatch.setattr(express, "quick_copy_back", record)
-    tenants = short_tmp / "tenants.toml"
-    tenants.write_text(TENANTS)  # 20 requests a second, a burst of 50
-    config = WorkerConfig(tenants_file=tenants, resume_grace=0.0, isolation="none")
-    async with running_worker(config, backend, [f"unix://{short_tmp}/r.sock"]) as worker:
-        session = RawSession(await connect(worker.bound_urls[0]))
-        try:
-            await session.replies(encode_frame(Opcode.HELLO, 1, Flags.NONE, {"token": TOKEN}), 1)
-            y, x, function = await _axpy(session)
-            await session.call(Opcode.LAUNCH_KERNEL, _args(function, y, x))
-            await session.call(Opcode.DEVICE_SYNCHRONIZE, {})
-            outcomes: list[str] = []
-            started = time.monotonic()
-            for _ in range(80):
-                read = session.frame(Opcode.MEMCPY_DTOH, {"src": y, "size": 4})
-                try:
-                    await session.replies(read, 1)
-                    assert bytes(session.last_bulk) == np.float32(1.0).tobytes()
-                    outcomes.append("ok")
-                except HipError as exc:
-                    assert "max_request_rate" in str(exc)
-                    outcomes.append("refused")
-            elapsed = time.monotonic() - started
-        finally:
-            await session.stream.aclose()
+    monkeypatch.setattr(express, "quick_copy_back", record)  # where the express path calls it
+    async with rate_limited_session(backend, short_tmp) as session:  # 20/s, a burst of 50
+        y, x, function = await _axpy(session)
+        await session.call(Opcode.LAUNCH_KERNEL, _args(function, y, x))
+        await session.call(Opcode.DEVICE_SYNCHRONIZE, {})
+        outcomes: list[str] = []
+        started = time.monotonic()
+        for _ in range(80):
+            read = session.frame(Opcode.MEMCPY_DTOH, {"src": y, "size": 4})
+            try:
+                await session.replies(read, 1)
+                assert bytes(session.last_bulk) == np.float32(1.0).tobytes()
+                outcomes.append("ok")
+            except HipError as exc:
+                assert "max_request_rate" in str(exc)
+                outcomes.append("refused")
+        elapsed = time.monotonic() - started
     answered = outcomes.count("ok")
     # Each copy took a request: no more were answered than the burst and what refilled.
     assert 30 <= answered <= 50 + 20 * elapsed + 1, (answered, elapsed)
