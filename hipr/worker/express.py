@@ -155,7 +155,11 @@ class ExpressLaunch:
         started = time.perf_counter()
         try:
             out = quick_copy_back(session, Args(args, _COPY_BACK_NAME), request_id)
-        except HipError:  # refused: the usual path refuses it again, in its words
+        except HipError:
+            # Refused (the usual path refuses it again, in its words: its checks come
+            # first), or the runtime failed: the usual path makes the usual copy, which
+            # reports the failure, rather than trying the quick one a second time.
+            session.copy_back_polled = request_id
             out = None
         if out is None:
             gate.refund(1)

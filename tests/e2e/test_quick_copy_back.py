@@ -180,3 +180,37 @@ async def test_a_small_copy_back_spends_one_request_of_the_rate(
     assert 30 <= answered <= 50 + 20 * elapsed + 1, (answered, elapsed)
     assert outcomes[:30] == ["ok"] * 30 and "refused" in outcomes[-20:], outcomes
     assert len(taken) <= answered  # the express path never copied for a refused request
+
+
+async def test_a_quick_copy_the_runtime_fails_is_not_tried_twice(
+    raw_session: RawSession, backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runtime fails the quick copy (a faulted stream, say): that request's quick
+    copy is not tried again on another path. Where the express path took it, the usual
+    copy answers (the runtime's own word on the failure); elsewhere the failure is the
+    reply. The session goes on either way."""
+    quick = type(backend).memcpy_dtoh_if_quick
+    tries: list[int] = []
+
+    @functools.wraps(quick)  # its name is what lets the session run it on the loop
+    def fails_once(self: Any, dst: Any, src: int, stream: Any, spin: float) -> bool:
+        tries.append(src)
+        if len(tries) == 1:
+            raise HipError(719, "the stream failed")
+        return bool(quick(self, dst, src, stream, spin))
+
+    monkeypatch.setattr(type(backend), "memcpy_dtoh_if_quick", fails_once)
+    y, x, function = await _axpy(raw_session)
+    assert await raw_session.call(Opcode.LAUNCH_KERNEL, _args(function, y, x)) == {}
+    await raw_session.call(Opcode.DEVICE_SYNCHRONIZE, {})
+    try:
+        await raw_session.call(Opcode.MEMCPY_DTOH, {"src": y, "size": 64})
+        assert (np.frombuffer(bytes(raw_session.last_bulk), np.float32) == 1.0).all()
+    except HipError as exc:
+        assert exc.code == 719
+    assert tries == [y]
+    assert await _y(raw_session, y) == 1.0  # the next one is quick again
+    assert len(tries) == 2
+    await raw_session.call(Opcode.DEVICE_SYNCHRONIZE, {})
+    backend._staging.reclaim()
+    assert backend._staging.outstanding == 0
