@@ -103,7 +103,7 @@ def test_config_is_frozen() -> None:
 
 def test_every_schema_field_has_a_doc() -> None:
     keys = list(iter_keys())
-    assert len(keys) == 35  # isolation (35), runaway_grace (36) and eight keys of issue 29
+    assert len(keys) == 36  # isolation, runaway_grace, eight keys of issue 29, data_links
     for k in keys:
         assert k.doc, f"{k.key} has no doc"
 

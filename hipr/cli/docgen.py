@@ -154,7 +154,7 @@ def metrics_markdown() -> str:
     observer = PrometheusObserver(_StubWorker(), telemetry=False)  # type: ignore[arg-type]
     observer.request_done("t", "PING", "ok", 0.001)
     observer.bytes_copied("t", "htod", 1)
-    for event in ("session_opened", "session_closed", "session_resumed"):
+    for event in ("session_opened", "session_closed", "session_resumed", "data_link_opened"):
         getattr(observer, event)("t")
     observer.quota_rejected("t", "max_streams")
     observer.protocol_error("protocol")

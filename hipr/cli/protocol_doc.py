@@ -63,7 +63,8 @@ def _intro() -> list[str]:
         "client of another major version with a `version` error naming both. Minor "
         "versions add requests: a client sends one only to a worker whose HELLO reply "
         "names a minor that has it (1.1: LAUNCH_KERNELS, MEMCPY_HTOD_MANY; 1.2: MODULE_LOAD "
-        "by `sha256` alone; 1.3: LAUNCH_KERNEL and LAUNCH_KERNELS with `synchronize`), and "
+        "by `sha256` alone; 1.3: LAUNCH_KERNEL and LAUNCH_KERNELS with `synchronize`; 1.4: "
+        "DATA_LINK and MEMCPY_HTOD's `striped`, where HELLO's `data_links` is not 0), and "
         "sends their older forms (LAUNCH_KERNEL, MEMCPY_HTOD, MODULE_LOAD with the code "
         "object's bytes, a launch then DEVICE_SYNCHRONIZE) to an older worker.",
         "",
@@ -237,7 +238,7 @@ def _handshake() -> list[str]:
     return [
         "## Handshake",
         "",
-        "The first frame of a connection is HELLO (or RESUME), request id 0, flags 0, "
+        "The first frame of a connection is HELLO (or RESUME, or DATA_LINK), request id 0, flags 0, "
         "version the client's. Until the worker has answered it, a frame may be at most "
         "`max_hello_bytes` (or `max_frame_bytes` if smaller) and must arrive within "
         "`handshake_timeout`, else the worker closes the connection without a word; so "
@@ -246,7 +247,8 @@ def _handshake() -> list[str]:
         "",
         "1. the major version: another major gets a `version` error "
         "(`hipErrorNotSupported`) naming both versions, and the connection closes;",
-        "2. the opcode: anything but HELLO or RESUME gets a `protocol` error and closes;",
+        "2. the opcode: anything but HELLO, RESUME or DATA_LINK gets a `protocol` error and "
+        "closes;",
         "3. the credentials (HELLO's `token`, else the Unix peer's uid or the TLS client "
         "certificate, as the worker's tenants file says): a refusal is an `auth` error, "
         "sent after a delay that grows with each refusal from that source address, and "
@@ -260,6 +262,15 @@ def _handshake() -> list[str]:
         'A worker that runs tenants in processes of their own (`isolation = "process"`) '
         "relays the connection to the tenant's process, byte for byte: the client sees "
         "no difference.",
+        "",
+        "Data links (protocol 1.4) are further connections of a session, each opened with "
+        "DATA_LINK in place of HELLO, that carry the chunks of its striped uploads "
+        "(MEMCPY_HTOD's `striped`): the worker reads each on a thread of its own, so that "
+        "one upload is received by several threads at once instead of being bound by one "
+        "thread's reads of one socket. Offered on tcp and unix links (not TLS, whose "
+        "records a thread of its own could not decrypt); a client uses them for large "
+        "uploads only (the C proxy from 16 MiB, `HIPR_STRIPE_MIN_BYTES`). Under process "
+        "isolation the worker relays them to the tenant's process as it relays the session.",
         "",
         "A frame may reach the client before the handshake's reply (a heartbeat PING "
         "with request id 0): a client skips frames that are not the reply to its "

@@ -17,13 +17,14 @@ from typing import Any
 import anyio
 import numpy as np
 
-from hipr.errors import HipError, invalid_value
+from hipr.errors import HipError, HipErrorCode, invalid_value
 from hipr.handlers.args import Args
 from hipr.handlers.context import Reply, Request, admit_each, post_ordered, run_batch, run_ordered
 from hipr.handlers.registry import LATER, answers_now, handler
 from hipr.protocol import messages as m
 from hipr.protocol.opcodes import OpcodeRange
 from hipr.sessions.gpu_thread import PendingCall
+from hipr.sessions.loop_wakeup import LoopWaker, OneShot
 from hipr.sessions.resources import Allocation
 from hipr.sessions.state import Session
 
@@ -34,6 +35,7 @@ OPCODE_RANGE = OpcodeRange.MEMORY
 _DST = m.MemcpyHtod.dst
 _SIZE = m.MemcpyHtod.size
 _STREAM = m.MemcpyHtod.stream
+_STRIPED = m.MemcpyHtod.striped
 _MANY_DST = m.MemcpyHtodMany.dst
 _MANY_SIZE = m.MemcpyHtodMany.size
 _MANY_STREAM = m.MemcpyHtodMany.stream
@@ -175,17 +177,74 @@ async def _copy_chunks_in(session: Session, request: Request, dst: int, size: in
                     await in_flight.popleft().result()
                 chunk = await request.receive_data()
         finally:
-            # Every queued copy is awaited, so a failure never leaves one running unobserved.
-            errors: list[BaseException] = []
-            while in_flight:
-                try:
-                    await in_flight.popleft().result()
-                except BaseException as exc:
-                    errors.append(exc)
-            if errors:
-                raise errors[0]
+            await _settle(in_flight)
     if offset != size:
         raise invalid_value(f"MEMCPY_HTOD: announced {size} bytes, received {offset}")
+
+
+async def _settle(in_flight: deque[PendingCall[None]]) -> None:
+    """Await every queued copy, so that a failure never leaves one running unobserved;
+    the first failure is raised."""
+    errors: list[BaseException] = []
+    while in_flight:
+        try:
+            await in_flight.popleft().result()
+        except BaseException as exc:
+            errors.append(exc)
+    if errors:
+        raise errors[0]
+
+
+async def _copy_striped_in(session: Session, request: Request, dst: int, size: int) -> None:
+    """A striped upload (protocol 1.4): its chunks come from the session's data links
+    (``hipr.sessions.stripes``) in any order, each copied as it comes; a chunk that comes
+    twice (resent after a data link broke) is copied once."""
+    if request.more or request.bulk.nbytes:
+        await request.drain()
+        raise invalid_value("MEMCPY_HTOD: a striped upload carries no bytes of its own")
+    stream = session.stream(request.args.handle(_STREAM, optional=True))
+    inbox = session.stripes
+    chunk_bytes = inbox.chunk_bytes
+    count = -(-size // chunk_bytes)
+    arrived = bytearray(count)
+    missing = count
+    waker = LoopWaker()
+    in_flight: deque[PendingCall[None]] = deque()
+    with inbox.receiving(request.request_id):
+        try:
+            while missing:
+                chunk = inbox.take(request.request_id, waker)
+                if isinstance(chunk, OneShot):
+                    with anyio.move_on_after(inbox.stall_seconds) as waited:
+                        await chunk.wait()
+                    if waited.cancelled_caught or inbox.closed:
+                        raise HipError(
+                            HipErrorCode.hipErrorInvalidValue,
+                            f"MEMCPY_HTOD: striped upload stalled: {count - missing} of its "
+                            f"{count} chunks arrived on the session's {inbox.links} data "
+                            f"link(s), none for {inbox.stall_seconds:g} s",
+                            stalled=True,
+                        )
+                    continue
+                offset, data = chunk
+                index = offset // chunk_bytes
+                if index >= count or data.nbytes != min(chunk_bytes, size - offset):
+                    raise invalid_value(
+                        f"MEMCPY_HTOD: a striped chunk of {data.nbytes} bytes at offset "
+                        f"{offset} does not fit an upload of {size} bytes in chunks of "
+                        f"{chunk_bytes}"
+                    )
+                if arrived[index]:
+                    continue
+                arrived[index] = 1
+                missing -= 1
+                in_flight.append(
+                    session.gpu_submit(session.backend.memcpy_htod, dst + offset, data, stream)
+                )
+                if len(in_flight) >= PIPELINE_DEPTH:
+                    await in_flight.popleft().result()
+        finally:
+            await _settle(in_flight)
 
 
 @handler(m.MemcpyHtod)
@@ -198,7 +257,10 @@ async def memcpy_htod(session: Session, request: Request) -> Any:
     except HipError:
         await request.drain()
         raise
-    await _copy_chunks_in(session, request, dst, size)
+    if request.args.flag(_STRIPED):
+        await _copy_striped_in(session, request, dst, size)
+    else:
+        await _copy_chunks_in(session, request, dst, size)
     session.observer.bytes_copied(session.tenant, "htod", size)
     return {}
 
@@ -207,7 +269,7 @@ async def memcpy_htod(session: Session, request: Request) -> Any:
 def memcpy_htod_now(session: Session, request: Request) -> Any:
     """A fire-and-forget copy that came whole in one frame, queued on the session's GPU
     thread from the worker's I/O callback."""
-    if not request.no_reply or request.more:
+    if not request.no_reply or request.more or request.args.flag(_STRIPED):
         return LATER
     dst = request.args.address(_DST)
     size = request.args.size(_SIZE)

@@ -38,6 +38,14 @@ async def resume_again(session: Session, request: Request) -> Any:
     raise ProtocolError(message="RESUME is valid only as the first frame of a connection")
 
 
+@handler(m.DataLink)
+async def data_link_again(session: Session, request: Request) -> Any:
+    """The first frame of a data link: ``{session_id, resume_token}`` -> ``{index}``
+    (protocol 1.4). Answered by the connection, which then hands the link to a thread
+    of its own; refused anywhere but as the first frame."""
+    raise ProtocolError(message="DATA_LINK is valid only as the first frame of a connection")
+
+
 @handler(m.Ping)
 async def ping(session: Session, request: Request) -> Any:
     """A null request: replies at once with an empty map (round-trip probes, heartbeats)."""

@@ -178,6 +178,13 @@ class PrometheusObserver:
             ["tenant"],
             registry=r,
         )
+        self.data_links = Counter(
+            "hipr_data_links",
+            "Data links attached to sessions (protocol 1.4: further connections carrying "
+            "the chunks of striped uploads).",
+            ["tenant"],
+            registry=r,
+        )
         self.quota_rejections = Counter(
             "hipr_quota_rejections",
             "Requests or handshakes refused by a quota, by quota name.",
@@ -263,6 +270,10 @@ class PrometheusObserver:
     def session_resumed(self, tenant: str) -> None:
         """Count a resume."""
         self.resumes.labels(tenant).inc()
+
+    def data_link_opened(self, tenant: str) -> None:
+        """Count a data link attached."""
+        self.data_links.labels(tenant).inc()
 
     def quota_rejected(self, tenant: str, quota: str) -> None:
         """Count a refusal by ``quota``."""

@@ -33,6 +33,10 @@ class WorkerObserver(Protocol):
         """A detached session was resumed on a new connection."""
         ...
 
+    def data_link_opened(self, tenant: str) -> None:
+        """A data link was attached to a session of ``tenant``."""
+        ...
+
     def quota_rejected(self, tenant: str, quota: str) -> None:
         """A request was refused by a quota."""
         ...
@@ -67,6 +71,9 @@ class NullObserver:
         """Ignored."""
 
     def session_resumed(self, tenant: str) -> None:
+        """Ignored."""
+
+    def data_link_opened(self, tenant: str) -> None:
         """Ignored."""
 
     def quota_rejected(self, tenant: str, quota: str) -> None:

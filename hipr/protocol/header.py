@@ -15,7 +15,11 @@ PROTOCOL_MAJOR = 1
 #: 1.2: MODULE_LOAD by content hash (its `sha256` field): a client offers the hash of a
 #: code object the worker may hold for its tenant, and sends the bytes only when told
 #: `held: false`. A client offers hashes only to a worker that answered HELLO with 1.2.
-PROTOCOL_MINOR = 3
+#: 1.3: LAUNCH_KERNEL(S)'s `synchronize` (launches and a device synchronize fused in one
+#: request).
+#: 1.4: data links (DATA_LINK, HELLO's `data_links`, MEMCPY_HTOD's `striped`): one upload's
+#: chunks over several connections at once, each received by a thread of its own.
+PROTOCOL_MINOR = 4
 #: Major in the high byte, minor in the low byte, as AMD's C HIP Remote did (0x0100).
 PROTOCOL_VERSION = (PROTOCOL_MAJOR << 8) | PROTOCOL_MINOR
 

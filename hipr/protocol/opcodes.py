@@ -32,6 +32,9 @@ class Opcode(IntEnum):
     SYNC_ERRORS = 0x0006
     #: Runs in order and replies; its reply acknowledges every earlier request.
     BARRIER = 0x0007
+    #: The first frame of a data link: a further connection of a session that carries
+    #: the chunks of its striped uploads (protocol 1.4).
+    DATA_LINK = 0x0008
 
     # device 0x01xx
     DEVICE_COUNT = 0x0101

@@ -36,6 +36,7 @@ from hipr.sessions.resources import (
     HandleTable,
     ModuleEntry,
 )
+from hipr.sessions.stripes import StripeInbox
 from hipr.sessions.sync_forecast import SyncForecast
 
 T = TypeVar("T")
@@ -133,6 +134,8 @@ class Session:
         #: queued (``hipr.handlers.memory``): the executor then copies without polling again.
         self.copy_back_polled = 0
         self.replies = ReplyCache()
+        #: The chunks of striped uploads and the data links that bring them (1.4).
+        self.stripes = StripeInbox()
         #: The connection serving the session, or None while it waits to be resumed.
         self.connection: object | None = None
         #: Counts detaches, so that a grace timer knows whether its detach is the latest.
@@ -535,6 +538,7 @@ class Session:
             return
         self._closed = True
         self.closing_since = time.monotonic()
+        self.stripes.close()  # its data links end; an upload waiting on them fails
         try:
             await self._gpu.call(self._release_all)
         finally:

@@ -197,6 +197,11 @@ class PushDelivery(Protocol):
         ...
 
     @property
+    def unread_bytes(self) -> int:
+        """Bytes read from the peer that no one has taken yet."""
+        ...
+
+    @property
     def writable_now(self) -> bool:
         """True when a write would be taken at once (open, and the peer reads)."""
         ...

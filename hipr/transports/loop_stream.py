@@ -290,6 +290,12 @@ class LoopSocketStream(ByteStream):
                 self._transport.resume_reading()
 
     @property
+    def unread_bytes(self) -> int:
+        """Bytes the loop read from the socket that neither ``receive`` nor push
+        delivery has taken yet."""
+        return self._protocol.buffered
+
+    @property
     def writable_now(self) -> bool:
         """True when a write would be taken at once: open, and not held back by the
         transport's high-water mark (a peer that does not read)."""

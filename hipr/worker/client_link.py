@@ -14,6 +14,8 @@ for a RESUME.
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -21,10 +23,18 @@ from typing import Any, Protocol
 import anyio
 import anyio.abc
 import structlog
+from anyio.abc import SocketAttribute
+from anyio.streams.tls import TLSAttribute
 
 from hipr._version import __version__
 from hipr.backends.interface import Backend
-from hipr.errors import HipError, ProtocolError, VersionMismatchError
+from hipr.errors import (
+    HipError,
+    HipErrorCode,
+    ProtocolError,
+    QuotaError,
+    VersionMismatchError,
+)
 from hipr.handlers.args import Args
 from hipr.handlers.registry import REGISTRY, HandlerRegistry
 from hipr.observability.observer import WorkerObserver
@@ -41,7 +51,9 @@ from hipr.protocol.header import (
 from hipr.protocol.opcodes import Opcode, opcode_name
 from hipr.sessions.busy_poll import BusyPoll
 from hipr.sessions.state import Session
+from hipr.transports.base import TransportAttribute, stream_capability
 from hipr.worker.config import WorkerConfig
+from hipr.worker.data_links import DataLink
 from hipr.worker.fairness import FairScheduler
 from hipr.worker.frame_queue import FrameQueue
 from hipr.worker.isolation import TenantProcesses
@@ -84,6 +96,10 @@ class Worker(Protocol):
 
     def open_session(self, tenant: Tenant, peer: str) -> Session:
         """A new session for an authenticated client."""
+        ...
+
+    def session_named(self, args: Args) -> Session:
+        """The live session a RESUME's or DATA_LINK's credentials name, or an error."""
         ...
 
     async def resume(self, args: Args, connection: WorkerConnection) -> Session:
@@ -388,6 +404,9 @@ class WorkerConnection:
             return None
         if frame.opcode == Opcode.RESUME and frame.error is None:
             return await self._resume(frame)
+        if frame.opcode == Opcode.DATA_LINK and frame.error is None:
+            await self._data_link(frame)
+            return None
         if frame.opcode != Opcode.HELLO:
             self._ends_session = True
             await try_send_error(
@@ -465,7 +484,78 @@ class WorkerConnection:
             "backend": self.worker.backend.name,
             "session_id": session.id,
             "chunk_bytes": self.worker.chunk_bytes,
+            "data_links": self.worker.config.data_links if self._can_carry_data_links() else 0,
         }
+
+    def _can_carry_data_links(self) -> bool:
+        """Whether this connection's transport could carry data links: a plain socket
+        (tcp or unix), whose reads a thread can take over; not TLS."""
+        stream = self.stream
+        return (
+            stream.extra(TLSAttribute.ssl_object, None) is None
+            and stream.extra(SocketAttribute.raw_socket, None) is not None
+        )
+
+    async def _data_link(self, frame: Frame) -> None:
+        """This connection becomes a data link of the session DATA_LINK names: answered,
+        then its socket is read by a thread of its own (``hipr.worker.data_links``) and
+        the connection ends here."""
+        try:
+            args = Args(frame.args, "DATA_LINK")
+            isolation = self.worker.isolation
+            if isolation is not None:
+                target = await resume_target(isolation, self.worker.tenants, frame, args)
+                await self._relay(isolation, *target)
+                return
+            session = self.worker.session_named(args)
+            if not self.worker.config.data_links or not self._can_carry_data_links():
+                raise HipError(
+                    HipErrorCode.hipErrorNotSupported,
+                    message="this worker offers no data links on this transport (TLS, or "
+                    "data_links = 0): send the upload on the session's own link",
+                )
+        except HipError as exc:
+            self._log.warning("data link refused", error=str(exc))
+            await self.worker.handshake_refused(self.peer, exc)
+            await self.writer.try_send_error(frame.opcode, frame.request_id, exc)
+            return
+        # No byte of the peer's may be read by the loop once the thread reads the socket.
+        push = stream_capability(self.stream, TransportAttribute.push_delivery)
+        if push is not None:
+            push.pause_reading(True)
+        raw = self.stream.extra(SocketAttribute.raw_socket)
+        sock = socket.socket(fileno=os.dup(raw.fileno()))
+        stripes = session.stripes
+        link = DataLink(
+            sock,
+            stripes,
+            getattr(self.worker.backend, "payload_buffer", None),
+            self.worker.config.frame_timeout,
+            self._log.bind(session=session.id, tenant=session.tenant),
+        )
+        index = stripes.add_link(link, self.worker.config.data_links)
+        try:
+            if index is None:
+                limit = self.worker.config.data_links
+                error = QuotaError(
+                    message=f"the session holds its {limit} data links already",
+                    quota="data_links",
+                    limit=limit,
+                )
+                await self.writer.try_send_error(frame.opcode, frame.request_id, error)
+                sock.close()
+                return
+            await self.send(Opcode.DATA_LINK, frame.request_id, Flags.REPLY, {"index": index})
+            if self._decoder.buffered or (push is not None and push.unread_bytes):
+                raise ProtocolError(message="a data link's chunks came before its DATA_LINK reply")
+        except BaseException:
+            stripes.remove_link(link)
+            sock.close()
+            raise
+        await anyio.aclose_forcefully(self.stream)
+        link.start()
+        self.worker.observer.data_link_opened(session.tenant)
+        self._log.info("data link attached", session=session.id, index=index)
 
     async def _resume(self, frame: Frame) -> Session | None:
         try:

@@ -51,6 +51,8 @@ BACKENDS = ("auto", "emulator", "cuda", "hip")
 ISOLATION_MODES = ("auto", "none", "process", "session")
 #: The longest ``spin_wait``: a second of a busy core per request is never what was meant.
 MAX_SPIN_WAIT = 1.0
+#: Most data links one session may attach (each is a thread of the worker while it lives).
+MAX_DATA_LINKS = 16
 
 #: Environment variables :func:`load_config` honours when given ``environ``.
 ENV_KEYS: dict[str, str] = {"HIPR_LOG_LEVEL": "log_level", "HIPR_LOG_FORMAT": "log_format"}
@@ -198,6 +200,16 @@ class WorkerConfig:
             'pageable memory); with `isolation = "process"` each tenant\'s worker pins its '
             "own. 0: none.",
             size=True,
+            zero_ok=True,
+        ),
+    )
+    data_links: int = field(
+        default=4,
+        metadata=_doc(
+            "Data links a session may attach (protocol 1.4): further connections that carry "
+            "the chunks of one large upload at once, each received by a thread of its own, "
+            "so that an upload is not bound by one thread's socket reads. Offered on tcp "
+            "and unix links, not TLS. 0: none.",
             zero_ok=True,
         ),
     )
@@ -612,6 +624,10 @@ def _check(config: WorkerConfig, b: _Builder) -> None:
                 "unix:///run/hipr/worker.sock)",
                 label=f"listen[{i}]",
             )
+    if not 0 <= config.data_links <= MAX_DATA_LINKS:
+        raise b.error(
+            "data_links", f"must be between 0 and {MAX_DATA_LINKS}, got {config.data_links}"
+        )
     for name in ("max_clients", "max_pending_handshakes", "max_pending_handshakes_per_peer"):
         value = getattr(config, name)
         if value is not None and value <= 0:

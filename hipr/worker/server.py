@@ -334,6 +334,8 @@ class Worker:
             busy_poll=self.busy_poll,
             other_tenants_share_context=self.shared_tenants > 0,
         )
+        session.stripes.chunk_bytes = self.chunk_bytes
+        session.stripes.stall_seconds = self.config.frame_timeout
         self.sessions[session.id] = session
         self.observer.session_opened(tenant.name)
         return session
@@ -419,8 +421,9 @@ class Worker:
             finally:
                 self.forget(session)
 
-    async def resume(self, args: Args, connection: WorkerConnection) -> Session:
-        """The detached (or still attached, to a dead link) session a RESUME names."""
+    def session_named(self, args: Args) -> Session:
+        """The live session a RESUME's or DATA_LINK's ``{session_id, resume_token}``
+        names: SessionLostError if there is none, AuthError for a wrong token."""
         session_id = args.text(m.Resume.session_id, max_length=64)
         token = args.text(m.Resume.resume_token, max_length=256)
         session = self.sessions.get(session_id)
@@ -431,12 +434,17 @@ class Worker:
             )
         if not hmac.compare_digest(token.encode(), session.resume_token.encode()):
             raise AuthError(message="wrong resume token for this session")
+        return session
+
+    async def resume(self, args: Args, connection: WorkerConnection) -> Session:
+        """The detached (or still attached, to a dead link) session a RESUME names."""
+        session = self.session_named(args)
         previous = session.connection
         if isinstance(previous, WorkerConnection):
             # The client saw the link die before we did: take the session over.
             await previous.abandon()
         if session.closed:
-            raise SessionLostError(message=f"session {session_id} ended while resuming")
+            raise SessionLostError(message=f"session {session.id} ended while resuming")
         session.connection = connection
         return session
 

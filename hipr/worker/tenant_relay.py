@@ -28,8 +28,9 @@ RECEIVE_SIZE = 1 << 18
 async def resume_target(
     isolation: TenantProcesses, tenants: TenantRegistry, frame: Frame, args: Args
 ) -> tuple[str, bytes, str]:
-    """Where a RESUME goes: the address of the tenant process that holds the session,
-    the RESUME frame to send it, and the tenant's name; SessionLostError if none does."""
+    """Where a RESUME (or a DATA_LINK, which names a session the same way) goes: the
+    address of the tenant process that holds the session, the frame to send it, and the
+    tenant's name; SessionLostError if none does."""
     session_id = args.text(m.Resume.session_id, max_length=64)
     tenant_name = isolation.session_tenants.get(session_id)
     tenant = tenants.get(tenant_name) if tenant_name else None
@@ -40,7 +41,7 @@ async def resume_target(
         )
     child = await isolation.child_holding(session_id, tenant)
     first = encode_frame(
-        Opcode.RESUME, frame.request_id, Flags.NONE, frame.args, version=frame.header.version
+        frame.opcode, frame.request_id, Flags.NONE, frame.args, version=frame.header.version
     )
     return child.url, first, tenant.name
 

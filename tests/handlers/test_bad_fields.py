@@ -38,7 +38,7 @@ WRONG: dict[str, Any] = {
     "[text]": "one",
 }
 #: Answered by the connection, or continuations: not requests a session's handler reads.
-NOT_READ = {Opcode.HELLO, Opcode.RESUME, Opcode.DATA}
+NOT_READ = {Opcode.HELLO, Opcode.RESUME, Opcode.DATA_LINK, Opcode.DATA}
 CHECKED = [d for d in m.MESSAGES.values() if d.opcode not in NOT_READ and d.required_keys()]
 
 

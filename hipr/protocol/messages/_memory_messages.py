@@ -48,6 +48,18 @@ class MemcpyHtod(Message):
     dst = field("address", "where the bytes go; [dst, dst+size) must lie in one allocation")
     size = field("size", "bytes to copy: the request's bulk data in all", unit="bytes")
     stream = _stream()
+    striped = field(
+        "bool",
+        "the bytes come as chunks on the session's data links (DATA_LINK, protocol 1.4), "
+        "not in this request, which then has no bulk and must wait for its reply. Chunk "
+        "`j` holds bytes `[j * chunk_bytes, min((j + 1) * chunk_bytes, size))`, on any data "
+        "link, in any order, before or after this request; one sent again brings the same "
+        "bytes. Replied once every chunk arrived and its copy was issued; a copy none of "
+        "whose chunks arrives for the worker's `frame_timeout` fails (`invalid_value`, "
+        "`stalled`)",
+        required=False,
+        default="false",
+    )
 
 
 @message(
