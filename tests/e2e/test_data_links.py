@@ -18,18 +18,17 @@ import anyio.abc
 import pytest
 
 from hipr.errors import HipError, HipErrorCode
-from hipr.protocol import Flags, FrameDecoder, Opcode, encode_frame
+from hipr.protocol import Flags, Opcode, encode_frame
 from hipr.protocol.header import HEADER, MAGIC, PROTOCOL_VERSION
 from hipr.transports import connect
 from hipr.worker.config import TlsConfig, WorkerConfig
 from hipr.worker.server import Worker, running_worker
 from tests.e2e.conftest import Endpoint
+from tests.e2e.data_link_client import CHUNK, Striped, chunk_frame, pattern
 from tests.e2e.raw import RawSession
 from tests.transports.conftest import Pki
 
 pytestmark = pytest.mark.anyio
-
-CHUNK = 4 << 20
 
 
 @pytest.fixture(params=["tcp", "unix"])
@@ -47,47 +46,6 @@ def worker_config(transport_kind: str, request: pytest.FixtureRequest) -> Worker
         tls = TlsConfig(certfile=Path(certs.server_cert), keyfile=Path(certs.server_key))
         config = dataclasses.replace(config, tls=tls)
     return config
-
-
-@dataclasses.dataclass
-class Striped:
-    """A session past its HELLO, and what HELLO said."""
-
-    raw: RawSession
-    hello: dict[str, Any]
-    endpoint: Endpoint
-    links: list[anyio.abc.ByteStream] = dataclasses.field(default_factory=list)
-
-    async def open_link(self, **override: Any) -> anyio.abc.ByteStream:
-        """A new data link of this session (its DATA_LINK answered), or HipError."""
-        stream = await self.endpoint.raw()
-        args = {
-            "session_id": self.hello["session_id"],
-            "resume_token": self.hello["resume_token"],
-            **override,
-        }
-        await stream.send(encode_frame(Opcode.DATA_LINK, 0, Flags.NONE, args))
-        decoder = FrameDecoder()
-        with anyio.fail_after(10):
-            while (frame := decoder.next_frame()) is None:
-                decoder.feed(await stream.receive())
-        if Flags.ERROR in frame.flags:
-            await stream.aclose()
-            raise HipError.from_wire(frame.args)
-        assert frame.opcode == Opcode.DATA_LINK and Flags.REPLY in frame.flags
-        assert 0 <= frame.args["index"] < self.hello["data_links"]
-        self.links.append(stream)
-        return stream
-
-
-def chunk_frame(request_id: int, offset: int, data: bytes) -> bytes:
-    """One chunk of a striped upload, as a data link carries it."""
-    return encode_frame(Opcode.DATA, request_id, Flags.NONE, {"offset": offset}, data)
-
-
-def pattern(size: int) -> bytes:
-    """Bytes that differ at every offset of a chunk."""
-    return (bytes(range(251)) * (size // 251 + 1))[:size]
 
 
 @pytest.fixture

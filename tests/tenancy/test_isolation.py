@@ -12,10 +12,15 @@ import pytest
 
 import hipr
 from hipr.client.connection import LinkOptions
+from hipr.protocol import Flags, Opcode, encode_frame
 from hipr.testing.harness import worker_with_children
+from hipr.transports import connect
 from hipr.worker.config import WorkerConfig
 from hipr.worker.server import Worker
 from hipr.worker.tenants import new_token, token_hash
+from tests.e2e.conftest import Endpoint
+from tests.e2e.data_link_client import CHUNK, Striped, chunk_frame, pattern
+from tests.e2e.raw import RawSession
 from tests.resilience.proxy import faulty_proxy
 
 pytestmark = pytest.mark.anyio
@@ -125,3 +130,28 @@ async def test_bad_token_is_refused_by_the_parent(isolated_worker: Worker) -> No
             pass
     assert isolated_worker.isolation is not None
     assert isolated_worker.isolation.child_pid("alice") is None  # nothing started for it
+
+
+async def test_data_links_are_relayed_to_the_tenants_process(isolated_worker: Worker) -> None:
+    """A striped upload's data links reach the tenant's process like its session."""
+    url = isolated_worker.bound_urls[0]
+    with anyio.fail_after(60):
+        raw = RawSession(await connect(url))
+        hello_frame = encode_frame(Opcode.HELLO, 0, Flags.NONE, {"client": "raw", "token": ALICE})
+        (hello,) = await raw.replies(hello_frame, 1)
+        striped = Striped(raw, hello, Endpoint(url))
+        assert hello["data_links"] == 4
+        link = await striped.open_link()
+        size = CHUNK + 3
+        ptr = (await raw.call(Opcode.MALLOC, {"size": size}))["ptr"]
+        data = pattern(size)
+        request_id = raw.next_id + 1
+        await link.send(
+            chunk_frame(request_id, CHUNK, data[CHUNK:]) + chunk_frame(request_id, 0, data[:CHUNK])
+        )
+        args = {"dst": ptr, "size": size, "striped": True}
+        assert await raw.call(Opcode.MEMCPY_HTOD, args) == {}
+        await raw.call(Opcode.MEMCPY_DTOH, {"src": ptr + CHUNK, "size": 3})
+        assert bytes(raw.last_bulk) == data[CHUNK:]
+        await link.aclose()
+        await raw.stream.aclose()

@@ -1,0 +1,59 @@
+"""A hand-driven session with data links (protocol 1.4), for the tests of striped
+uploads: DATA_LINK handshakes and chunk frames made by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from hipr.errors import HipError
+from hipr.protocol import Flags, FrameDecoder, Opcode, encode_frame
+from tests.e2e.conftest import Endpoint
+from tests.e2e.raw import RawSession
+
+#: The chunk size of the test workers (``max_frame_bytes`` 8 MiB: chunks of 4 MiB).
+CHUNK = 4 << 20
+
+
+@dataclasses.dataclass
+class Striped:
+    """A session past its HELLO, and what HELLO said."""
+
+    raw: RawSession
+    hello: dict[str, Any]
+    endpoint: Endpoint
+    links: list[anyio.abc.ByteStream] = dataclasses.field(default_factory=list)
+
+    async def open_link(self, **override: Any) -> anyio.abc.ByteStream:
+        """A new data link of this session (its DATA_LINK answered), or HipError."""
+        stream = await self.endpoint.raw()
+        args = {
+            "session_id": self.hello["session_id"],
+            "resume_token": self.hello["resume_token"],
+            **override,
+        }
+        await stream.send(encode_frame(Opcode.DATA_LINK, 0, Flags.NONE, args))
+        decoder = FrameDecoder()
+        with anyio.fail_after(10):
+            while (frame := decoder.next_frame()) is None:
+                decoder.feed(await stream.receive())
+        if Flags.ERROR in frame.flags:
+            await stream.aclose()
+            raise HipError.from_wire(frame.args)
+        assert frame.opcode == Opcode.DATA_LINK and Flags.REPLY in frame.flags
+        assert 0 <= frame.args["index"] < self.hello["data_links"]
+        self.links.append(stream)
+        return stream
+
+
+def chunk_frame(request_id: int, offset: int, data: bytes) -> bytes:
+    """One chunk of a striped upload, as a data link carries it."""
+    return encode_frame(Opcode.DATA, request_id, Flags.NONE, {"offset": offset}, data)
+
+
+def pattern(size: int) -> bytes:
+    """Bytes that differ at every offset of a chunk."""
+    return (bytes(range(251)) * (size // 251 + 1))[:size]
