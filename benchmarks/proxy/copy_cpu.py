@@ -6,8 +6,9 @@
 
 Builds ``copy_loop.c`` against the proxy's libcuda.so.1. Per round, for each ``--worker``
 in turn (default one worker of this tree), starts a worker on a unix socket
-(``torch_compare.worker_process``: its environment added; ``@TREE``: the ``hipr``
-package of another checkout),
+(``torch_compare.worker_process``: its ``VAR=VALUE`` settings added to the environment
+of both the worker and the copying program, so ``HIPR_DATA_LINKS=0`` turns the proxy's
+data links off; ``@TREE``: the ``hipr`` package of another checkout),
 and times ``--reps`` copies of ``--mib`` MiB in each direction: ``h`` cuMemcpyHtoD, ``a``
 cuMemcpyHtoDAsync on a stream of the program's own then cuStreamSynchronize, ``d``
 cuMemcpyDtoH, from each ``--source`` host buffer (malloc, posix_memalign, hugepages).
@@ -51,10 +52,16 @@ def thread_cpu(pid: int) -> dict[int, float]:
 
 
 def copies(
-    program: Path, url: str, mib: int, reps: int, direction: str, source: str
+    program: Path,
+    url: str,
+    mib: int,
+    reps: int,
+    direction: str,
+    source: str,
+    client_env: dict[str, str] | None = None,
 ) -> list[float]:
     """GB/s of each copy but the first (``copy_loop``'s lines)."""
-    env = dict(os.environ, HIPR_URL=url, LD_LIBRARY_PATH=str(proxy_dir()))
+    env = dict(os.environ, **(client_env or {}), HIPR_URL=url, LD_LIBRARY_PATH=str(proxy_dir()))
     out = subprocess.run(
         [str(program), str(mib), str(reps), direction, source],
         env=env, capture_output=True, text=True, timeout=300, check=False,
@@ -103,11 +110,13 @@ def main(argv: list[str] | None = None) -> int:
         for round_ in range(args.rounds):
             for label, env, tree in variants:
                 with worker_process(args.backend, env, None, tree) as (url, pid):
-                    copies(program, url, args.mib, 2, "h", "malloc")  # warm-up
+                    copies(program, url, args.mib, 2, "h", "malloc", env)  # warm-up
                     for source in args.source.split(","):
                         for direction in args.directions.split(","):
                             before = thread_cpu(pid)
-                            rates = copies(program, url, args.mib, args.reps, direction, source)
+                            rates = copies(
+                                program, url, args.mib, args.reps, direction, source, env
+                            )
                             after = thread_cpu(pid)
                             spent = sorted(
                                 ((after[t] - before.get(t, 0.0), t) for t in after), reverse=True
