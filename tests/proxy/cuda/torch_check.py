@@ -35,6 +35,22 @@ def matmul():
 guarded("matmul", matmul)
 
 
+def large_copy():
+    """100 MiB and a few bytes each way (an upload the proxy stripes over its data links),
+    pageable and pinned, onto the default stream and a stream of its own."""
+    g = torch.Generator().manual_seed(7)
+    host = torch.randint(0, 256, ((100 << 20) + 12345,), dtype=torch.uint8, generator=g)
+    pinned = host.pin_memory()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        on_side = pinned.to("cuda", non_blocking=True)
+    side.synchronize()
+    return bool(torch.equal(host.cuda().cpu(), host) and torch.equal(on_side.cpu(), host))
+
+
+guarded("large_copy", large_copy)
+
+
 def mlp():
     torch.manual_seed(0)
     xs, ys = torch.randn(512, 32), torch.randn(512, 1)
