@@ -16,6 +16,7 @@
 #include "launch_cbor.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -82,6 +83,12 @@ static struct {
     double reconnect_s;
     int reconnect_attempts;
     unsigned resumes;
+    double connect_s; /* HIPR_CONNECT_TIMEOUT */
+    /* Data links (protocol 1.4): how many the worker offers, how many HIPR_DATA_LINKS
+     * allows (0: none), and the smallest upload striped over them. */
+    uint64_t data_links;
+    int dl_limit;
+    double stripe_min;
 } S = {.state = S_IDLE};
 
 /* Launches of one configuration waiting to go out as one frame. */
@@ -193,7 +200,10 @@ static void drop_link(void) {
 }
 
 /* The session is over for good: every call returns hipErrorUnknown from now on. */
+static void dl_close_all(int forget);
+
 static int lose(const char *why) {
+    dl_close_all(0);
     if (S.state == S_READY)
         fprintf(stderr,
                 "hipr proxy: lost the session with the worker at %s (%s); HIP calls now "
@@ -587,6 +597,553 @@ static int encode_args(hipr_map *args, uint8_t **cbor, size_t *len) {
     return rc;
 }
 
+/* --- data links (protocol 1.4) ----------------------------------------------------------
+ * An upload of at least HIPR_STRIPE_MIN_BYTES (MEMCPY_HTOD with `striped`, no bulk) has its
+ * bytes sent as DATA chunks over K further connections of the session at once, one sender
+ * thread each (sendmsg straight from the caller's memory), so that neither side's single
+ * socket thread bounds it. The request itself goes on the main link through the resend
+ * log as any other; the caller waits until every chunk went out, then for its reply. A
+ * data link survives a RESUME of the main link; one whose send fails is closed and its
+ * chunks go again on a freshly opened one (or on another live one). The senders touch only
+ * D, under D.mu; the caller starts a job with `lock` held, so at most one runs. */
+#define DL_MAX 16
+#define DL_DEFAULT 4
+#define STRIPE_MIN_DEFAULT (16.0 * 1024 * 1024)
+/* Opening a replacement for a data link that failed mid-upload: at most this many tries
+ * (within HIPR_RECONNECT_TIMEOUT). */
+#define DL_REOPEN_ATTEMPTS 3
+/* Chunks a sender writes with one sendmsg. */
+#define DL_BATCH 8
+/* How often a sender watching its link looks for chunks a failed link left. */
+#define DL_WATCH_TICK_MS 50
+
+enum { CLS_WAITING, CLS_BUSY, CLS_DONE };
+
+/* What a data link is opened with (copied from S, under `lock`, at each upload). */
+typedef struct dl_params {
+    char url[sizeof S.url];
+    char session_id[sizeof S.session_id];
+    char resume_token[sizeof S.resume_token];
+    double open_s, send_s, reconnect_s;
+    int attempts, debug;
+} dl_params;
+
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t work, done;
+    hipr_link *link[DL_MAX]; /* slot k's data link, or NULL */
+    int thread[DL_MAX];      /* slot k's sender runs */
+    int live;                /* slots with a link */
+    dl_params p;
+    /* The job: chunk j of request `id` is bytes [j*chunk, ...) of `bulk`; class c is the
+     * chunks j = c (mod classes), sent by one sender at a time from next[c] on. */
+    int active;
+    uint32_t id;
+    const uint8_t *bulk;
+    size_t len, chunk, nchunks;
+    int classes;
+    int rank[DL_MAX]; /* slot k's own class, -1 for none */
+    size_t next[DL_MAX];
+    int state[DL_MAX];
+    int sent_by[DL_MAX]; /* the slot whose link carried class c, -1 for none */
+    int sending;         /* senders at work on a class */
+    int watching;        /* senders watching their link (or replacing it) */
+    int wake[2];         /* a pipe: readable once the job ended, until the next */
+} D = {.mu = PTHREAD_MUTEX_INITIALIZER,
+       .work = PTHREAD_COND_INITIALIZER,
+       .done = PTHREAD_COND_INITIALIZER,
+       .wake = {-1, -1}};
+
+/* A CBOR head of major type `major` with value v, in its shortest form: its length. */
+static size_t cbor_head(uint8_t *p, unsigned major, uint64_t v) {
+    uint8_t m = (uint8_t)(major << 5);
+    if (v < 24) {
+        p[0] = (uint8_t)(m | v);
+        return 1;
+    }
+    int n = v <= 0xff ? 1 : v <= 0xffff ? 2 : v <= 0xffffffffu ? 4 : 8;
+    p[0] = (uint8_t)(m | (n == 1 ? 24 : n == 2 ? 25 : n == 4 ? 26 : 27));
+    for (int i = 0; i < n; i++) p[1 + i] = (uint8_t)(v >> (8 * (n - 1 - i)));
+    return 1 + (size_t)n;
+}
+
+/* `cbor` (a map, or nothing) with `striped: true` added (malloc'd): 0, or -1 when the map
+ * is not one this can extend (the upload then goes unstriped). */
+static int striped_args(const uint8_t *cbor, size_t len, uint8_t **out, size_t *out_len) {
+    static const uint8_t pair[] = {0x67, 's', 't', 'r', 'i', 'p', 'e', 'd', 0xf5};
+    uint64_t count = 0;
+    size_t head = 0;
+    if (len) {
+        uint8_t b = cbor[0];
+        if (b >= 0xa0 && b <= 0xb7) {
+            count = b & 0x1f;
+            head = 1;
+        } else if (b == 0xb8 && len >= 2) {
+            count = cbor[1];
+            head = 2;
+        } else if (b == 0xb9 && len >= 3) {
+            count = (uint64_t)cbor[1] << 8 | cbor[2];
+            head = 3;
+        } else {
+            return -1;
+        }
+    }
+    uint8_t new_head[9];
+    size_t h = cbor_head(new_head, 5, count + 1);
+    size_t n = h + (len - head) + sizeof pair;
+    uint8_t *p = malloc(n);
+    if (!p) return -1;
+    memcpy(p, new_head, h);
+    if (len > head) memcpy(p + h, cbor + head, len - head);
+    memcpy(p + h + (len - head), pair, sizeof pair);
+    *out = p;
+    *out_len = n;
+    return 0;
+}
+
+/* DATA_LINK on the new link `l` and the worker's answer: 0 (attached), 1 (refused: `err`
+ * says why) or -1 (the link failed). */
+static int dl_handshake(hipr_link *l, const dl_params *p, char *err, size_t err_size) {
+    hipr_map m;
+    hipr_map_init(&m, 2);
+    hipr_map_str(&m, "session_id", p->session_id, strlen(p->session_id));
+    hipr_map_str(&m, "resume_token", p->resume_token, strlen(p->resume_token));
+    uint8_t *cbor = NULL;
+    size_t len = 0;
+    int enc = hipr_map_encode(&m, &cbor, &len);
+    hipr_map_free(&m);
+    if (enc != 0) {
+        free(cbor);
+        snprintf(err, err_size, "out of memory");
+        return -1;
+    }
+    uint8_t head[28];
+    size_t h = hipr_wire_head(head, OP_DATA_LINK, 0, 0, len, 0);
+    struct iovec v[2] = {{head, h}, {cbor, len}};
+    int sent = hipr_link_send(l, v, 2);
+    explicit_bzero(cbor, len);
+    free(cbor);
+    if (sent < 0) {
+        snprintf(err, err_size, "cannot write to the worker: %s", strerror(errno));
+        return -1;
+    }
+    hipr_wire w;
+    hipr_wire_init(&w, 1 << 20);
+    double deadline = now_s() + p->open_s;
+    int rc = -1;
+    for (;;) {
+        hipr_frame f;
+        int got = hipr_wire_next(&w, &f);
+        if (got < 0) {
+            snprintf(err, err_size, "%s", w.error);
+            break;
+        }
+        if (got == 1) {
+            if (f.opcode == OP_PING || f.request_id != 0) continue;
+            if (f.flags & HIPR_F_ERROR) {
+                char msg[400];
+                error_code_of(f.cbor, f.cbor_len, msg, sizeof msg);
+                snprintf(err, err_size, "the worker refused a data link: %s", msg);
+                rc = 1;
+            } else if (f.opcode == OP_DATA_LINK && (f.flags & HIPR_F_REPLY)) {
+                rc = 0;
+            } else {
+                snprintf(err, err_size, "unexpected answer to DATA_LINK (opcode 0x%04x)",
+                         (unsigned)f.opcode);
+            }
+            break;
+        }
+        double left = deadline - now_s();
+        int ready = left > 0 ? hipr_link_wait_readable(l, (int)(left * 1000) + 1) : 0;
+        if (ready <= 0) {
+            snprintf(err, err_size, "no answer to DATA_LINK within %g s", p->open_s);
+            break;
+        }
+        size_t room;
+        uint8_t *in = hipr_wire_space(&w, 4096, &room);
+        if (!in) {
+            snprintf(err, err_size, "out of memory");
+            break;
+        }
+        long n = hipr_link_recv(l, in, room);
+        if (n <= 0) {
+            snprintf(err, err_size, "the worker closed the data link");
+            break;
+        }
+        hipr_wire_commit(&w, (size_t)n);
+    }
+    hipr_wire_free(&w);
+    return rc;
+}
+
+/* A new data link of the session, or NULL with `err` saying why. */
+static hipr_link *dl_open(const dl_params *p, double timeout_s, char *err, size_t err_size) {
+    hipr_link *l = hipr_link_open(p->url, timeout_s, err, err_size);
+    if (!l) return NULL;
+    hipr_link_set_send_timeout(l, p->send_s);
+    dl_params q = *p;
+    q.open_s = timeout_s;
+    int rc = dl_handshake(l, &q, err, err_size);
+    explicit_bzero(q.resume_token, sizeof q.resume_token);
+    if (rc == 0) return l;
+    hipr_link_close(l);
+    return NULL;
+}
+
+/* A replacement for a data link that failed mid-upload: a few tries within the
+ * reconnect timeout. */
+static hipr_link *dl_reopen(const dl_params *p, int slot) {
+    double deadline = now_s() + p->reconnect_s;
+    double delay = 0.05;
+    char err[700] = "";
+    for (int attempt = 0; attempt < p->attempts; attempt++) {
+        double left = deadline - now_s();
+        if (left <= 0) break;
+        hipr_link *l = dl_open(p, left < p->open_s ? left : p->open_s, err, sizeof err);
+        if (l) {
+            if (p->debug) fprintf(stderr, "hipr proxy: data link %d reopened\n", slot);
+            return l;
+        }
+        double wait = delay < deadline - now_s() ? delay : deadline - now_s();
+        if (wait > 0) {
+            struct timespec ts = {(time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9)};
+            nanosleep(&ts, NULL);
+        }
+        delay *= 2;
+    }
+    if (p->debug) fprintf(stderr, "hipr proxy: data link %d cannot reopen: %s\n", slot, err);
+    return NULL;
+}
+
+/* Chunks j, j+stride, ... (at most DL_BATCH, below `end`) on `l` with one sendmsg: the
+ * next chunk after them, or 0 when the link failed. */
+static size_t dl_send_batch(hipr_link *l, uint32_t id, const uint8_t *bulk, size_t len,
+                            size_t chunk, size_t j, size_t stride, size_t end) {
+    uint8_t heads[DL_BATCH][28], args[DL_BATCH][20];
+    struct iovec v[DL_BATCH * 3];
+    int nv = 0;
+    for (int b = 0; b < DL_BATCH && j < end; b++, j += stride) {
+        size_t off = j * chunk;
+        size_t n = len - off < chunk ? len - off : chunk;
+        args[b][0] = 0xa1; /* {"offset": off} */
+        args[b][1] = 0x66;
+        memcpy(args[b] + 2, "offset", 6);
+        size_t a = 8 + cbor_head(args[b] + 8, 0, off);
+        size_t h = hipr_wire_head(heads[b], OP_DATA, id, 0, a, n);
+        v[nv++] = (struct iovec){heads[b], h};
+        v[nv++] = (struct iovec){args[b], a};
+        v[nv++] = (struct iovec){(void *)(bulk + off), n};
+    }
+    return hipr_link_send(l, v, nv) < 0 ? 0 : j;
+}
+
+/* Under D.mu: the classes slot k's link carried in this job go again from their first
+ * chunk (bytes written before a link failed may be lost with it; the worker takes a
+ * chunk sent again once). */
+static void dl_revert(int k) {
+    for (int c = 0; c < D.classes; c++) {
+        if (D.sent_by[c] == k && D.state[c] == CLS_DONE) {
+            D.state[c] = CLS_WAITING;
+            D.next[c] = (size_t)c;
+            D.sent_by[c] = -1;
+        }
+    }
+}
+
+/* Under D.mu: slot k's link failed: closed, and replaced when it carried chunks of the
+ * job under way (`needed`). D.mu is released meanwhile; the caller counts this thread
+ * as sending or watching throughout, so the slot is not opened by anyone else. */
+static void dl_replace(int k, int needed) {
+    hipr_link *l = D.link[k];
+    D.link[k] = NULL;
+    D.live--;
+    dl_params p = D.p;
+    pthread_mutex_unlock(&D.mu);
+    if (p.debug) fprintf(stderr, "hipr proxy: data link %d failed\n", k);
+    hipr_link_close(l);
+    hipr_link *fresh = needed ? dl_reopen(&p, k) : NULL;
+    explicit_bzero(p.resume_token, sizeof p.resume_token);
+    pthread_mutex_lock(&D.mu);
+    if (fresh) {
+        D.link[k] = fresh;
+        D.live++;
+    }
+}
+
+/* Under D.mu: a class for slot k's sender (its own first), marked busy; -1 for none. */
+static int dl_pick(int k) {
+    if (!D.active || !D.link[k]) return -1;
+    int c = D.rank[k];
+    if (c < 0 || c >= D.classes || D.state[c] != CLS_WAITING) {
+        for (c = 0; c < D.classes && D.state[c] != CLS_WAITING; c++) {
+        }
+        if (c == D.classes) return -1;
+    }
+    D.state[c] = CLS_BUSY;
+    D.sending++;
+    return c;
+}
+
+/* Under D.mu (released while sending): class c's chunks from slot k's link, a failed
+ * link replaced (and what it carried sent again). 1 once every chunk went out (or the
+ * job ended), 0 when the slot lost its link. */
+static int dl_run_class(int k, int c) {
+    for (;;) {
+        hipr_link *l = D.link[k];
+        uint32_t id = D.id;
+        const uint8_t *bulk = D.bulk;
+        size_t len = D.len, chunk = D.chunk, end = D.nchunks, stride = (size_t)D.classes;
+        size_t j = D.next[c];
+        pthread_mutex_unlock(&D.mu);
+        while (j < end && __atomic_load_n(&D.active, __ATOMIC_RELAXED) &&
+               (j = dl_send_batch(l, id, bulk, len, chunk, j, stride, end)) != 0) {
+        }
+        pthread_mutex_lock(&D.mu);
+        if (j >= end || !D.active) {
+            D.next[c] = j;
+            D.sent_by[c] = k;
+            return 1;
+        }
+        D.next[c] = (size_t)c;
+        dl_revert(k);
+        dl_replace(k, 1);
+        if (!D.link[k]) return 0;
+    }
+}
+
+/* Under D.mu (released while waiting): slot k's link, whose chunks went out, watched
+ * until the job ends (the worker replied): one that fails meanwhile (a cut route loses
+ * what it had taken) is replaced and its chunks sent again. */
+static void dl_watch(int k) {
+    hipr_link *l = D.link[k];
+    int wake = D.wake[0];
+    D.watching++;
+    pthread_mutex_unlock(&D.mu);
+    /* A tick: a class a failed slot could not send again may be waiting for this one. */
+    int rc = hipr_link_wait_readable_or(l, wake, DL_WATCH_TICK_MS);
+    pthread_mutex_lock(&D.mu);
+    if ((rc == 1 || rc < 0) && D.link[k] == l) {
+        /* The worker sends nothing on a data link: anything readable is its end. */
+        int carried = 0;
+        for (int c = 0; c < D.classes; c++) carried |= D.sent_by[c] == k;
+        if (D.active) dl_revert(k);
+        dl_replace(k, D.active && carried);
+        pthread_cond_broadcast(&D.work); /* another slot may take the chunks */
+    }
+    D.watching--;
+    pthread_cond_broadcast(&D.done);
+}
+
+/* Slot k's sender: waits for a job, sends its class (and any class a failed slot left
+ * waiting), watches its link until the job ends; until the process ends. */
+static void *dl_sender(void *arg) {
+    int k = (int)(intptr_t)arg;
+    pthread_mutex_lock(&D.mu);
+    for (;;) {
+        int c = dl_pick(k);
+        if (c < 0) {
+            if (D.active && D.link[k]) dl_watch(k);
+            else pthread_cond_wait(&D.work, &D.mu);
+            continue;
+        }
+        int sent = dl_run_class(k, c);
+        D.state[c] = sent ? CLS_DONE : CLS_WAITING;
+        D.sending--;
+        pthread_cond_broadcast(&D.done);
+        if (!sent) pthread_cond_broadcast(&D.work); /* another slot takes the class */
+    }
+    return NULL;
+}
+
+/* Under `lock`: how many data links an upload of `len` bytes of `opcode` goes over now
+ * (0: unstriped). */
+static int dl_wanted(uint16_t opcode, size_t len) {
+    if (opcode != OP_MEMCPY_HTOD || !len || (double)len < S.stripe_min || !S.link ||
+        S.minor < 4 || !S.session_id[0])
+        return 0;
+    const char *kind = hipr_link_kind(S.link);
+    if (strcmp(kind, "tcp") != 0 && strcmp(kind, "unix") != 0) return 0;
+    uint64_t k = S.data_links < (uint64_t)S.dl_limit ? S.data_links : (uint64_t)S.dl_limit;
+    return (int)k;
+}
+
+/* Under `lock`: the data links of slots [0, want) open (ones found dead, or past `want`,
+ * closed; ones that do not open are tried again at the next upload), each with its
+ * sender. How many are open. */
+static int dl_prepare(int want) {
+    if (D.wake[0] < 0 && pipe2(D.wake, O_CLOEXEC | O_NONBLOCK) != 0) {
+        D.wake[0] = D.wake[1] = -1;
+        return 0;
+    }
+    pthread_mutex_lock(&D.mu);
+    dl_params *p = &D.p;
+    snprintf(p->url, sizeof p->url, "%s", S.url);
+    snprintf(p->session_id, sizeof p->session_id, "%s", S.session_id);
+    memcpy(p->resume_token, S.resume_token, sizeof p->resume_token);
+    p->open_s = S.connect_s;
+    p->send_s = S.silent_limit_s;
+    p->reconnect_s = S.reconnect_s;
+    p->attempts = S.reconnect_attempts < DL_REOPEN_ATTEMPTS ? S.reconnect_attempts
+                                                            : DL_REOPEN_ATTEMPTS;
+    p->debug = S.debug;
+    hipr_link *stale[DL_MAX];
+    int n_stale = 0;
+    for (int k = 0; k < DL_MAX; k++) {
+        /* The worker sends nothing on a data link: anything readable is its end. */
+        if (D.link[k] && (k >= want || hipr_link_wait_readable(D.link[k], 0) != 0)) {
+            stale[n_stale++] = D.link[k];
+            D.link[k] = NULL;
+            D.live--;
+        }
+    }
+    pthread_mutex_unlock(&D.mu);
+    for (int i = 0; i < n_stale; i++) hipr_link_close(stale[i]);
+    for (int k = 0; k < want; k++) {
+        if (D.link[k]) continue; /* only this thread (with `lock`) sets a slot now */
+        char err[700];
+        hipr_link *l = dl_open(&D.p, S.connect_s, err, sizeof err);
+        if (!l) {
+            if (S.debug) fprintf(stderr, "hipr proxy: data link %d did not open: %s\n", k, err);
+            continue;
+        }
+        if (!D.thread[k]) {
+            if (hipr_start_quiet_thread_arg(dl_sender, (void *)(intptr_t)k) != 0) {
+                hipr_link_close(l);
+                continue;
+            }
+            D.thread[k] = 1;
+        }
+        pthread_mutex_lock(&D.mu);
+        D.link[k] = l;
+        D.live++;
+        pthread_mutex_unlock(&D.mu);
+        if (S.debug) fprintf(stderr, "hipr proxy: data link %d open\n", k);
+    }
+    return D.live;
+}
+
+/* Under `lock`: request `id`'s `len` bytes from `bulk` as chunks over the open data
+ * links; returns once every chunk went out or no data link is left: how many chunks did
+ * not. The links are watched (and what a failed one carried sent again) until
+ * dl_end_job. */
+static size_t dl_start_job(uint32_t id, const uint8_t *bulk, size_t len) {
+    pthread_mutex_lock(&D.mu);
+    D.id = id;
+    D.bulk = bulk;
+    D.len = len;
+    D.chunk = (size_t)S.chunk_bytes;
+    D.nchunks = (len + D.chunk - 1) / D.chunk;
+    int classes = 0;
+    for (int k = 0; k < DL_MAX; k++) D.rank[k] = D.link[k] ? classes++ : -1;
+    if ((size_t)classes > D.nchunks) classes = (int)D.nchunks;
+    D.classes = classes;
+    for (int c = 0; c < classes; c++) {
+        D.next[c] = (size_t)c;
+        D.state[c] = CLS_WAITING;
+        D.sent_by[c] = -1;
+    }
+    __atomic_store_n(&D.active, 1, __ATOMIC_RELAXED);
+    pthread_cond_broadcast(&D.work);
+    size_t unsent;
+    for (;;) {
+        unsent = 0;
+        for (int c = 0; c < classes; c++)
+            if (D.state[c] != CLS_DONE)
+                unsent += (D.nchunks - D.next[c] + (size_t)classes - 1) / (size_t)classes;
+        if (D.sending == 0 && (unsent == 0 || D.live == 0)) break;
+        pthread_cond_wait(&D.done, &D.mu);
+    }
+    pthread_mutex_unlock(&D.mu);
+    return unsent;
+}
+
+/* Under D.mu: the job under way (if any) ends; returns once no sender uses the caller's
+ * memory or a link. */
+static void dl_stop(void) {
+    if (!D.active) return;
+    __atomic_store_n(&D.active, 0, __ATOMIC_RELAXED);
+    char byte = 1;
+    if (write(D.wake[1], &byte, 1) < 0) {
+        /* Cannot fail but full, and then the watchers wake anyway. */
+    }
+    pthread_cond_broadcast(&D.work);
+    while (D.sending || D.watching) pthread_cond_wait(&D.done, &D.mu);
+    char drain[16];
+    while (read(D.wake[0], drain, sizeof drain) > 0) {
+    }
+    D.bulk = NULL;
+}
+
+/* Under `lock`, once the striped request has its reply (or failed): the senders stop
+ * and let go of the caller's memory. */
+static void dl_end_job(void) {
+    pthread_mutex_lock(&D.mu);
+    dl_stop();
+    pthread_mutex_unlock(&D.mu);
+}
+
+/* The data links closed (the session is over, or the process ends); `forget` in a forked
+ * child: the parent's links and senders are not this process's. Under `lock`. */
+static void dl_close_all(int forget) {
+    hipr_link *links[DL_MAX];
+    pthread_mutex_lock(&D.mu);
+    /* The session may be lost in the middle of a striped upload (its RESUME refused). */
+    if (!forget) dl_stop();
+    for (int k = 0; k < DL_MAX; k++) {
+        links[k] = D.link[k];
+        D.link[k] = NULL;
+        if (forget) D.thread[k] = 0;
+    }
+    D.live = 0;
+    if (forget) {
+        /* The pipe is shared with the parent: a wake here must not reach its senders. */
+        D.active = D.sending = D.watching = 0;
+        for (int i = 0; i < 2; i++) {
+            if (D.wake[i] >= 0) close(D.wake[i]);
+            D.wake[i] = -1;
+        }
+    }
+    pthread_mutex_unlock(&D.mu);
+    for (int k = 0; k < DL_MAX; k++) {
+        if (forget) hipr_link_forget(links[k]);
+        else hipr_link_close(links[k]);
+    }
+}
+
+/* Forward: the exchange below. */
+static int exchange(uint32_t id, const direct *d, void *sink, size_t sink_size, hipr_reply *r);
+
+/* An upload striped over the data links, when `want` of them may be used and at least
+ * one opens (*striped = 1; a hipError_t), else *striped = 0 and nothing was sent. */
+static int striped_call(int want, uint16_t opcode, uint32_t id, uint32_t flags,
+                        const uint8_t *cbor, size_t cbor_len, const uint8_t *bulk,
+                        size_t bulk_len, void *sink, size_t sink_size, hipr_reply *r,
+                        int *striped) {
+    *striped = 0;
+    int open = dl_prepare(want);
+    uint8_t *args;
+    size_t args_len;
+    if (!open || striped_args(cbor, cbor_len, &args, &args_len)) return HIPR_SUCCESS;
+    *striped = 1;
+    int rc = put_request(opcode, id, flags, args, args_len, NULL, 0);
+    free(args);
+    if (rc) return rc;
+    if (S.debug)
+        fprintf(stderr, "hipr proxy: striped upload of %zu bytes over %d data links\n", bulk_len,
+                open);
+    /* The request first (the worker then takes the chunks straight into place), then the
+     * chunks, whatever became of the main link meanwhile: a RESUME replays the request
+     * and the worker holds the chunks for it. */
+    rc = flush_out();
+    size_t unsent = dl_start_job(id, bulk, bulk_len);
+    if (unsent && S.debug)
+        fprintf(stderr, "hipr proxy: %zu chunks of a striped upload found no data link\n",
+                unsent);
+    if (rc == 0 || rc == LINK_DOWN) rc = exchange(id, NULL, sink, sink_size, r);
+    dl_end_job();
+    return rc;
+}
+
 /* --- reconnecting ---------------------------------------------------------------------- */
 
 static int handshake(uint16_t opcode, hipr_map *m, cbor_item_t **reply, char *err,
@@ -762,6 +1319,13 @@ static int call_locked(uint16_t opcode, uint32_t flags, const uint8_t *cbor, siz
     uint32_t id;
     int rc = take_id(&id);
     if (rc) return rc;
+    int links = dl_wanted(opcode, bulk_len);
+    if (links > 0) {
+        int striped;
+        rc = striped_call(links, opcode, id, flags, cbor, cbor_len, bulk, bulk_len, sink,
+                          sink_size, r, &striped);
+        if (striped) return rc;
+    }
     if (bulk_len >= DIRECT_BYTES) {
         direct d = {opcode, id, flags, cbor, cbor_len, bulk, bulk_len};
         return exchange(id, &d, sink, sink_size, r);
@@ -896,6 +1460,8 @@ static void accept_handshake(const cbor_item_t *map) {
     if (hipr_cbor_uint(map, "max_frame_bytes", &max_frame) == 0 && max_frame > S.chunk_bytes)
         S.wire.max_payload = max_frame + 64 * 1024;
     if (hipr_cbor_float(map, "heartbeat_interval", &hb) == 0 && hb > 0) S.heartbeat_s = hb;
+    uint64_t links = 0;
+    S.data_links = hipr_cbor_uint(map, "data_links", &links) == 0 ? links : 0;
     /* The worker pings every heartbeat_interval: three missed are a dead link. */
     S.silent_limit_s = 3 * S.heartbeat_s < 2 ? 2 : 3 * S.heartbeat_s;
     if (S.link) hipr_link_set_send_timeout(S.link, S.silent_limit_s);
@@ -970,6 +1536,12 @@ static int connect_locked(void) {
     marks_init();
     S.reconnect_s = env_number("HIPR_RECONNECT_TIMEOUT", 60.0);
     S.reconnect_attempts = S.reconnect_s > 0 ? (int)env_number("HIPR_RECONNECT_ATTEMPTS", 10) : 0;
+    S.connect_s = timeout;
+    double links = env_number("HIPR_DATA_LINKS", DL_DEFAULT);
+    S.dl_limit = links > DL_MAX ? DL_MAX : (int)links;
+    S.stripe_min = env_number("HIPR_STRIPE_MIN_BYTES", STRIPE_MIN_DEFAULT);
+    if (S.stripe_min < 1) S.stripe_min = 1;
+    S.data_links = 0;
     if (!S.wire_ready) {
         hipr_wire_init(&S.wire, DEFAULT_MAX_PAYLOAD);
         S.wire_ready = 1;
@@ -1014,6 +1586,7 @@ static int ready_locked(void) {
          * handles are not valid here; the child opens its own session. */
         hipr_link_forget(S.link);
         S.link = NULL;
+        dl_close_all(1);
         S.state = S_IDLE;
         S.keeper_running = 0;
         S.owner = self_pid;
@@ -1242,9 +1815,11 @@ void hipr_fork_guard(pthread_mutex_t *m, void (*child)(void)) {
 static void before_fork(void) {
     for (int i = 0; i < n_guards; i++) pthread_mutex_lock(guards[i].lock);
     pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&D.mu); /* no sender holds it in the child */
 }
 
 static void after_fork_parent(void) {
+    pthread_mutex_unlock(&D.mu);
     pthread_mutex_unlock(&lock);
     for (int i = n_guards - 1; i >= 0; i--) pthread_mutex_unlock(guards[i].lock);
 }
@@ -1255,6 +1830,10 @@ static void after_fork_child(void) {
     self_pid = getpid();
     marks_forget(1);
     hipr_transport_after_fork_child();
+    /* The parent's senders do not exist here: their waits on the conditions are gone. */
+    pthread_mutex_unlock(&D.mu);
+    pthread_cond_init(&D.work, NULL);
+    pthread_cond_init(&D.done, NULL);
     pthread_mutex_unlock(&lock);
     for (int i = n_guards - 1; i >= 0; i--) {
         if (guards[i].child) guards[i].child();
@@ -1273,6 +1852,7 @@ __attribute__((constructor(101))) static void hipr_client_init(void) {
  * worker frees the session now rather than after its resume grace. */
 __attribute__((destructor)) static void hipr_client_fini(void) {
     pthread_mutex_lock(&lock);
+    if (S.owner == getpid()) dl_close_all(0);
     if (S.state == S_READY && S.owner == getpid()) {
         S.closing = 1;
         uint32_t id;

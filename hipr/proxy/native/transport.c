@@ -1143,6 +1143,17 @@ int hipr_link_wait_readable(hipr_link *l, int timeout_ms) {
     }
 }
 
+int hipr_link_wait_readable_or(hipr_link *l, int wake_fd, int timeout_ms) {
+    if (l->ssl && SSL_pending(l->ssl) > 0) return 1;
+    struct pollfd p[2] = {{.fd = l->fd, .events = POLLIN}, {.fd = wake_fd, .events = POLLIN}};
+    for (;;) {
+        int rc = poll(p, 2, timeout_ms);
+        if (rc < 0 && errno == EINTR) continue;
+        if (rc < 0) return -1;
+        return rc == 0 ? 0 : p[0].revents ? 1 : 2;
+    }
+}
+
 int hipr_link_nap(hipr_link *l, double seconds) {
     if (l->ssl && SSL_pending(l->ssl) > 0) return 1;
     if (seconds <= 0) return 0;

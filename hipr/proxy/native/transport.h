@@ -29,6 +29,9 @@ long hipr_link_recv_nowait(hipr_link *link, void *buf, size_t n);
 /* 1 when readable within timeout_ms (0: poll only; -1: no limit), 0 when not, -1 on
  * failure. Bytes TLS has decrypted but not yet handed out count as readable. */
 int hipr_link_wait_readable(hipr_link *link, int timeout_ms);
+/* As hipr_link_wait_readable, but 2 as soon as `wake_fd` is readable (and the link not):
+ * a thread that watches a link can be woken. */
+int hipr_link_wait_readable_or(hipr_link *l, int wake_fd, int timeout_ms);
 /* As hipr_link_wait_readable for at most `seconds` (sub-millisecond: poll's milliseconds
  * would oversleep a forecast wait); an interrupted nap returns 0 early. */
 int hipr_link_nap(hipr_link *link, double seconds);

@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 #define HIPR_MAGIC "HIPR"
-#define HIPR_PROTOCOL_VERSION 0x0103u
+#define HIPR_PROTOCOL_VERSION 0x0104u
 #define HIPR_HEADER_SIZE 24u
 
 #define HIPR_F_NO_REPLY 0x1u
