@@ -7,6 +7,7 @@ every launch run exactly once and every copy landed), and threads and fork."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -305,6 +306,8 @@ class Relay:
     spy: bytearray | None = None
     #: Tell the client the worker speaks protocol 1.2 (HELLO's and RESUME's reply).
     downgrade: bool = False
+    #: Tell the client the worker speaks protocol 1.<this> (as downgrade, any minor).
+    announce_minor: int | None = None
     listener: socket.socket = field(init=False)
     port: int = field(init=False)
     cuts: int = 0
@@ -350,8 +353,11 @@ class Relay:
                 return  # silent both ways from here on; the sockets stay open
             if not data:
                 break
-            if not up and self.downgrade:
-                data = data.replace(b"hprotocol\x19\x01\x03", b"hprotocol\x19\x01\x02")
+            minor = 2 if self.downgrade else self.announce_minor
+            if not up and minor is not None:
+                data = re.sub(
+                    rb"hprotocol\x19\x01[\x00-\x17]", b"hprotocol\x19\x01" + bytes([minor]), data
+                )
             with self._lock:
                 if up and self.spy is not None:
                     self.spy += data

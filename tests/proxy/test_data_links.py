@@ -1,0 +1,217 @@
+"""Data links (protocol 1.4) from the native proxy, under ASan/UBSan: core_check's uploads
+of 40 MiB + 123 bytes (and smaller) go striped over the session's data links and read
+back whole, over unix and tcp, in a forked child too (its own session and data links);
+HIPR_DATA_LINKS=0, a worker that offers none and a worker of protocol 1.3 get unstriped
+uploads; links cut under striped uploads (data links or the main link) are reopened or
+resumed and every byte lands. The worker's metrics count the data links it attached."""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.proxy.conftest import stop_worker
+from tests.proxy.sanitized import assert_sanitizer_clean
+from tests.proxy.test_core import (  # noqa: F401 - fixtures
+    Program,
+    Relay,
+    Worker,
+    _free_port,
+    _start,
+    program,
+    short_dir,
+)
+
+#: Below core_check's uploads (the smallest is 6 MiB + 1), above its 1 KiB ones.
+STRIPE_MIN = str(4 << 20)
+#: core_check striped's uploads: the parent's three, then its child's one.
+UPLOADS = 4
+#: Data links a session opens by default (HIPR_DATA_LINKS and the worker's both 4).
+LINKS = 4
+
+
+def _debug_env(**more: str) -> dict[str, str]:
+    return {"HIPR_PROXY_DEBUG": "1", "HIPR_STRIPE_MIN_BYTES": STRIPE_MIN, **more}
+
+
+def _data_links(metrics: str) -> float:
+    """Data links the worker attached, by its metrics (every tenant's)."""
+    with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "hipr_data_links"
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    )
+
+
+def _worker(directory: Path, extra: str = "") -> tuple[Worker, str]:
+    metrics = f"127.0.0.1:{_free_port()}"
+    return _start(directory, f'metrics_listen = "{metrics}"\n{extra}'), metrics
+
+
+@pytest.fixture
+def worker(short_dir: Path) -> Iterator[tuple[Worker, str]]:  # noqa: F811
+    """A worker of default config (4 data links a session) and its metrics' address."""
+    started, metrics = _worker(short_dir, "resume_grace = 30\n")
+    try:
+        yield started, metrics
+    finally:
+        stop_worker(started.process)
+
+
+def _striped(result_stderr: str) -> int:
+    return result_stderr.count("hipr proxy: striped upload of ")
+
+
+def test_uploads_go_striped_over_unix_and_land_whole(
+    program: Program,  # noqa: F811
+    worker: tuple[Worker, str],
+) -> None:
+    started, metrics = worker
+    result = program.run(started.unix_url, "striped", env=_debug_env(), timeout=110)
+    assert_sanitizer_clean(result)
+    assert result.stdout.strip() == "ok striped resumes=0", result.stderr
+    assert _striped(result.stderr) == UPLOADS, result.stderr
+    assert "over 4 data links" in result.stderr
+    # The parent's links survived its child: opened once in each process.
+    assert result.stderr.count("hipr proxy: data link 0 open") == 2, result.stderr
+    assert _data_links(metrics) == 2 * LINKS
+
+
+def test_uploads_go_striped_over_tcp(
+    program: Program,  # noqa: F811
+    worker: tuple[Worker, str],
+) -> None:
+    started, metrics = worker
+    relay = Relay(started.unix_url.removeprefix("unix://"), [], [])
+    try:
+        result = program.run(
+            f"tcp://127.0.0.1:{relay.port}", "striped", env=_debug_env(), timeout=110
+        )
+        assert_sanitizer_clean(result)
+        assert result.stdout.strip() == "ok striped resumes=0", result.stderr
+        assert _striped(result.stderr) == UPLOADS, result.stderr
+        # A main link and 4 data links in the parent, and as many in its child.
+        assert relay.links == 2 * (1 + LINKS)
+        assert _data_links(metrics) == 2 * LINKS
+    finally:
+        relay.close()
+
+
+def test_fewer_data_links_when_asked(
+    program: Program,  # noqa: F811
+    worker: tuple[Worker, str],
+) -> None:
+    started, metrics = worker
+    result = program.run(
+        started.unix_url, "striped", env=_debug_env(HIPR_DATA_LINKS="2"), timeout=110
+    )
+    assert_sanitizer_clean(result)
+    assert result.stdout.strip() == "ok striped resumes=0", result.stderr
+    assert result.stderr.count("over 2 data links") == UPLOADS, result.stderr
+    assert _data_links(metrics) == 2 * 2
+
+
+def test_no_data_links_with_hipr_data_links_0(
+    program: Program,  # noqa: F811
+    worker: tuple[Worker, str],
+) -> None:
+    started, metrics = worker
+    result = program.run(
+        started.unix_url, "striped", env=_debug_env(HIPR_DATA_LINKS="0"), timeout=110
+    )
+    assert_sanitizer_clean(result)
+    assert result.stdout.strip() == "ok striped resumes=0", result.stderr
+    assert _striped(result.stderr) == 0 and "data link" not in result.stderr, result.stderr
+    assert _data_links(metrics) == 0
+
+
+def test_small_uploads_are_not_striped_by_default(
+    program: Program,  # noqa: F811
+    worker: tuple[Worker, str],
+) -> None:
+    """16 MiB by default: only the two uploads of 40 MiB + 123 bytes go striped."""
+    started, metrics = worker
+    result = program.run(started.unix_url, "striped", env={"HIPR_PROXY_DEBUG": "1"}, timeout=110)
+    assert_sanitizer_clean(result)
+    assert result.stdout.strip() == "ok striped resumes=0", result.stderr
+    assert _striped(result.stderr) == 2, result.stderr
+    assert _data_links(metrics) == LINKS  # the child uploaded 9 MiB: no data link
+
+
+def test_a_worker_that_offers_none_gets_unstriped_uploads(
+    program: Program,  # noqa: F811
+    short_dir: Path,  # noqa: F811
+) -> None:
+    started, metrics = _worker(short_dir, "data_links = 0\n")
+    try:
+        result = program.run(started.unix_url, "striped", env=_debug_env(), timeout=110)
+        assert_sanitizer_clean(result)
+        assert result.stdout.strip() == "ok striped resumes=0", result.stderr
+        assert _striped(result.stderr) == 0 and "data link" not in result.stderr, result.stderr
+        assert _data_links(metrics) == 0
+    finally:
+        stop_worker(started.process)
+
+
+def test_a_worker_of_protocol_1_3_gets_unstriped_uploads(
+    program: Program,  # noqa: F811
+    worker: tuple[Worker, str],
+) -> None:
+    started, metrics = worker
+    relay = Relay(started.unix_url.removeprefix("unix://"), [], [], announce_minor=3)
+    try:
+        result = program.run(
+            f"tcp://127.0.0.1:{relay.port}", "striped", env=_debug_env(), timeout=110
+        )
+        assert_sanitizer_clean(result)
+        assert result.stdout.strip() == "ok striped resumes=0", result.stderr
+        assert _striped(result.stderr) == 0, result.stderr
+        assert relay.links == 2  # the parent's session and its child's: no data link
+        assert _data_links(metrics) == 0
+    finally:
+        relay.close()
+
+
+@pytest.mark.parametrize(
+    ("up_cuts", "down_cuts"),
+    [
+        # Inside the first upload's chunks (on a data link, or the main link's request),
+        # and inside the last upload's.
+        ([20_000_000, 90_000_000], []),
+        # Inside the first download (the main link): the session resumes; its data
+        # links, tied to the session, go on.
+        ([], [30_000_000]),
+    ],
+    ids=["up", "down"],
+)
+def test_links_cut_under_striped_uploads(
+    program: Program,  # noqa: F811
+    worker: tuple[Worker, str],
+    up_cuts: list[int],
+    down_cuts: list[int],
+) -> None:
+    started, _ = worker
+    relay = Relay(started.unix_url.removeprefix("unix://"), list(up_cuts), list(down_cuts))
+    cuts = len(up_cuts) + len(down_cuts)
+    try:
+        result = program.run(
+            f"tcp://127.0.0.1:{relay.port}", "striped", env=_debug_env(), timeout=110
+        )
+        assert_sanitizer_clean(result)
+        assert result.stdout.startswith("ok striped resumes="), result.stderr
+        assert relay.cuts == cuts, (relay.cuts, result.stderr)
+        assert _striped(result.stderr) == UPLOADS, result.stderr
+        # Each cut ended a data link (reopened) or the main link (resumed).
+        reopened = result.stderr.count("reopened")
+        resumed = result.stderr.count("resumed the session")
+        assert reopened + resumed >= cuts, result.stderr
+    finally:
+        relay.close()
