@@ -7,6 +7,8 @@ resumed and every byte lands. The worker's metrics count the data links it attac
 
 from __future__ import annotations
 
+import socket
+import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -213,5 +215,49 @@ def test_links_cut_under_striped_uploads(
         reopened = result.stderr.count("reopened")
         resumed = result.stderr.count("resumed the session")
         assert reopened + resumed >= cuts, result.stderr
+    finally:
+        relay.close()
+
+
+class RefusingRelay(Relay):
+    """A relay that, once it cut a link, refuses the next ``refuse`` connections (closed
+    at once, before any byte): a data link that cannot be replaced."""
+
+    refuse: int = 3
+    refused: int = 0
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if self.cuts and self.refused < self.refuse:
+                self.refused += 1
+                client.close()
+                continue
+            upstream = socket.socket(socket.AF_UNIX)
+            upstream.connect(self.target)
+            self.links += 1
+            pair = (client, upstream)
+            for args in ((client, upstream, True, pair), (upstream, client, False, pair)):
+                threading.Thread(target=self._pump, args=args, daemon=True).start()
+
+
+def test_a_data_link_that_cannot_be_replaced_leaves_its_chunks_to_the_others(
+    program: Program,  # noqa: F811
+    worker: tuple[Worker, str],
+) -> None:
+    started, _ = worker
+    relay = RefusingRelay(started.unix_url.removeprefix("unix://"), [20_000_000], [])
+    try:
+        result = program.run(
+            f"tcp://127.0.0.1:{relay.port}", "striped", env=_debug_env(), timeout=110
+        )
+        assert_sanitizer_clean(result)
+        assert result.stdout.strip() == "ok striped resumes=0", result.stderr
+        assert relay.cuts == 1 and relay.refused == 3, result.stderr
+        assert result.stderr.count("cannot reopen") == 1, result.stderr
+        assert _striped(result.stderr) == UPLOADS, result.stderr
     finally:
         relay.close()
