@@ -238,8 +238,8 @@ def _handshake() -> list[str]:
     return [
         "## Handshake",
         "",
-        "The first frame of a connection is HELLO (or RESUME, or DATA_LINK), request id 0, flags 0, "
-        "version the client's. Until the worker has answered it, a frame may be at most "
+        "The first frame of a connection is HELLO (or RESUME, or DATA_LINK), request id 0, "
+        "flags 0, version the client's. Until the worker has answered it, a frame may be at most "
         "`max_hello_bytes` (or `max_frame_bytes` if smaller) and must arrive within "
         "`handshake_timeout`, else the worker closes the connection without a word; so "
         "does a worker over its cap of unfinished handshakes ([Limits](#limits)). The "
@@ -264,12 +264,13 @@ def _handshake() -> list[str]:
         "no difference.",
         "",
         "Data links (protocol 1.4) are further connections of a session, each opened with "
-        "DATA_LINK in place of HELLO, that carry the chunks of its striped uploads "
-        "(MEMCPY_HTOD's `striped`): the worker reads each on a thread of its own, so that "
-        "one upload is received by several threads at once instead of being bound by one "
-        "thread's reads of one socket. Offered on tcp and unix links (not TLS, whose "
+        "DATA_LINK in place of HELLO, that carry the chunks of its striped copies "
+        "(MEMCPY_HTOD's and MEMCPY_DTOH's `striped`): the worker reads each on a thread of "
+        "its own and writes a download's chunks from threads, so that one copy moves over "
+        "several sockets at once instead of being bound by one thread's reads or writes of "
+        "one socket. Offered on tcp and unix links (not TLS, whose "
         "records a thread of its own could not decrypt); a client uses them for large "
-        "uploads only (the C proxy from 16 MiB, `HIPR_STRIPE_MIN_BYTES`). Under process "
+        "copies only (the C proxy from 16 MiB, `HIPR_STRIPE_MIN_BYTES`). Under process "
         "isolation the worker relays them to the tenant's process as it relays the session.",
         "",
         "A frame may reach the client before the handshake's reply (a heartbeat PING "

@@ -27,6 +27,7 @@ from hipr.sessions.gpu_thread import PendingCall
 from hipr.sessions.loop_wakeup import LoopWaker, OneShot
 from hipr.sessions.resources import Allocation
 from hipr.sessions.state import Session
+from hipr.sessions.stripes import DataLinkEnd, DataLinkEnded
 
 OPCODE_RANGE = OpcodeRange.MEMORY
 
@@ -36,6 +37,7 @@ _DST = m.MemcpyHtod.dst
 _SIZE = m.MemcpyHtod.size
 _STREAM = m.MemcpyHtod.stream
 _STRIPED = m.MemcpyHtod.striped
+_STRIPED_OUT = m.MemcpyDtoh.striped
 _MANY_DST = m.MemcpyHtodMany.dst
 _MANY_SIZE = m.MemcpyHtodMany.size
 _MANY_STREAM = m.MemcpyHtodMany.stream
@@ -290,6 +292,8 @@ async def memcpy_dtoh(session: Session, request: Request) -> Any:
     session.check_range(src, size, "source")
     stream = session.stream(args.handle(m.MemcpyDtoh.stream, optional=True))
     session.observer.bytes_copied(session.tenant, "dtoh", size)
+    if args.flag(_STRIPED_OUT):
+        return await _copy_striped_out(session, request, src, size, stream)
     if size <= DTOH_CHUNK:
         out = _host_buffer(size)
         if not _copied_back_quickly(session, request.request_id, out, src, stream):
@@ -315,6 +319,49 @@ async def memcpy_dtoh(session: Session, request: Request) -> Any:
     return Reply({"size": size}, pending_buffer)
 
 
+async def _copy_striped_out(
+    session: Session, request: Request, src: int, size: int, stream: Any
+) -> Any:
+    """A striped download (protocol 1.4): chunk ``j`` copied into a payload buffer on the
+    session's GPU thread, then written to data link ``j`` modulo the links by a worker
+    thread, while the GPU copies the next; at most two chunks a link on their way."""
+    inbox = session.stripes
+    links = inbox.live_links()
+    if not links:
+        raise invalid_value("MEMCPY_DTOH: striped, but the session has no data link")
+    chunk_bytes = inbox.chunk_bytes
+    slots = anyio.Semaphore(2 * len(links))
+    failures: list[DataLinkEnded] = []
+
+    async def send(link: DataLinkEnd, offset: int, buffer: memoryview) -> None:
+        try:
+            await anyio.to_thread.run_sync(link.send_chunk, request.request_id, offset, buffer)
+        except DataLinkEnded as exc:
+            failures.append(exc)
+        finally:
+            slots.release()
+
+    async with anyio.create_task_group() as sending:
+        for index, offset in enumerate(range(0, size, chunk_bytes)):
+            await slots.acquire()
+            if failures:
+                slots.release()
+                break
+            buffer = request.chunk_buffer(min(chunk_bytes, size - offset))
+            try:
+                await session.gpu(session.backend.memcpy_dtoh, buffer, src + offset, stream)
+            except BaseException:
+                slots.release()
+                raise
+            sending.start_soon(send, links[index % len(links)], offset, buffer)
+    if failures:
+        raise invalid_value(
+            f"MEMCPY_DTOH: striped download lost a data link ({failures[0]}); ask again "
+            "without striped"
+        )
+    return {"size": size}
+
+
 def quick_copy_back(session: Session, args: Args, request_id: int) -> memoryview | None:
     """The bytes of MEMCPY_DTOH ``args`` (request ``request_id``) when the copy is small
     and its stream's work ended within a short poll, copied right here on the loop
@@ -324,7 +371,7 @@ def quick_copy_back(session: Session, args: Args, request_id: int) -> memoryview
     (``hipr.worker.express``)."""
     src = args.address(m.MemcpyDtoh.src)
     size = args.size(m.MemcpyDtoh.size)
-    if size > getattr(session.backend, "quick_dtoh_bytes", 0):
+    if size > getattr(session.backend, "quick_dtoh_bytes", 0) or args.flag(_STRIPED_OUT):
         return None
     session.check_range(src, size, "source")
     stream = session.stream(args.handle(m.MemcpyDtoh.stream, optional=True))

@@ -21,7 +21,7 @@ from typing import NamedTuple, Protocol
 
 from hipr.sessions.loop_wakeup import LoopWaker, OneShot
 
-__all__ = ["STRIPE_HOLD_BYTES", "StripeChunk", "StripeInbox"]
+__all__ = ["STRIPE_HOLD_BYTES", "DataLinkEnd", "DataLinkEnded", "StripeChunk", "StripeInbox"]
 
 #: Bytes of chunks a session holds before its handler takes them: data links beyond it
 #: wait (4 links of 4 MiB chunks, each with one more on the way, fit twice over).
@@ -37,8 +37,22 @@ class StripeChunk(NamedTuple):
     data: memoryview
 
 
-class _Link(Protocol):
-    def close(self) -> None: ...
+class DataLinkEnded(Exception):
+    """A data link ended: the peer closed it, broke the rules of one (the message says
+    how), or stopped reading it."""
+
+
+class DataLinkEnd(Protocol):
+    """What the session needs of one of its data links (``hipr.worker.data_links``)."""
+
+    def close(self) -> None:
+        """End the link."""
+        ...
+
+    def send_chunk(self, request_id: int, offset: int, data: memoryview) -> None:
+        """Send a striped download's chunk on the link (blocking; from a thread);
+        DataLinkEnded when the link cannot take it."""
+        ...
 
 
 class StripeInbox:
@@ -59,13 +73,13 @@ class StripeInbox:
         self._waiting: dict[int, Callable[[], object]] = {}
         self._expected: set[int] = set()
         self._finished: deque[int] = deque(maxlen=_FINISHED_KEPT)
-        self._links: list[_Link] = []
+        self._links: list[DataLinkEnd] = []
         self._closed = False
         #: Chunks delivered, in the session's life (tests, diagnostics).
         self.chunks_delivered = 0
 
     # --- the data links (their threads) ----------------------------------------------
-    def add_link(self, link: _Link, limit: int) -> int | None:
+    def add_link(self, link: DataLinkEnd, limit: int) -> int | None:
         """Count ``link`` as one of the session's data links: its index, or None when
         the session holds ``limit`` already or is closed."""
         with self._cond:
@@ -74,7 +88,7 @@ class StripeInbox:
             self._links.append(link)
             return len(self._links) - 1
 
-    def remove_link(self, link: _Link) -> None:
+    def remove_link(self, link: DataLinkEnd) -> None:
         """``link`` ended (its thread calls this last)."""
         with self._cond:
             if link in self._links:
@@ -84,6 +98,11 @@ class StripeInbox:
     def links(self) -> int:
         """Data links attached now."""
         return len(self._links)
+
+    def live_links(self) -> list[DataLinkEnd]:
+        """The data links attached now, in the order they came."""
+        with self._cond:
+            return list(self._links)
 
     def expects(self, request_id: int) -> bool:
         """True while ``request_id``'s handler is taking chunks: its chunks are taken at

@@ -1,6 +1,6 @@
 """Data links (protocol 1.4): further connections of a session that carry the chunks of
-its striped uploads, each read by a thread of its own (``hipr.sessions.stripes`` says
-why).
+its striped copies, each read by a thread of its own (``hipr.sessions.stripes`` says
+why), and written by the threads that send a striped download's chunks.
 
 A data link starts as any connection, with DATA_LINK as its first frame in place of
 HELLO; once the worker has answered, the connection's socket is taken off the event loop
@@ -9,7 +9,8 @@ part ``{offset}``, bulk at most ``chunk_bytes``. Anything else, or a frame that 
 arrive whole within the frame timeout, ends the link (its upload then fails as stalled
 unless the client sends the chunk again on another). The chunks are received straight
 into the worker's pinned payload buffers when their upload is running (the runtime DMAs
-from them as they are), else into memory of their own.
+from them as they are), else into memory of their own. A striped download's chunks go
+the other way (:meth:`DataLink.send_chunk`): DATA, flags REPLY, ``{offset}`` and bytes.
 """
 
 from __future__ import annotations
@@ -23,23 +24,26 @@ from typing import Any
 
 from hipr.errors import ProtocolError
 from hipr.protocol.bounded_cbor import CborLimits, bounded_loads
-from hipr.protocol.codec import ARGS_LENGTH
-from hipr.protocol.header import HEADER, HEADER_SIZE, MAGIC, PROTOCOL_MAJOR, version_major
+from hipr.protocol.codec import ARGS_LENGTH, encode_frame_parts
+from hipr.protocol.header import (
+    HEADER,
+    HEADER_SIZE,
+    MAGIC,
+    PROTOCOL_MAJOR,
+    Flags,
+    version_major,
+)
 from hipr.protocol.opcodes import Opcode
-from hipr.sessions.stripes import StripeInbox
+from hipr.sessions.stripes import DataLinkEnded, StripeInbox
 
 __all__ = ["MAX_CHUNK_ARGS", "DataLink"]
 
 #: A chunk's CBOR part is ``{"offset": n}``: 17 bytes at most.
 MAX_CHUNK_ARGS = 64
-#: How often a blocked read wakes to check the frame under way's deadline.
-_READ_TICK = struct.pack("ll", 1, 0)
+#: How often a blocked read or write wakes to check the frame under way's deadline.
+_TICK = struct.pack("ll", 1, 0)
 _HEAD_BYTES = HEADER_SIZE + ARGS_LENGTH.size
 _decode_args = bounded_loads(CborLimits(max_items=8, max_depth=2))
-
-
-class DataLinkEnded(Exception):
-    """The peer closed the link, or broke the rules of one (the message says how)."""
 
 
 class DataLink:
@@ -62,6 +66,8 @@ class DataLink:
         self._frame_timeout = frame_timeout
         self._log = log
         self._closed = threading.Event()
+        #: One chunk at a time on the wire (downloads are sent from several threads).
+        self._send_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="hipr-data-link", daemon=True)
         #: Chunks received (tests, diagnostics).
         self.chunks = 0
@@ -69,8 +75,10 @@ class DataLink:
     def start(self) -> None:
         """Read the link on its own thread until it ends."""
         self._sock.setblocking(True)
-        # A blocked read wakes every second, to give up on a frame that trickles in.
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _READ_TICK)
+        # A blocked read or write wakes every second, to give up on a frame that
+        # trickles (in, or out to a client that stopped reading).
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _TICK)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _TICK)
         self._thread.start()
 
     def close(self) -> None:
@@ -80,6 +88,44 @@ class DataLink:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass  # already gone
+
+    def send_chunk(self, request_id: int, offset: int, data: memoryview) -> None:
+        """Send one chunk of a striped download (blocking; from a worker thread, never the
+        event loop). DataLinkEnded if the link ended or the client stopped reading it for
+        longer than the frame timeout."""
+        parts: list[Any] = encode_frame_parts(
+            Opcode.DATA, request_id, Flags.REPLY, {"offset": offset}, data
+        )
+        views = [memoryview(part).cast("B") for part in parts]
+        limit = self._frame_timeout + data.nbytes / (1 << 20)
+        with self._send_lock:
+            try:
+                self._send_views(views, limit)
+            except DataLinkEnded:
+                self.close()  # a frame cut short: nothing more can follow it on this link
+                raise
+
+    def _send_views(self, views: list[memoryview], limit: float) -> None:
+        """Write every byte of ``views``; DataLinkEnded on failure or after ``limit``
+        seconds of the client not reading."""
+        started = time.monotonic()
+        while views:
+            if self._closed.is_set():
+                raise DataLinkEnded("the data link ended")
+            try:
+                sent = self._sock.sendmsg(views)
+            except (BlockingIOError, TimeoutError):
+                sent = 0  # the write's tick: the client read nothing for a second
+            except OSError as exc:
+                raise DataLinkEnded(f"the data link failed: {exc}") from None
+            while sent and views:
+                if sent >= views[0].nbytes:
+                    sent -= views.pop(0).nbytes
+                else:
+                    views[0] = views[0][sent:]
+                    sent = 0
+            if views and time.monotonic() - started > limit:
+                raise DataLinkEnded("the client did not read a chunk within the frame timeout")
 
     def join(self, timeout: float | None = None) -> None:
         """Wait for the thread to end (tests)."""

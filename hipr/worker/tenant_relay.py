@@ -13,7 +13,6 @@ from hipr.handlers.args import Args
 from hipr.protocol import messages as m
 from hipr.protocol.codec import Frame, FrameDecoder, encode_frame
 from hipr.protocol.header import Flags
-from hipr.protocol.opcodes import Opcode
 from hipr.transports import connect as transport_connect
 from hipr.worker.isolation import TenantProcesses
 from hipr.worker.link_writer import LINK_ERRORS

@@ -57,3 +57,21 @@ def chunk_frame(request_id: int, offset: int, data: bytes) -> bytes:
 def pattern(size: int) -> bytes:
     """Bytes that differ at every offset of a chunk."""
     return (bytes(range(251)) * (size // 251 + 1))[:size]
+
+
+async def receive_chunks(
+    link: anyio.abc.ByteStream, request_id: int, count: int
+) -> dict[int, bytes]:
+    """The next ``count`` download chunks of ``request_id`` on ``link``, by offset."""
+    decoder = FrameDecoder(max_payload=64 << 20)
+    chunks: dict[int, bytes] = {}
+    with anyio.fail_after(20):
+        while len(chunks) < count:
+            frame = decoder.next_frame()
+            if frame is None:
+                decoder.feed(await link.receive(1 << 20))
+                continue
+            assert frame.opcode == Opcode.DATA and frame.flags == Flags.REPLY, frame.header
+            assert frame.request_id == request_id
+            chunks[frame.args["offset"]] = bytes(frame.bulk)
+    return chunks

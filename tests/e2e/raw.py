@@ -44,6 +44,8 @@ class RawSession:
         with anyio.fail_after(10):
             while len(found) < count:
                 for frame in self.decoder.frames():
+                    if frame.request_id == 0 and Flags.REPLY not in frame.flags:
+                        continue  # the worker's heartbeat PING: not a reply
                     if Flags.ERROR in frame.flags:
                         raise HipError.from_wire(frame.args)
                     found.append(frame.args)

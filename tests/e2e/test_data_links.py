@@ -24,7 +24,7 @@ from hipr.transports import connect
 from hipr.worker.config import TlsConfig, WorkerConfig
 from hipr.worker.server import Worker, running_worker
 from tests.e2e.conftest import Endpoint
-from tests.e2e.data_link_client import CHUNK, Striped, chunk_frame, pattern
+from tests.e2e.data_link_client import CHUNK, Striped, chunk_frame, pattern, receive_chunks
 from tests.e2e.raw import RawSession
 from tests.transports.conftest import Pki
 
@@ -288,6 +288,63 @@ async def test_a_data_link_survives_a_resume_of_its_session(
     reply = await striped.raw.call(Opcode.MEMCPY_HTOD, {"dst": ptr, "size": size, "striped": True})
     assert reply == {}
     assert await _read(striped, ptr, size) == data
+
+
+async def _filled(s: Striped, size: int) -> tuple[int, bytes]:
+    """An allocation holding ``pattern(size)``, uploaded the usual way."""
+    ptr = (await s.raw.call(Opcode.MALLOC, {"size": size}))["ptr"]
+    data = pattern(size)
+    for offset in range(0, size, CHUNK):
+        piece = data[offset : offset + CHUNK]
+        args = {"dst": ptr + offset, "size": len(piece)}
+        await s.raw.replies(s.raw.frame(Opcode.MEMCPY_HTOD, args, bulk=piece), 1)
+    return ptr, data
+
+
+async def test_a_striped_download_comes_in_chunks_over_every_link(striped: Striped) -> None:
+    links = [await striped.open_link() for _ in range(2)]
+    size = 2 * CHUNK + 99
+    ptr, data = await _filled(striped, size)
+    request_id = striped.raw.next_id + 1
+    args = {"src": ptr, "size": size, "striped": True}
+    async with anyio.create_task_group() as tg:
+        got: dict[int, bytes] = {}
+
+        async def take(link: anyio.abc.ByteStream, count: int) -> None:
+            got.update(await receive_chunks(link, request_id, count))
+
+        tg.start_soon(take, links[0], 2)  # chunks 0 and 2
+        tg.start_soon(take, links[1], 1)  # chunk 1
+        assert await striped.raw.call(Opcode.MEMCPY_DTOH, args) == {"size": size}
+    assert sorted(got) == [0, CHUNK, 2 * CHUNK]
+    assert b"".join(got[offset] for offset in sorted(got)) == data
+
+
+async def test_a_striped_download_without_a_data_link_is_refused(striped: Striped) -> None:
+    ptr, _ = await _filled(striped, CHUNK)
+    with pytest.raises(HipError, match="no data link") as refused:
+        await striped.raw.call(Opcode.MEMCPY_DTOH, {"src": ptr, "size": CHUNK, "striped": True})
+    assert refused.value.code == HipErrorCode.hipErrorInvalidValue
+    with pytest.raises(HipError, match="outside|not .*allocation|invalid"):
+        await striped.raw.call(
+            Opcode.MEMCPY_DTOH, {"src": 0xDEAD0000, "size": CHUNK, "striped": True}
+        )
+
+
+async def test_a_download_to_a_client_that_never_reads_fails_in_bounded_time(
+    striped: Striped, worker: Worker
+) -> None:
+    await striped.open_link()  # never read
+    size = 12 * CHUNK  # more than loopback's socket buffers hold (tcp: up to 36 MiB)
+    ptr, data = await _filled(striped, size)
+    started = time.monotonic()
+    with pytest.raises(HipError, match="lost a data link"):
+        await striped.raw.call(Opcode.MEMCPY_DTOH, {"src": ptr, "size": size, "striped": True})
+    # One chunk's frame timeout: 1 s, and a second per MiB.
+    assert time.monotonic() - started < 30
+    # The read changed nothing: asked again without striped, the bytes come.
+    await striped.raw.call(Opcode.MEMCPY_DTOH, {"src": ptr + CHUNK, "size": CHUNK})
+    assert bytes(striped.raw.last_bulk) == data[CHUNK : 2 * CHUNK]
 
 
 @pytest.mark.parametrize("transport_kind", ["tls"], indirect=True)

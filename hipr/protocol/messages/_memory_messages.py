@@ -75,6 +75,19 @@ class MemcpyDtoh(Message):
     src = field("address", "where the bytes come from; [src, src+size) in one allocation")
     size = field("size", "bytes to copy", unit="bytes")
     stream = _stream()
+    striped = field(
+        "bool",
+        "the bytes go out as chunks on the session's data links (DATA_LINK, protocol 1.4), "
+        "not in the reply, which then carries `{size}` alone. Chunk `j` (bytes "
+        "`[j * chunk_bytes, min((j + 1) * chunk_bytes, size))`) is a frame DATA, flags "
+        "REPLY, this request's id, CBOR part `{offset}` and the bytes, on data link `j` "
+        "modulo the links attached; the reply follows once every chunk was written. A "
+        "session without data links, or a link that fails or stops being read for the "
+        "worker's `frame_timeout`, fails the request: a read changes nothing, so the "
+        "client may ask again without `striped`",
+        required=False,
+        default="false",
+    )
 
 
 @message(Opcode.MEMCPY_DTOD, fire_and_forget=True)

@@ -137,18 +137,20 @@ class Resume(Message):
     reply=(Out("index", "uint", "the link's number among the session's data links, from 0"),),
     connection="Valid only as the first frame of a new connection (request id 0), to a "
     "worker that offered `data_links` (protocol 1.4): the connection becomes a data link of "
-    "the session named, carrying only the chunks of its striped uploads (MEMCPY_HTOD's "
-    "`striped`) from the client. The worker sends nothing on it after this reply (no "
+    "the session named, carrying only the chunks of its striped copies: from the client "
+    "those of uploads (MEMCPY_HTOD's `striped`), from the worker those of downloads "
+    "(MEMCPY_DTOH's `striped`). The worker sends nothing else on it after this reply (no "
     "PING); it ends with the session, or when the client closes it. Refused with `auth` "
     "(wrong token), `session_lost` (no such session), `quota` (the session holds "
     "`data_links` already) or `hipErrorNotSupported` (a TLS link, or a worker offering none). "
-    "Each chunk is a DATA frame whose request id is the striped MEMCPY_HTOD's, flags 0, "
-    "CBOR part `{offset}` (a multiple of `chunk_bytes`) and bulk the bytes at that offset: "
-    "`chunk_bytes` of them, fewer only for the last chunk. A frame of any other shape ends "
-    "the data link.",
+    "Each chunk of an upload is a DATA frame whose request id is the striped "
+    "MEMCPY_HTOD's, flags 0, CBOR part `{offset}` (a multiple of `chunk_bytes`) and bulk "
+    "the bytes at that offset: `chunk_bytes` of them, fewer only for the last chunk; a "
+    "frame of any other shape from the client ends the data link. A download's chunks "
+    "are the same with flags REPLY.",
 )
 class DataLink(Message):
-    """Attach a further connection to a session, for striped uploads."""
+    """Attach a further connection to a session, for striped copies."""
 
     session_id = field("text", "HELLO's `session_id`", range="at most 64 characters")
     resume_token = field("text", "HELLO's `resume_token`", range="at most 256 characters")
