@@ -1,13 +1,17 @@
 """Data links (protocol 1.4) from the native proxy, under ASan/UBSan: core_check's uploads
 of 40 MiB + 123 bytes (and smaller) go striped over the session's data links and read
-back whole, over unix and tcp, in a forked child too (its own session and data links);
-HIPR_DATA_LINKS=0, a worker that offers none and a worker of protocol 1.3 get unstriped
-uploads; links cut under striped uploads (data links or the main link) are reopened or
-resumed and every byte lands. The worker's metrics count the data links it attached."""
+back whole, over unix and tcp, in a forked child too (its own session and data links),
+and the CUDA driver proxy's too; HIPR_DATA_LINKS=0, a worker that offers none and a
+worker of protocol 1.3 get unstriped uploads; links cut under striped uploads (data links
+or the main link) are reopened or resumed, and every byte lands; a data link that cannot
+be replaced leaves its chunks to the others. The worker's metrics count the data links it
+attached."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
 import threading
 import urllib.request
 from collections.abc import Iterator
@@ -16,8 +20,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from hipr.proxy.build import SANITIZE
 from tests.proxy.conftest import stop_worker
-from tests.proxy.sanitized import assert_sanitizer_clean
+from tests.proxy.sanitized import SANITIZER_ENV, assert_sanitizer_clean
 from tests.proxy.test_core import (  # noqa: F401 - fixtures
     Program,
     Relay,
@@ -27,6 +32,7 @@ from tests.proxy.test_core import (  # noqa: F401 - fixtures
     program,
     short_dir,
 )
+from tests.proxy.test_cuda_c import _check_program
 
 #: Below core_check's uploads (the smallest is 6 MiB + 1), above its 1 KiB ones.
 STRIPE_MIN = str(4 << 20)
@@ -261,3 +267,21 @@ def test_a_data_link_that_cannot_be_replaced_leaves_its_chunks_to_the_others(
         assert _striped(result.stderr) == UPLOADS, result.stderr
     finally:
         relay.close()
+
+
+def test_the_cuda_driver_proxy_stripes_too(
+    sanitized_libs: Path, worker: tuple[Worker, str], tmp_path: Path
+) -> None:
+    """libcuda.so.1 holds a session core of its own: cuda_check's copy of 3 MiB + 4 KiB
+    (cuMemcpyHtoD_v2) goes striped, and reads back whole."""
+    started, metrics = worker
+    checker = _check_program(sanitized_libs, tmp_path, SANITIZE)
+    env = dict(os.environ, HIPR_URL=started.unix_url, **SANITIZER_ENV, **_debug_env())
+    env["HIPR_STRIPE_MIN_BYTES"] = str(2 << 20)
+    result = subprocess.run(
+        [str(checker)], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert_sanitizer_clean(result)
+    assert result.stdout.strip() == "ok", result.stderr
+    assert _striped(result.stderr) >= 1, result.stderr
+    assert _data_links(metrics) == LINKS
