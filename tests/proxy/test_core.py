@@ -308,6 +308,8 @@ class Relay:
     downgrade: bool = False
     #: Tell the client the worker speaks protocol 1.<this> (as downgrade, any minor).
     announce_minor: int | None = None
+    #: Byte strings replaced in what the worker sends (HELLO's reply: what it offers).
+    down_rewrites: list[tuple[bytes, bytes]] = field(default_factory=list)
     listener: socket.socket = field(init=False)
     port: int = field(init=False)
     cuts: int = 0
@@ -358,6 +360,8 @@ class Relay:
                 data = re.sub(
                     rb"hprotocol\x19\x01[\x00-\x17]", b"hprotocol\x19\x01" + bytes([minor]), data
                 )
+            for old, new in [] if up else self.down_rewrites:
+                data = data.replace(old, new)
             with self._lock:
                 if up and self.spy is not None:
                     self.spy += data

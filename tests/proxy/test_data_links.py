@@ -285,3 +285,33 @@ def test_the_cuda_driver_proxy_stripes_too(
     assert result.stdout.strip() == "ok", result.stderr
     assert _striped(result.stderr) >= 1, result.stderr
     assert _data_links(metrics) == LINKS
+
+
+def test_a_worker_that_refuses_data_links_is_not_asked_again(
+    program: Program,  # noqa: F811
+    short_dir: Path,  # noqa: F811
+) -> None:
+    """A worker of `data_links = 0` made to offer 4 (the relay rewrites HELLO's reply):
+    it refuses the first DATA_LINK (not supported), and the session asks no more; every
+    upload goes unstriped and lands."""
+    started, metrics = _worker(short_dir, "data_links = 0\n")
+    relay = Relay(
+        started.unix_url.removeprefix("unix://"),
+        [],
+        [],
+        down_rewrites=[(b"jdata_links\x00", b"jdata_links\x04")],
+    )
+    try:
+        result = program.run(
+            f"tcp://127.0.0.1:{relay.port}", "striped", env=_debug_env(), timeout=110
+        )
+        assert_sanitizer_clean(result)
+        assert result.stdout.strip() == "ok striped resumes=0", result.stderr
+        assert _striped(result.stderr) == 0, result.stderr
+        # Once in the parent, once in its child (a session of its own).
+        assert result.stderr.count("the worker refused a data link") == 2, result.stderr
+        assert relay.links == 2 * 2
+        assert _data_links(metrics) == 0
+    finally:
+        relay.close()
+        stop_worker(started.process)

@@ -646,6 +646,7 @@ static struct {
     size_t next[DL_MAX];
     int state[DL_MAX];
     int sent_by[DL_MAX]; /* the slot whose link carried class c, -1 for none */
+    int refused;         /* the worker refused a data link for good: none this session */
     int sending;         /* senders at work on a class */
     int watching;        /* senders watching their link (or replacing it) */
     int wake[2];         /* a pipe: readable once the job ended, until the next */
@@ -702,7 +703,8 @@ static int striped_args(const uint8_t *cbor, size_t len, uint8_t **out, size_t *
 }
 
 /* DATA_LINK on the new link `l` and the worker's answer: 0 (attached), 1 (refused: `err`
- * says why) or -1 (the link failed). */
+ * says why; for the rest of the session unless it was a quota, which a data link that
+ * just closed may still count against) or -1 (the link failed). */
 static int dl_handshake(hipr_link *l, const dl_params *p, char *err, size_t err_size) {
     hipr_map m;
     hipr_map_init(&m, 2);
@@ -741,10 +743,14 @@ static int dl_handshake(hipr_link *l, const dl_params *p, char *err, size_t err_
         if (got == 1) {
             if (f.opcode == OP_PING || f.request_id != 0) continue;
             if (f.flags & HIPR_F_ERROR) {
-                char msg[400];
-                error_code_of(f.cbor, f.cbor_len, msg, sizeof msg);
+                char msg[400], kind[32] = "";
+                cbor_item_t *map = hipr_cbor_load(f.cbor, f.cbor_len);
+                hipr_error_code(map, msg, sizeof msg);
+                if (map && hipr_cbor_text(map, "kind", kind, sizeof kind) != 0) kind[0] = '\0';
+                if (map) cbor_decref(&map);
                 snprintf(err, err_size, "the worker refused a data link: %s", msg);
                 rc = 1;
+                if (strcmp(kind, "quota") != 0) __atomic_store_n(&D.refused, 1, __ATOMIC_RELAXED);
             } else if (f.opcode == OP_DATA_LINK && (f.flags & HIPR_F_REPLY)) {
                 rc = 0;
             } else {
@@ -963,6 +969,7 @@ static int dl_wanted(uint16_t opcode, size_t len) {
         return 0;
     const char *kind = hipr_link_kind(S.link);
     if (strcmp(kind, "tcp") != 0 && strcmp(kind, "unix") != 0) return 0;
+    if (__atomic_load_n(&D.refused, __ATOMIC_RELAXED)) return 0;
     uint64_t k = S.data_links < (uint64_t)S.dl_limit ? S.data_links : (uint64_t)S.dl_limit;
     return (int)k;
 }
@@ -1004,6 +1011,7 @@ static int dl_prepare(int want) {
         hipr_link *l = dl_open(&D.p, S.connect_s, err, sizeof err);
         if (!l) {
             if (S.debug) fprintf(stderr, "hipr proxy: data link %d did not open: %s\n", k, err);
+            if (__atomic_load_n(&D.refused, __ATOMIC_RELAXED)) break;
             continue;
         }
         if (!D.thread[k]) {
@@ -1097,7 +1105,7 @@ static void dl_close_all(int forget) {
     D.live = 0;
     if (forget) {
         /* The pipe is shared with the parent: a wake here must not reach its senders. */
-        D.active = D.sending = D.watching = 0;
+        D.active = D.sending = D.watching = D.refused = 0;
         for (int i = 0; i < 2; i++) {
             if (D.wake[i] >= 0) close(D.wake[i]);
             D.wake[i] = -1;
