@@ -315,3 +315,75 @@ def test_a_worker_that_refuses_data_links_is_not_asked_again(
     finally:
         relay.close()
         stop_worker(started.process)
+
+
+#: The head of a MEMCPY_HTOD request as the proxy frames it (protocol 1.4).
+HTOD_HEAD = b"HIPR\x04\x01\x10\x02"
+
+
+class MainLinkRelay(Relay):
+    """A relay whose marks count (and cut) the first link only: the main link of the
+    session (its data links open after its HELLO); the others are forwarded as they are."""
+
+    main: tuple[socket.socket, ...] | None = None
+
+    def _pump(
+        self, src: socket.socket, dst: socket.socket, up: bool, pair: tuple[socket.socket, ...]
+    ) -> None:
+        if self.main is None:
+            self.main = pair
+        if pair is self.main:
+            super()._pump(src, dst, up, pair)
+            return
+        while data := _recv(src):
+            try:
+                dst.sendall(data)
+            except OSError:
+                break
+        for s in pair:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+
+def _recv(s: socket.socket) -> bytes:
+    try:
+        return s.recv(65536)
+    except OSError:
+        return b""
+
+
+def test_the_main_link_cut_inside_a_striped_request_is_resumed(
+    program: Program,  # noqa: F811
+    worker: tuple[Worker, str],
+) -> None:
+    """A first run finds where the first striped MEMCPY_HTOD request goes up the main link
+    (every byte before it is the same from run to run: HELLO, the allocation); a second
+    cuts the main link inside it. The chunks go on meanwhile, the
+    caller resumes the session, the worker replays the request and takes the chunks it
+    held for it."""
+    started, _ = worker
+    target = started.unix_url.removeprefix("unix://")
+    spy = MainLinkRelay(target, [], [], spy=bytearray())
+    try:
+        result = program.run(f"tcp://127.0.0.1:{spy.port}", "striped", env=_debug_env())
+        assert_sanitizer_clean(result)
+        assert spy.spy is not None
+        at = bytes(spy.spy).find(HTOD_HEAD)
+        assert at > 0
+    finally:
+        spy.close()
+    relay = MainLinkRelay(target, [at + 10], [])
+    try:
+        result = program.run(
+            f"tcp://127.0.0.1:{relay.port}", "striped", env=_debug_env(), timeout=110
+        )
+        assert_sanitizer_clean(result)
+        assert relay.cuts == 1, result.stderr
+        assert result.stdout.strip() == "ok striped resumes=1", result.stderr
+        assert _striped(result.stderr) == UPLOADS, result.stderr
+        assert "data link 0 failed" not in result.stderr  # the data links went on
+    finally:
+        relay.close()

@@ -647,6 +647,7 @@ static struct {
     int state[DL_MAX];
     int sent_by[DL_MAX]; /* the slot whose link carried class c, -1 for none */
     int refused;         /* the worker refused a data link for good: none this session */
+    int replaced[DL_MAX]; /* slot k's links replaced in this job (DL_REOPEN_ATTEMPTS at most) */
     int sending;         /* senders at work on a class */
     int watching;        /* senders watching their link (or replacing it) */
     int wake[2];         /* a pipe: readable once the job ended, until the next */
@@ -863,6 +864,9 @@ static void dl_replace(int k, int needed) {
     hipr_link *l = D.link[k];
     D.link[k] = NULL;
     D.live--;
+    /* Bounded: a worker that takes no chunk (its request never came: the main link went
+     * down unseen) must not keep a slot reopening; the caller then resumes the session. */
+    if (D.replaced[k]++ >= DL_REOPEN_ATTEMPTS) needed = 0;
     dl_params p = D.p;
     pthread_mutex_unlock(&D.mu);
     if (p.debug) fprintf(stderr, "hipr proxy: data link %d failed\n", k);
@@ -1030,11 +1034,10 @@ static int dl_prepare(int want) {
     return D.live;
 }
 
-/* Under `lock`: request `id`'s `len` bytes from `bulk` as chunks over the open data
- * links; returns once every chunk went out or no data link is left: how many chunks did
- * not. The links are watched (and what a failed one carried sent again) until
+/* Under `lock`: request `id`'s `len` bytes from `bulk` go as chunks over the open data
+ * links, and the links are watched (what a failed one carried sent again), until
  * dl_end_job. */
-static size_t dl_start_job(uint32_t id, const uint8_t *bulk, size_t len) {
+static void dl_start_job(uint32_t id, const uint8_t *bulk, size_t len) {
     pthread_mutex_lock(&D.mu);
     D.id = id;
     D.bulk = bulk;
@@ -1050,25 +1053,16 @@ static size_t dl_start_job(uint32_t id, const uint8_t *bulk, size_t len) {
         D.state[c] = CLS_WAITING;
         D.sent_by[c] = -1;
     }
+    memset(D.replaced, 0, sizeof D.replaced);
     __atomic_store_n(&D.active, 1, __ATOMIC_RELAXED);
     pthread_cond_broadcast(&D.work);
-    size_t unsent;
-    for (;;) {
-        unsent = 0;
-        for (int c = 0; c < classes; c++)
-            if (D.state[c] != CLS_DONE)
-                unsent += (D.nchunks - D.next[c] + (size_t)classes - 1) / (size_t)classes;
-        if (D.sending == 0 && (unsent == 0 || D.live == 0)) break;
-        pthread_cond_wait(&D.done, &D.mu);
-    }
     pthread_mutex_unlock(&D.mu);
-    return unsent;
 }
 
 /* Under D.mu: the job under way (if any) ends; returns once no sender uses the caller's
- * memory or a link. */
-static void dl_stop(void) {
-    if (!D.active) return;
+ * memory or a link. How many chunks were never sent. */
+static size_t dl_stop(void) {
+    if (!D.active) return 0;
     __atomic_store_n(&D.active, 0, __ATOMIC_RELAXED);
     char byte = 1;
     if (write(D.wake[1], &byte, 1) < 0) {
@@ -1080,14 +1074,22 @@ static void dl_stop(void) {
     while (read(D.wake[0], drain, sizeof drain) > 0) {
     }
     D.bulk = NULL;
+    size_t unsent = 0;
+    for (int c = 0; c < D.classes; c++)
+        if (D.state[c] != CLS_DONE)
+            unsent += (D.nchunks - D.next[c] + (size_t)D.classes - 1) / (size_t)D.classes;
+    return unsent;
 }
 
 /* Under `lock`, once the striped request has its reply (or failed): the senders stop
  * and let go of the caller's memory. */
 static void dl_end_job(void) {
     pthread_mutex_lock(&D.mu);
-    dl_stop();
+    size_t unsent = dl_stop();
     pthread_mutex_unlock(&D.mu);
+    if (unsent && S.debug)
+        fprintf(stderr, "hipr proxy: %zu chunks of a striped upload found no data link\n",
+                unsent);
 }
 
 /* The data links closed (the session is over, or the process ends); `forget` in a forked
@@ -1096,7 +1098,7 @@ static void dl_close_all(int forget) {
     hipr_link *links[DL_MAX];
     pthread_mutex_lock(&D.mu);
     /* The session may be lost in the middle of a striped upload (its RESUME refused). */
-    if (!forget) dl_stop();
+    if (!forget) (void)dl_stop();
     for (int k = 0; k < DL_MAX; k++) {
         links[k] = D.link[k];
         D.link[k] = NULL;
@@ -1118,8 +1120,9 @@ static void dl_close_all(int forget) {
     }
 }
 
-/* Forward: the exchange below. */
+/* Forward: the exchange and flush below. */
 static int exchange(uint32_t id, const direct *d, void *sink, size_t sink_size, hipr_reply *r);
+static int flush_or_recover(void);
 
 /* An upload striped over the data links, when `want` of them may be used and at least
  * one opens (*striped = 1; a hipError_t), else *striped = 0 and nothing was sent. */
@@ -1139,15 +1142,15 @@ static int striped_call(int want, uint16_t opcode, uint32_t id, uint32_t flags,
     if (S.debug)
         fprintf(stderr, "hipr proxy: striped upload of %zu bytes over %d data links\n", bulk_len,
                 open);
-    /* The request first (the worker then takes the chunks straight into place), then the
-     * chunks, whatever became of the main link meanwhile: a RESUME replays the request
-     * and the worker holds the chunks for it. */
-    rc = flush_out();
-    size_t unsent = dl_start_job(id, bulk, bulk_len);
-    if (unsent && S.debug)
-        fprintf(stderr, "hipr proxy: %zu chunks of a striped upload found no data link\n",
-                unsent);
-    if (rc == 0 || rc == LINK_DOWN) rc = exchange(id, NULL, sink, sink_size, r);
+    /* The request first (the worker then takes the chunks straight into place: it holds
+     * only so many chunks of a request it has not seen), then the chunks, while this
+     * thread awaits the reply: a main link that drops meanwhile is resumed at once (the
+     * worker replays the request and takes the chunks it holds for it) rather than once
+     * every chunk went out, which a worker holding all it may would never let happen. */
+    rc = flush_or_recover();
+    if (rc) return rc;
+    dl_start_job(id, bulk, bulk_len);
+    rc = exchange(id, NULL, sink, sink_size, r);
     dl_end_job();
     return rc;
 }
