@@ -17,6 +17,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -33,6 +34,7 @@ from tests.proxy.test_core import (  # noqa: F401 - fixtures
     short_dir,
 )
 from tests.proxy.test_cuda_c import _check_program
+from tests.resilience.proxy import faulty_proxy
 
 #: Below core_check's uploads (the smallest is 6 MiB + 1), above its 1 KiB ones.
 STRIPE_MIN = str(4 << 20)
@@ -387,3 +389,38 @@ def test_the_main_link_cut_inside_a_striped_request_is_resumed(
         assert "data link 0 failed" not in result.stderr  # the data links went on
     finally:
         relay.close()
+
+
+@pytest.mark.anyio
+async def test_every_link_stalled_then_cut_under_striped_uploads(
+    program: Program,  # noqa: F811
+    short_dir: Path,  # noqa: F811
+) -> None:
+    """Through the resilience tests' faulty proxy: once the session and its data links are
+    up, every route stalls, then every link is cut (a dead route replaced). The main link
+    resumes, the data links are reopened and what they carried sent again; every upload
+    lands whole."""
+    started, _ = await anyio.to_thread.run_sync(_worker, short_dir, "resume_grace = 30\n")
+    results: list[subprocess.CompletedProcess[str]] = []
+    try:
+        async with faulty_proxy(started.unix_url) as proxy:
+
+            def run() -> None:
+                results.append(program.run(proxy.url, "striped", env=_debug_env(), timeout=110))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(anyio.to_thread.run_sync, run)
+                with anyio.fail_after(60):
+                    while proxy.links < 1 + LINKS:
+                        await anyio.sleep(0.005)
+                proxy.stalled = True
+                await anyio.sleep(0.3)
+                await proxy.cut_all()
+                proxy.stalled = False
+    finally:
+        await anyio.to_thread.run_sync(stop_worker, started.process)
+    (result,) = results
+    assert_sanitizer_clean(result)
+    assert result.stdout.startswith("ok striped resumes="), result.stderr
+    assert "resumed the session" in result.stderr, result.stderr
+    assert _striped(result.stderr) == UPLOADS, result.stderr
