@@ -181,7 +181,7 @@ class PrometheusObserver:
         self.data_links = Counter(
             "hipr_data_links",
             "Data links attached to sessions (protocol 1.4: further connections carrying "
-            "the chunks of striped uploads).",
+            "the chunks of striped copies).",
             ["tenant"],
             registry=r,
         )

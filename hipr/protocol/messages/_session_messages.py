@@ -20,7 +20,7 @@ _SESSION_REPLY = (
     Out(
         "data_links",
         "uint",
-        "how many data links (DATA_LINK) the session may attach for striped uploads; 0: "
+        "how many data links (DATA_LINK) the session may attach for striped copies; 0: "
         "none (protocol 1.4; absent from older workers, meaning none)",
     ),
 )
