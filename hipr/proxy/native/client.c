@@ -602,10 +602,12 @@ static int encode_args(hipr_map *args, uint8_t **cbor, size_t *len) {
  * bytes sent as DATA chunks over K further connections of the session at once, one sender
  * thread each (sendmsg straight from the caller's memory), so that neither side's single
  * socket thread bounds it. The request itself goes on the main link through the resend
- * log as any other; the caller waits until every chunk went out, then for its reply. A
- * data link survives a RESUME of the main link; one whose send fails is closed and its
- * chunks go again on a freshly opened one (or on another live one). The senders touch only
- * D, under D.mu; the caller starts a job with `lock` held, so at most one runs. */
+ * log as any other, first; the caller awaits its reply while the senders send the chunks
+ * and then watch their links. A data link survives a RESUME of the main link; one that
+ * fails before the reply (a send, or the worker closing it) is closed and every chunk it
+ * carried goes again on a freshly opened one (or on another live one). The senders touch
+ * only D, under D.mu; the caller starts and ends a job with `lock` held, so at most one
+ * runs, and no sender uses the caller's memory once it ended. */
 #define DL_MAX 16
 #define DL_DEFAULT 4
 #define STRIPE_MIN_DEFAULT (16.0 * 1024 * 1024)
@@ -645,12 +647,12 @@ static struct {
     int rank[DL_MAX]; /* slot k's own class, -1 for none */
     size_t next[DL_MAX];
     int state[DL_MAX];
-    int sent_by[DL_MAX]; /* the slot whose link carried class c, -1 for none */
-    int refused;         /* the worker refused a data link for good: none this session */
-    int replaced[DL_MAX]; /* slot k's links replaced in this job (DL_REOPEN_ATTEMPTS at most) */
-    int sending;         /* senders at work on a class */
-    int watching;        /* senders watching their link (or replacing it) */
-    int wake[2];         /* a pipe: readable once the job ended, until the next */
+    int sent_by[DL_MAX];  /* the slot whose link carried class c, -1 for none */
+    int refused;          /* the worker refused a data link for good: none this session */
+    int replaced[DL_MAX]; /* slot k's links replaced in this job (DL_REOPEN_ATTEMPTS most) */
+    int sending;          /* senders at work on a class */
+    int watching;         /* senders watching their link (or replacing it) */
+    int wake[2];          /* a pipe: readable once the job ended, until the next */
 } D = {.mu = PTHREAD_MUTEX_INITIALIZER,
        .work = PTHREAD_COND_INITIALIZER,
        .done = PTHREAD_COND_INITIALIZER,
