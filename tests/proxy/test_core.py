@@ -96,7 +96,9 @@ def _start(
     cfg = directory / "worker.toml"
     cfg.write_text(
         f"listen = {listen!r}\n".replace("'", '"')
-        + 'backend = "emulator"\nlog_level = "warning"\n'
+        # HIPR_TEST_BACKEND=cuda runs the same programs against a GPU worker.
+        + f'backend = "{os.environ.get("HIPR_TEST_BACKEND", "emulator")}"\n'
+        + 'log_level = "warning"\n'
         + extra
     )
     log = open(directory / "worker.log", "wb")  # noqa: SIM115 - the worker's lifetime
