@@ -103,6 +103,8 @@ def session_status(session: Session, caller: Session | None) -> dict[str, Any]:
         "allocations": len(session.allocations),
         "handles": {kind: len(getattr(session, kind)) for kind in HANDLE_KINDS},
         "current": session is caller,
+        # Further connections carrying its striped copies (protocol 1.4).
+        "data_links": session.stripes.links,
         # Work running past its rules (hipr/worker/runaway.py), else None.
         "runaway": session.runaway,
     }
@@ -195,7 +197,7 @@ async def admin_status(session: Session, request: Request) -> Any:
 
     ``sessions``: one map per live session, ``{id, tenant, peer, device, memory,
     allocations, handles: {streams, events, modules, functions, graphs, graph_execs},
-    current}`` (``current`` marks the caller's own); with ``isolation = "process"`` the
+    current, data_links}`` (``current`` marks the caller's own); with ``isolation = "process"`` the
     sessions of the tenant child workers too, each with its ``worker_pid``.
     ``children``: ``{tenant, pid, rss, sessions, memory, error}`` per tenant child
     worker (``error`` when it did not answer: its last figures are shown).

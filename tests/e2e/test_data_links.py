@@ -18,6 +18,7 @@ import anyio.abc
 import pytest
 
 from hipr.errors import HipError, HipErrorCode
+from hipr.handlers.admin import session_status
 from hipr.protocol import Flags, Opcode, encode_frame
 from hipr.protocol.header import HEADER, MAGIC, PROTOCOL_VERSION
 from hipr.transports import connect
@@ -100,6 +101,7 @@ async def test_a_striped_upload_lands_whole_from_chunks_in_any_order(
     assert await striped.raw.replies(b"", 1) == [{}]
     assert await _read(striped, ptr, size) == data
     assert _session(worker).stripes.links == 3
+    assert session_status(_session(worker), None)["data_links"] == 3  # hipr status
 
 
 async def test_chunks_that_come_before_their_request_are_held(

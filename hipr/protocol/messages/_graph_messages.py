@@ -108,8 +108,9 @@ class GraphExecDestroy(Message):
             "sessions",
             "[map]",
             "one map per live session: `{id, tenant, peer, device, memory, allocations, "
-            "handles: {streams, events, modules, functions, graphs, graph_execs}, current}` "
-            '(`current` marks the caller\'s own); with `isolation = "process"` the sessions '
+            "handles: {streams, events, modules, functions, graphs, graph_execs}, current, "
+            "data_links}` (`current` marks the caller's own; `data_links` counts the further "
+            'connections carrying its striped copies); with `isolation = "process"` the sessions '
             "of the tenant child workers too, each with its `worker_pid`",
         ),
         Out(
