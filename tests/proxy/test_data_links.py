@@ -40,12 +40,20 @@ from tests.resilience.proxy import faulty_proxy
 STRIPE_MIN = str(4 << 20)
 #: core_check striped's uploads: the parent's three, then its child's one.
 UPLOADS = 4
+#: core_check striped's reads: three after each upload (whole, unaligned, a range).
+DOWNLOADS = 3 * UPLOADS
 #: Data links a session opens by default (HIPR_DATA_LINKS and the worker's both 4).
 LINKS = 4
 
 
 def _debug_env(**more: str) -> dict[str, str]:
-    return {"HIPR_PROXY_DEBUG": "1", "HIPR_STRIPE_MIN_BYTES": STRIPE_MIN, **more}
+    """HIPR_DATA_LINKS set: by default a machine of fewer than 4 CPUs (CI's) opens none."""
+    return {
+        "HIPR_PROXY_DEBUG": "1",
+        "HIPR_STRIPE_MIN_BYTES": STRIPE_MIN,
+        "HIPR_DATA_LINKS": str(LINKS),
+        **more,
+    }
 
 
 def _data_links(metrics: str) -> float:
@@ -80,6 +88,15 @@ def _striped(result_stderr: str) -> int:
     return result_stderr.count("hipr proxy: striped upload of ")
 
 
+def _striped_down(result_stderr: str) -> int:
+    """Striped downloads asked (each one landed whole, or was asked again unstriped)."""
+    return result_stderr.count("hipr proxy: striped download of ")
+
+
+def _asked_again(result_stderr: str) -> int:
+    return result_stderr.count("asked again unstriped")
+
+
 def test_uploads_go_striped_over_unix_and_land_whole(
     program: Program,  # noqa: F811
     worker: tuple[Worker, str],
@@ -89,6 +106,9 @@ def test_uploads_go_striped_over_unix_and_land_whole(
     assert_sanitizer_clean(result)
     assert result.stdout.strip() == "ok striped resumes=0", result.stderr
     assert _striped(result.stderr) == UPLOADS, result.stderr
+    # Every read back went striped too, and landed whole.
+    assert _striped_down(result.stderr) == DOWNLOADS, result.stderr
+    assert _asked_again(result.stderr) == 0, result.stderr
     assert "over 4 data links" in result.stderr
     # The parent's links survived its child: opened once in each process.
     assert result.stderr.count("hipr proxy: data link 0 open") == 2, result.stderr
@@ -108,6 +128,8 @@ def test_uploads_go_striped_over_tcp(
         assert_sanitizer_clean(result)
         assert result.stdout.strip() == "ok striped resumes=0", result.stderr
         assert _striped(result.stderr) == UPLOADS, result.stderr
+        assert _striped_down(result.stderr) == DOWNLOADS, result.stderr
+        assert _asked_again(result.stderr) == 0, result.stderr
         # A main link and 4 data links in the parent, and as many in its child.
         assert relay.links == 2 * (1 + LINKS)
         assert _data_links(metrics) == 2 * LINKS
@@ -125,7 +147,7 @@ def test_fewer_data_links_when_asked(
     )
     assert_sanitizer_clean(result)
     assert result.stdout.strip() == "ok striped resumes=0", result.stderr
-    assert result.stderr.count("over 2 data links") == UPLOADS, result.stderr
+    assert result.stderr.count("over 2 data links") == UPLOADS + DOWNLOADS, result.stderr
     assert _data_links(metrics) == 2 * 2
 
 
@@ -147,12 +169,15 @@ def test_small_uploads_are_not_striped_by_default(
     program: Program,  # noqa: F811
     worker: tuple[Worker, str],
 ) -> None:
-    """16 MiB by default: only the two uploads of 40 MiB + 123 bytes go striped."""
+    """16 MiB by default: only the two uploads of 40 MiB + 123 bytes go striped, and
+    their reads."""
     started, metrics = worker
-    result = program.run(started.unix_url, "striped", env={"HIPR_PROXY_DEBUG": "1"}, timeout=110)
+    env = {"HIPR_PROXY_DEBUG": "1", "HIPR_DATA_LINKS": str(LINKS)}
+    result = program.run(started.unix_url, "striped", env=env, timeout=110)
     assert_sanitizer_clean(result)
     assert result.stdout.strip() == "ok striped resumes=0", result.stderr
     assert _striped(result.stderr) == 2, result.stderr
+    assert _striped_down(result.stderr) == 2 * 3, result.stderr
     assert _data_links(metrics) == LINKS  # the child uploaded 9 MiB: no data link
 
 
@@ -184,6 +209,7 @@ def test_a_worker_of_protocol_1_3_gets_unstriped_uploads(
         assert_sanitizer_clean(result)
         assert result.stdout.strip() == "ok striped resumes=0", result.stderr
         assert _striped(result.stderr) == 0, result.stderr
+        assert _striped_down(result.stderr) == 0, result.stderr
         assert relay.links == 2  # the parent's session and its child's: no data link
         assert _data_links(metrics) == 0
     finally:
@@ -196,8 +222,9 @@ def test_a_worker_of_protocol_1_3_gets_unstriped_uploads(
         # Inside the first upload's chunks (on a data link, or the main link's request),
         # and inside the last upload's.
         ([20_000_000, 90_000_000], []),
-        # Inside the first download (the main link): the session resumes; its data
-        # links, tied to the session, go on.
+        # Inside the first download (most of whose bytes come on the data links): a
+        # data link cut fails the striped read, which is asked again unstriped; the main
+        # link cut is resumed.
         ([], [30_000_000]),
     ],
     ids=["up", "down"],
@@ -219,10 +246,12 @@ def test_links_cut_under_striped_uploads(
         assert result.stdout.startswith("ok striped resumes="), result.stderr
         assert relay.cuts == cuts, (relay.cuts, result.stderr)
         assert _striped(result.stderr) == UPLOADS, result.stderr
-        # Each cut ended a data link (reopened) or the main link (resumed).
+        assert _striped_down(result.stderr) == DOWNLOADS, result.stderr
+        # Each cut ended a data link (reopened, or its read asked again unstriped) or
+        # the main link (resumed).
         reopened = result.stderr.count("reopened")
         resumed = result.stderr.count("resumed the session")
-        assert reopened + resumed >= cuts, result.stderr
+        assert reopened + resumed + _asked_again(result.stderr) >= cuts, result.stderr
     finally:
         relay.close()
 
@@ -286,6 +315,9 @@ def test_the_cuda_driver_proxy_stripes_too(
     assert_sanitizer_clean(result)
     assert result.stdout.strip() == "ok", result.stderr
     assert _striped(result.stderr) >= 1, result.stderr
+    # cuMemcpyDtoH_v2 of as many bytes: a striped read, landed whole.
+    assert _striped_down(result.stderr) >= 1, result.stderr
+    assert _asked_again(result.stderr) == 0, result.stderr
     assert _data_links(metrics) == LINKS
 
 
@@ -424,3 +456,116 @@ async def test_every_link_stalled_then_cut_under_striped_uploads(
     assert result.stdout.startswith("ok striped resumes="), result.stderr
     assert "resumed the session" in result.stderr, result.stderr
     assert _striped(result.stderr) == UPLOADS, result.stderr
+
+
+#: The head of a MEMCPY_DTOH request as the proxy frames it (protocol 1.4).
+DTOH_HEAD = b"HIPR\x04\x01\x11\x02"
+
+
+def test_the_main_link_cut_inside_a_striped_download_request_is_resumed(
+    program: Program,  # noqa: F811
+    worker: tuple[Worker, str],
+) -> None:
+    """As above for the first striped MEMCPY_DTOH: the main link cut inside its request;
+    the caller resumes the session, the worker runs the replayed request and its chunks
+    come on the data links, which were read throughout."""
+    started, _ = worker
+    target = started.unix_url.removeprefix("unix://")
+    spy = MainLinkRelay(target, [], [], spy=bytearray())
+    try:
+        result = program.run(f"tcp://127.0.0.1:{spy.port}", "striped", env=_debug_env())
+        assert_sanitizer_clean(result)
+        assert spy.spy is not None
+        at = bytes(spy.spy).find(DTOH_HEAD)
+        assert at > 0
+    finally:
+        spy.close()
+    relay = MainLinkRelay(target, [at + 10], [])
+    try:
+        result = program.run(
+            f"tcp://127.0.0.1:{relay.port}", "striped", env=_debug_env(), timeout=110
+        )
+        assert_sanitizer_clean(result)
+        assert relay.cuts == 1, result.stderr
+        assert result.stdout.strip() == "ok striped resumes=1", result.stderr
+        assert _striped_down(result.stderr) == DOWNLOADS, result.stderr
+        assert _asked_again(result.stderr) == 0, result.stderr
+    finally:
+        relay.close()
+
+
+class DataLinkRelay(Relay):
+    """A relay whose marks count (and cut, or freeze) the data links only: every link but
+    the first (the session's main link, forwarded as it is)."""
+
+    main: tuple[socket.socket, ...] | None = None
+
+    def _pump(
+        self, src: socket.socket, dst: socket.socket, up: bool, pair: tuple[socket.socket, ...]
+    ) -> None:
+        if self.main is None:
+            self.main = pair
+        if pair is not self.main:
+            super()._pump(src, dst, up, pair)
+            return
+        while data := _recv(src):
+            try:
+                dst.sendall(data)
+            except OSError:
+                break
+        for s in pair:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+
+def test_a_data_link_cut_under_a_striped_download_gets_the_bytes_asked_again(
+    program: Program,  # noqa: F811
+    worker: tuple[Worker, str],
+) -> None:
+    """A data link cut inside the first striped download (10 MB into what the data links
+    brought down: only downloads' chunks come down them): the read is asked again
+    unstriped, every byte right; the data links are opened anew for the next copies,
+    which go striped and whole."""
+    started, _ = worker
+    relay = DataLinkRelay(started.unix_url.removeprefix("unix://"), [], [10_000_000])
+    try:
+        result = program.run(
+            f"tcp://127.0.0.1:{relay.port}", "striped", env=_debug_env(), timeout=110
+        )
+        assert_sanitizer_clean(result)
+        assert result.stdout.strip() == "ok striped resumes=0", result.stderr
+        assert relay.cuts == 1, result.stderr
+        assert _asked_again(result.stderr) == 1, result.stderr
+        assert _striped(result.stderr) == UPLOADS, result.stderr
+        assert _striped_down(result.stderr) == DOWNLOADS, result.stderr
+    finally:
+        relay.close()
+
+
+def test_a_data_link_gone_silent_under_a_striped_download_gets_the_bytes_asked_again(
+    program: Program,  # noqa: F811
+    short_dir: Path,  # noqa: F811
+) -> None:
+    """A data link that stops moving inside the first striped download (both sockets left
+    open): the worker gives up on it after its frame timeout and fails the read, which is
+    asked again unstriped; every byte right."""
+    started, _ = _worker(short_dir, "frame_timeout = 2\nresume_grace = 30\n")
+    relay = DataLinkRelay(
+        started.unix_url.removeprefix("unix://"), [], [10_000_000], freeze=True
+    )
+    try:
+        result = program.run(
+            f"tcp://127.0.0.1:{relay.port}", "striped", env=_debug_env(), timeout=110
+        )
+        assert_sanitizer_clean(result)
+        assert result.stdout.strip() == "ok striped resumes=0", result.stderr
+        assert relay.cuts == 1, result.stderr
+        assert _asked_again(result.stderr) == 1, result.stderr
+        assert "striped download lost a data link" in result.stderr, result.stderr
+        assert _striped_down(result.stderr) == DOWNLOADS, result.stderr
+    finally:
+        relay.close()
+        stop_worker(started.process)

@@ -17,10 +17,11 @@
  *                           sharing the session; then fork: the child gets a session of
  *                           its own, the parent's goes on
  *   core_check striped      uploads of 40 MiB + 123 and 6 MiB + 1 bytes read back whole
- *                           (striped over data links where the worker offers them and
- *                           HIPR_STRIPE_MIN_BYTES is below their size), then a forked
- *                           child's upload (its own session and data links), then the
- *                           parent's again
+ *                           three times (whole, unaligned, a range inside): uploads and
+ *                           reads striped over data links where the worker offers them
+ *                           and HIPR_STRIPE_MIN_BYTES is below their size; then a forked
+ *                           child's (its own session and data links), then the parent's
+ *                           again
  *
  * Prints "ok ..." and exits 0 when every check holds. */
 #define _GNU_SOURCE
@@ -257,17 +258,26 @@ static int threads(void) {
 }
 
 /* As round_trip, with bytes that differ from one KiB and one MiB to the next: a chunk
- * landed at another chunk's offset does not compare equal. */
+ * landed at another chunk's offset does not compare equal. Read back three times (each
+ * a striped download where the size allows): whole, whole again into a buffer one byte
+ * off alignment, and a range from inside the allocation (4097 bytes in, 8193 short). */
 static void striped_trip(size_t size, unsigned seed) {
-    uint8_t *out = malloc(size), *back = malloc(size);
+    uint8_t *out = malloc(size), *back = malloc(size + 1);
     void *d = NULL;
     for (size_t i = 0; i < size; i++)
         out[i] = (uint8_t)(i * 31 + (i >> 10) * 7 + (i >> 20) * 131 + seed);
-    memset(back, 0, size);
+    memset(back, 0, size + 1);
     CHECK(hipMalloc(&d, size));
     CHECK(hipMemcpy(d, out, size, H2D));
     CHECK(hipMemcpy(back, d, size, D2H));
     EXPECT(memcmp(out, back, size) == 0);
+    memset(back, 0, size + 1);
+    CHECK(hipMemcpy(back + 1, d, size, D2H));
+    EXPECT(back[0] == 0 && memcmp(out, back + 1, size) == 0);
+    memset(back, 0, size + 1);
+    CHECK(hipMemcpy(back, (uint8_t *)d + 4097, size - 8193, D2H));
+    EXPECT(memcmp(out + 4097, back, size - 8193) == 0);
+    EXPECT(back[size - 8193] == 0);
     CHECK(hipFree(d));
     free(out);
     free(back);
