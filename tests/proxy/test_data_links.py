@@ -5,7 +5,10 @@ and the CUDA driver proxy's too; HIPR_DATA_LINKS=0, a worker that offers none an
 worker of protocol 1.3 get unstriped uploads; links cut under striped uploads (data links
 or the main link) are reopened or resumed, and every byte lands; a data link that cannot
 be replaced leaves its chunks to the others. The worker's metrics count the data links it
-attached."""
+attached. The reads back of as many bytes (whole, unaligned, a range) go striped too
+(downloads); a data link cut or gone silent under one, or a frame on it that is no chunk,
+gets the read asked again unstriped, every byte right; a chunk of an earlier request is
+dropped. HIPR_DATA_LINKS unset opens none on fewer than 4 CPUs."""
 
 from __future__ import annotations
 
@@ -18,9 +21,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
+import cbor2
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from hipr.cpus import usable_cpus
+from hipr.protocol.header import HEADER, MAGIC
 from hipr.proxy.build import SANITIZE
 from tests.proxy.conftest import stop_worker
 from tests.proxy.sanitized import SANITIZER_ENV, assert_sanitizer_clean
@@ -553,9 +559,7 @@ def test_a_data_link_gone_silent_under_a_striped_download_gets_the_bytes_asked_a
     open): the worker gives up on it after its frame timeout and fails the read, which is
     asked again unstriped; every byte right."""
     started, _ = _worker(short_dir, "frame_timeout = 2\nresume_grace = 30\n")
-    relay = DataLinkRelay(
-        started.unix_url.removeprefix("unix://"), [], [10_000_000], freeze=True
-    )
+    relay = DataLinkRelay(started.unix_url.removeprefix("unix://"), [], [10_000_000], freeze=True)
     try:
         result = program.run(
             f"tcp://127.0.0.1:{relay.port}", "striped", env=_debug_env(), timeout=110
@@ -569,3 +573,94 @@ def test_a_data_link_gone_silent_under_a_striped_download_gets_the_bytes_asked_a
     finally:
         relay.close()
         stop_worker(started.process)
+
+
+def test_data_links_default_to_the_cpus(
+    program: Program,  # noqa: F811
+    worker: tuple[Worker, str],
+) -> None:
+    """HIPR_DATA_LINKS unset: 4 where the process may use 4 CPUs or more, else none (a
+    striped copy only costs on 2 cores); taskset to one CPU, none whatever the machine."""
+    started, metrics = worker
+    env = {"HIPR_PROXY_DEBUG": "1", "HIPR_STRIPE_MIN_BYTES": STRIPE_MIN}
+    result = program.run(started.unix_url, "striped", env=env, timeout=110)
+    assert_sanitizer_clean(result)
+    assert result.stdout.strip() == "ok striped resumes=0", result.stderr
+    expected = UPLOADS if usable_cpus() >= 4 else 0
+    assert _striped(result.stderr) == expected, result.stderr
+    assert _striped_down(result.stderr) == 3 * expected, result.stderr
+    if expected == 0:
+        assert "data link" not in result.stderr, result.stderr
+    assert _data_links(metrics) == (2 * LINKS if expected else 0)
+
+
+def _chunk_frame(request_id: int, flags: int, offset: int, data: bytes) -> bytes:
+    """A download chunk's frame as the worker writes it (or not quite, by its flags)."""
+    args = cbor2.dumps({"offset": offset})
+    payload = len(args).to_bytes(4, "little") + args + data
+    return HEADER.pack(MAGIC, 0x0104, 0x0004, request_id, flags, len(payload)) + payload
+
+
+class InjectingRelay(Relay):
+    """A relay that slips `inject` into the first data link of the first session, ahead of
+    the first bytes that come down it after its DATA_LINK reply (the first download's
+    chunks: the worker sends nothing else there), at a frame's boundary."""
+
+    inject: bytes = b""
+    injected: int = 0
+    _data_links: int = 0
+
+    def _pump(
+        self, src: socket.socket, dst: socket.socket, up: bool, pair: tuple[socket.socket, ...]
+    ) -> None:
+        with self._lock:
+            self._data_links += not up
+            mine = not up and self._data_links == 2  # the session's link is the first
+        pieces = 0
+        while data := _recv(src):
+            if mine and pieces == 1 and not self.injected:
+                data = self.inject + data
+                self.injected = 1
+            pieces += 1
+            try:
+                dst.sendall(data)
+            except OSError:
+                break
+        for s in pair:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+
+@pytest.mark.parametrize(
+    ("flags", "asked_again"),
+    [
+        # A chunk of an earlier request (id 1, long answered): read and dropped.
+        (0x2, 0),
+        # Not a download's chunk (flags 0): the link ends, the read is asked again.
+        (0x0, 1),
+    ],
+    ids=["stale", "malformed"],
+)
+def test_a_frame_of_no_download_on_a_data_link(
+    program: Program,  # noqa: F811
+    worker: tuple[Worker, str],
+    flags: int,
+    asked_again: int,
+) -> None:
+    started, _ = worker
+    relay = InjectingRelay(started.unix_url.removeprefix("unix://"), [], [])
+    relay.inject = _chunk_frame(1, flags, 0, bytes(range(256)) * 16)
+    try:
+        result = program.run(
+            f"tcp://127.0.0.1:{relay.port}", "striped", env=_debug_env(), timeout=110
+        )
+        assert_sanitizer_clean(result)
+        assert relay.injected == 1, result.stderr
+        assert result.stdout.strip() == "ok striped resumes=0", result.stderr
+        assert _asked_again(result.stderr) == asked_again, result.stderr
+        assert _striped_down(result.stderr) == DOWNLOADS, result.stderr
+    finally:
+        relay.close()
