@@ -64,9 +64,10 @@ def _intro() -> list[str]:
         "versions add requests: a client sends one only to a worker whose HELLO reply "
         "names a minor that has it (1.1: LAUNCH_KERNELS, MEMCPY_HTOD_MANY; 1.2: MODULE_LOAD "
         "by `sha256` alone; 1.3: LAUNCH_KERNEL and LAUNCH_KERNELS with `synchronize`; 1.4: "
-        "DATA_LINK and MEMCPY_HTOD's `striped`, where HELLO's `data_links` is not 0), and "
-        "sends their older forms (LAUNCH_KERNEL, MEMCPY_HTOD, MODULE_LOAD with the code "
-        "object's bytes, a launch then DEVICE_SYNCHRONIZE) to an older worker.",
+        "DATA_LINK, and MEMCPY_HTOD's and MEMCPY_DTOH's `striped`, where HELLO's "
+        "`data_links` is not 0), and sends their older forms (LAUNCH_KERNEL, MEMCPY_HTOD, "
+        "MODULE_LOAD with the code object's bytes, a launch then DEVICE_SYNCHRONIZE, a copy "
+        "on the session's own link) to an older worker.",
         "",
         "A client opens a byte stream to the worker (TCP, TLS, a Unix socket or SSH: "
         "docs/transports.md), sends HELLO (or RESUME), then requests; the worker answers "
