@@ -333,6 +333,7 @@ async def test_a_striped_download_without_a_data_link_is_refused(striped: Stripe
         )
 
 
+@pytest.mark.parametrize("transport_kind", ["tcp"], indirect=True)  # the larger buffers
 async def test_a_download_to_a_client_that_never_reads_fails_in_bounded_time(
     striped: Striped, worker: Worker
 ) -> None:
