@@ -395,15 +395,14 @@ def _recv(s: socket.socket) -> bytes:
         return b""
 
 
-def test_the_main_link_cut_inside_a_striped_request_is_resumed(
+def _cut_inside_the_first(
     program: Program,  # noqa: F811
     worker: tuple[Worker, str],
-) -> None:
-    """A first run finds where the first striped MEMCPY_HTOD request goes up the main link
-    (every byte before it is the same from run to run: HELLO, the allocation); a second
-    cuts the main link inside it. The chunks go on meanwhile, the
-    caller resumes the session, the worker replays the request and takes the chunks it
-    held for it."""
+    head: bytes,
+) -> subprocess.CompletedProcess[str]:
+    """``core_check striped`` with its main link cut inside the first request that starts
+    with ``head``. A first run finds where that request goes up the main link (every byte
+    before it is the same from run to run: HELLO, the allocation); a second cuts there."""
     started, _ = worker
     target = started.unix_url.removeprefix("unix://")
     spy = MainLinkRelay(target, [], [], spy=bytearray())
@@ -411,7 +410,7 @@ def test_the_main_link_cut_inside_a_striped_request_is_resumed(
         result = program.run(f"tcp://127.0.0.1:{spy.port}", "striped", env=_debug_env())
         assert_sanitizer_clean(result)
         assert spy.spy is not None
-        at = bytes(spy.spy).find(HTOD_HEAD)
+        at = bytes(spy.spy).find(head)
         assert at > 0
     finally:
         spy.close()
@@ -423,10 +422,21 @@ def test_the_main_link_cut_inside_a_striped_request_is_resumed(
         assert_sanitizer_clean(result)
         assert relay.cuts == 1, result.stderr
         assert result.stdout.strip() == "ok striped resumes=1", result.stderr
-        assert _striped(result.stderr) == UPLOADS, result.stderr
-        assert "data link 0 failed" not in result.stderr  # the data links went on
+        return result
     finally:
         relay.close()
+
+
+def test_the_main_link_cut_inside_a_striped_request_is_resumed(
+    program: Program,  # noqa: F811
+    worker: tuple[Worker, str],
+) -> None:
+    """The main link cut inside the first striped MEMCPY_HTOD request: the chunks go on
+    meanwhile, the caller resumes the session, the worker replays the request and takes
+    the chunks it held for it."""
+    result = _cut_inside_the_first(program, worker, HTOD_HEAD)
+    assert _striped(result.stderr) == UPLOADS, result.stderr
+    assert "data link 0 failed" not in result.stderr  # the data links went on
 
 
 @pytest.mark.anyio
@@ -472,32 +482,12 @@ def test_the_main_link_cut_inside_a_striped_download_request_is_resumed(
     program: Program,  # noqa: F811
     worker: tuple[Worker, str],
 ) -> None:
-    """As above for the first striped MEMCPY_DTOH: the main link cut inside its request;
-    the caller resumes the session, the worker runs the replayed request and its chunks
-    come on the data links, which were read throughout."""
-    started, _ = worker
-    target = started.unix_url.removeprefix("unix://")
-    spy = MainLinkRelay(target, [], [], spy=bytearray())
-    try:
-        result = program.run(f"tcp://127.0.0.1:{spy.port}", "striped", env=_debug_env())
-        assert_sanitizer_clean(result)
-        assert spy.spy is not None
-        at = bytes(spy.spy).find(DTOH_HEAD)
-        assert at > 0
-    finally:
-        spy.close()
-    relay = MainLinkRelay(target, [at + 10], [])
-    try:
-        result = program.run(
-            f"tcp://127.0.0.1:{relay.port}", "striped", env=_debug_env(), timeout=110
-        )
-        assert_sanitizer_clean(result)
-        assert relay.cuts == 1, result.stderr
-        assert result.stdout.strip() == "ok striped resumes=1", result.stderr
-        assert _striped_down(result.stderr) == DOWNLOADS, result.stderr
-        assert _asked_again(result.stderr) == 0, result.stderr
-    finally:
-        relay.close()
+    """As above for the first striped MEMCPY_DTOH: the caller resumes the session, the
+    worker runs the replayed request and its chunks come on the data links, which were
+    read throughout."""
+    result = _cut_inside_the_first(program, worker, DTOH_HEAD)
+    assert _striped_down(result.stderr) == DOWNLOADS, result.stderr
+    assert _asked_again(result.stderr) == 0, result.stderr
 
 
 class DataLinkRelay(Relay):
