@@ -361,18 +361,20 @@ def test_a_worker_that_refuses_data_links_is_not_asked_again(
 HTOD_HEAD = b"HIPR\x04\x01\x10\x02"
 
 
-class MainLinkRelay(Relay):
-    """A relay whose marks count (and cut) the first link only: the main link of the
-    session (its data links open after its HELLO); the others are forwarded as they are."""
+class OneSideRelay(Relay):
+    """A relay whose marks count (and cut) only one side's links: the session's main link
+    (the first; its data links open after its HELLO) when ``marked_main``, else every
+    other; the rest are forwarded as they are."""
 
     main: tuple[socket.socket, ...] | None = None
+    marked_main = True
 
     def _pump(
         self, src: socket.socket, dst: socket.socket, up: bool, pair: tuple[socket.socket, ...]
     ) -> None:
         if self.main is None:
             self.main = pair
-        if pair is self.main:
+        if (pair is self.main) == self.marked_main:
             super()._pump(src, dst, up, pair)
             return
         while data := _recv(src):
@@ -386,6 +388,10 @@ class MainLinkRelay(Relay):
             except OSError:
                 pass
             s.close()
+
+
+class MainLinkRelay(OneSideRelay):
+    """Marks on the main link only."""
 
 
 def _recv(s: socket.socket) -> bytes:
@@ -490,31 +496,10 @@ def test_the_main_link_cut_inside_a_striped_download_request_is_resumed(
     assert _asked_again(result.stderr) == 0, result.stderr
 
 
-class DataLinkRelay(Relay):
-    """A relay whose marks count (and cut, or freeze) the data links only: every link but
-    the first (the session's main link, forwarded as it is)."""
+class DataLinkRelay(OneSideRelay):
+    """Marks (cuts, or freezes) on the data links only: every link but the first."""
 
-    main: tuple[socket.socket, ...] | None = None
-
-    def _pump(
-        self, src: socket.socket, dst: socket.socket, up: bool, pair: tuple[socket.socket, ...]
-    ) -> None:
-        if self.main is None:
-            self.main = pair
-        if pair is not self.main:
-            super()._pump(src, dst, up, pair)
-            return
-        while data := _recv(src):
-            try:
-                dst.sendall(data)
-            except OSError:
-                break
-        for s in pair:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
+    marked_main = False
 
 
 def test_a_data_link_cut_under_a_striped_download_gets_the_bytes_asked_again(
