@@ -146,7 +146,11 @@ class DataLink:
             self._log.exception("data link failed")
         finally:
             self._inbox.remove_link(self)
-            self._sock.close()
+            self._closed.set()
+            # Never while a download's chunk is being written from another thread: the
+            # descriptor could be reused by a new connection under that write.
+            with self._send_lock:
+                self._sock.close()
 
     def _next_chunk(self) -> bool:
         """Receive one chunk and deliver it; False once the session is closed."""
