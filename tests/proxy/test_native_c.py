@@ -104,7 +104,7 @@ def test_launch_maps_written_directly_match_libcbor(proxy_libs: None, tmp_path: 
     to the map libcbor builds, for configurations of every width, one launch or many;
     a room too small is refused without a byte written past it."""
     for result in _harness_runs(
-        tmp_path, "launch_cbor_check", ("launch_cbor.c", "cborx.c"), "1500"
+        tmp_path, "launch_cbor_check", ("launch_cbor.c", "wire.c", "cborx.c"), "1500"
     ):
         assert result.stdout.strip() == "ok", result.stderr
 

@@ -679,19 +679,6 @@ static struct {
        .done = PTHREAD_COND_INITIALIZER,
        .wake = {-1, -1}};
 
-/* A CBOR head of major type `major` with value v, in its shortest form: its length. */
-static size_t cbor_head(uint8_t *p, unsigned major, uint64_t v) {
-    uint8_t m = (uint8_t)(major << 5);
-    if (v < 24) {
-        p[0] = (uint8_t)(m | v);
-        return 1;
-    }
-    int n = v <= 0xff ? 1 : v <= 0xffff ? 2 : v <= 0xffffffffu ? 4 : 8;
-    p[0] = (uint8_t)(m | (n == 1 ? 24 : n == 2 ? 25 : n == 4 ? 26 : 27));
-    for (int i = 0; i < n; i++) p[1 + i] = (uint8_t)(v >> (8 * (n - 1 - i)));
-    return 1 + (size_t)n;
-}
-
 /* `cbor` (a map, or nothing) with `striped: true` added (malloc'd): 0, or -1 when the map
  * is not one this can extend (the upload then goes unstriped). */
 static int striped_args(const uint8_t *cbor, size_t len, uint8_t **out, size_t *out_len) {
@@ -714,7 +701,7 @@ static int striped_args(const uint8_t *cbor, size_t len, uint8_t **out, size_t *
         }
     }
     uint8_t new_head[9];
-    size_t h = cbor_head(new_head, 5, count + 1);
+    size_t h = hipr_cbor_head(new_head, 5, count + 1);
     size_t n = h + (len - head) + sizeof pair;
     uint8_t *p = malloc(n);
     if (!p) return -1;
@@ -849,16 +836,13 @@ static hipr_link *dl_reopen(const dl_params *p, int slot) {
  * next chunk after them, or 0 when the link failed. */
 static size_t dl_send_batch(hipr_link *l, uint32_t id, const uint8_t *bulk, size_t len,
                             size_t chunk, size_t j, size_t stride, size_t end) {
-    uint8_t heads[DL_BATCH][28], args[DL_BATCH][20];
+    uint8_t heads[DL_BATCH][28], args[DL_BATCH][HIPR_CHUNK_ARGS_MAX];
     struct iovec v[DL_BATCH * 3];
     int nv = 0;
     for (int b = 0; b < DL_BATCH && j < end; b++, j += stride) {
         size_t off = j * chunk;
         size_t n = len - off < chunk ? len - off : chunk;
-        args[b][0] = 0xa1; /* {"offset": off} */
-        args[b][1] = 0x66;
-        memcpy(args[b] + 2, "offset", 6);
-        size_t a = 8 + cbor_head(args[b] + 8, 0, off);
+        size_t a = hipr_chunk_args(args[b], off);
         size_t h = hipr_wire_head(heads[b], OP_DATA, id, 0, a, n);
         v[nv++] = (struct iovec){heads[b], h};
         v[nv++] = (struct iovec){args[b], a};
@@ -967,27 +951,6 @@ static void dl_watch(int k) {
     pthread_cond_broadcast(&D.done);
 }
 
-/* A download's chunk: the frame's header, its args' length and its args ({"offset": n},
- * 17 bytes at most; more is not a chunk). */
-#define DL_ARGS_MAX 64
-
-/* The offset of a chunk's args `{"offset": n}` (exactly that map): 0, or -1. */
-static int chunk_offset(const uint8_t *a, size_t n, uint64_t *offset) {
-    if (n < 9 || a[0] != 0xa1 || a[1] != 0x66 || memcmp(a + 2, "offset", 6) != 0 || a[8] >> 5)
-        return -1;
-    unsigned info = a[8] & 0x1f;
-    size_t extra = info < 24 ? 0 : info == 24 ? 1 : info == 25 ? 2 : info == 26 ? 4 : 8;
-    if (info > 27 || n != 9 + extra) return -1;
-    uint64_t v = info < 24 ? info : 0;
-    for (size_t i = 0; i < extra; i++) v = v << 8 | a[9 + i];
-    *offset = v;
-    return 0;
-}
-
-static uint32_t le32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 enum { RX_HEAD, RX_ARGS, RX_BULK, RX_DRAIN };
 
 /* Under D.mu (released while reading): slot k's link read for the download job under
@@ -1006,7 +969,7 @@ static void dl_receive(int k) {
     int debug = D.p.debug;
     D.watching++;
     pthread_mutex_unlock(&D.mu);
-    uint8_t head[HIPR_HEADER_SIZE + 4 + DL_ARGS_MAX];
+    uint8_t head[HIPR_HEADER_SIZE + 4 + HIPR_CHUNK_ARGS_MAX];
     uint8_t scratch[16384];
     int phase = RX_HEAD;
     size_t got = 0, need = HIPR_HEADER_SIZE + 4, j = 0;
@@ -1033,22 +996,17 @@ static void dl_receive(int k) {
         __atomic_store_n(&D.rx_at, now_ns(), __ATOMIC_RELAXED);
         if (got < need) continue;
         if (phase == RX_HEAD) {
-            uint64_t payload = 0;
-            for (int i = 7; i >= 0; i--) payload = payload << 8 | head[16 + i];
-            uint32_t args = le32(head + 24);
-            rid = le32(head + 8);
-            if (memcmp(head, HIPR_MAGIC, 4) != 0 || head[5] != (HIPR_PROTOCOL_VERSION >> 8) ||
-                (head[6] | head[7] << 8) != OP_DATA || le32(head + 12) != HIPR_F_REPLY ||
-                args > DL_ARGS_MAX || payload < 4 + (uint64_t)args) {
+            size_t args;
+            if (hipr_chunk_head(head, HIPR_F_REPLY, &rid, &args, &bulk)) {
                 why = "it carried a frame that is not a chunk";
                 break;
             }
-            bulk = payload - 4 - args;
             phase = RX_ARGS;
             need = HIPR_HEADER_SIZE + 4 + args;
         } else if (phase == RX_ARGS) {
             uint64_t off;
-            if (chunk_offset(head + HIPR_HEADER_SIZE + 4, need - HIPR_HEADER_SIZE - 4, &off)) {
+            size_t at = HIPR_HEADER_SIZE + 4;
+            if (hipr_chunk_offset(head + at, need - at, &off)) {
                 why = "a chunk's args are not {offset}";
                 break;
             }

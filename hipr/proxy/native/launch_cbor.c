@@ -7,37 +7,17 @@
 
 #include <string.h>
 
+#include "wire.h"
+
 typedef struct {
     uint8_t *p, *end;
     int ok;
 } writer;
 
-/* A CBOR head: major type `major` (0-7) with argument `value` in its shortest form. */
+/* A CBOR head in its shortest form (hipr_cbor_head), or the writer's end. */
 static void head(writer *w, unsigned major, uint64_t value) {
     uint8_t bytes[9];
-    size_t n;
-    uint8_t type = (uint8_t)(major << 5);
-    if (value < 24) {
-        bytes[0] = type | (uint8_t)value;
-        n = 1;
-    } else if (value <= 0xff) {
-        bytes[0] = type | 24;
-        bytes[1] = (uint8_t)value;
-        n = 2;
-    } else if (value <= 0xffff) {
-        bytes[0] = type | 25;
-        bytes[1] = (uint8_t)(value >> 8);
-        bytes[2] = (uint8_t)value;
-        n = 3;
-    } else if (value <= 0xffffffffu) {
-        bytes[0] = type | 26;
-        for (int i = 0; i < 4; i++) bytes[1 + i] = (uint8_t)(value >> (24 - 8 * i));
-        n = 5;
-    } else {
-        bytes[0] = type | 27;
-        for (int i = 0; i < 8; i++) bytes[1 + i] = (uint8_t)(value >> (56 - 8 * i));
-        n = 9;
-    }
+    size_t n = hipr_cbor_head(bytes, major, value);
     if (!w->ok || (size_t)(w->end - w->p) < n) {
         w->ok = 0;
         return;

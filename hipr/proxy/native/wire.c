@@ -274,3 +274,50 @@ static int next_frame(hipr_wire *w, hipr_frame *f, size_t min_rest, size_t *rest
     w->in_taken = HIPR_HEADER_SIZE + (size_t)payload;
     return 1;
 }
+
+size_t hipr_cbor_head(uint8_t out[9], unsigned major, uint64_t value) {
+    uint8_t type = (uint8_t)(major << 5);
+    if (value < 24) {
+        out[0] = type | (uint8_t)value;
+        return 1;
+    }
+    size_t n = value <= 0xff ? 1 : value <= 0xffff ? 2 : value <= 0xffffffffu ? 4 : 8;
+    out[0] = type | (uint8_t)(n == 1 ? 24 : n == 2 ? 25 : n == 4 ? 26 : 27);
+    for (size_t i = 0; i < n; i++) out[1 + i] = (uint8_t)(value >> (8 * (n - 1 - i)));
+    return 1 + n;
+}
+
+/* {"offset": ...}: a map of one pair, the key a text of 6 bytes. */
+static const uint8_t CHUNK_KEY[8] = {0xa1, 0x66, 'o', 'f', 'f', 's', 'e', 't'};
+
+size_t hipr_chunk_args(uint8_t out[HIPR_CHUNK_ARGS_MAX], uint64_t offset) {
+    memcpy(out, CHUNK_KEY, sizeof CHUNK_KEY);
+    return sizeof CHUNK_KEY + hipr_cbor_head(out + sizeof CHUNK_KEY, 0, offset);
+}
+
+int hipr_chunk_offset(const uint8_t *args, size_t n, uint64_t *offset) {
+    const size_t k = sizeof CHUNK_KEY;
+    if (n < k + 1 || memcmp(args, CHUNK_KEY, k) != 0 || args[k] >> 5) return -1;
+    unsigned info = args[k] & 0x1f;
+    if (info > 27) return -1;
+    size_t extra = info < 24 ? 0 : (size_t)1 << (info - 24);
+    if (n != k + 1 + extra) return -1;
+    uint64_t v = info < 24 ? info : 0;
+    for (size_t i = 0; i < extra; i++) v = v << 8 | args[k + 1 + i];
+    *offset = v;
+    return 0;
+}
+
+int hipr_chunk_head(const uint8_t head[HIPR_HEADER_SIZE + 4], uint32_t flags,
+                    uint32_t *request_id, size_t *args_len, uint64_t *bulk_len) {
+    uint64_t payload = get_u64(head + 16);
+    uint32_t args = get_u32(head + HIPR_HEADER_SIZE);
+    if (memcmp(head, HIPR_MAGIC, 4) != 0 || get_u16(head + 4) >> 8 != HIPR_PROTOCOL_VERSION >> 8 ||
+        get_u16(head + 6) != HIPR_OP_DATA || get_u32(head + 12) != flags || args == 0 ||
+        args > HIPR_CHUNK_ARGS_MAX || payload < 4 + (uint64_t)args)
+        return -1;
+    *request_id = get_u32(head + 8);
+    *args_len = args;
+    *bulk_len = payload - 4 - args;
+    return 0;
+}

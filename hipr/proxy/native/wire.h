@@ -116,4 +116,23 @@ int hipr_wire_next(hipr_wire *w, hipr_frame *frame);
 int hipr_wire_next_head(hipr_wire *w, hipr_frame *frame, size_t min_rest, size_t *rest);
 void hipr_wire_skip_rest(hipr_wire *w);
 
+/* A CBOR head, major type `major` (0-7) with argument `value` in its shortest form,
+ * written at `out` (room for 9 bytes): its length. */
+size_t hipr_cbor_head(uint8_t out[9], unsigned major, uint64_t value);
+
+/* Data links (protocol 1.4): a striped copy's chunk is a DATA frame whose CBOR part is
+ * exactly {"offset": n}, at most HIPR_CHUNK_ARGS_MAX bytes. */
+#define HIPR_CHUNK_ARGS_MAX 17u
+/* That CBOR part for `offset`, written at `out`: its length. */
+size_t hipr_chunk_args(uint8_t out[HIPR_CHUNK_ARGS_MAX], uint64_t offset);
+/* The offset a chunk's CBOR part `args` (n bytes) names: 0, or -1 when it is not exactly
+ * {"offset": uint}. */
+int hipr_chunk_offset(const uint8_t *args, size_t n, uint64_t *offset);
+/* A chunk frame's header and its CBOR part's length (`head`, 28 bytes): 0 with the
+ * request id, the CBOR part's length and the bulk's, or -1 when it is no chunk (another
+ * magic or major version, another opcode than DATA, flags other than `flags`, a CBOR part
+ * of 0 or over HIPR_CHUNK_ARGS_MAX bytes, or a payload too short for it). */
+int hipr_chunk_head(const uint8_t head[HIPR_HEADER_SIZE + 4], uint32_t flags,
+                    uint32_t *request_id, size_t *args_len, uint64_t *bulk_len);
+
 #endif

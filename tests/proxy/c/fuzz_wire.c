@@ -4,7 +4,8 @@
  * Half the streams are read as the client reads large replies: into the decoder's own
  * buffer (hipr_wire_space/commit) with frame heads handed out early
  * (hipr_wire_next_head) and their bulk read straight into a destination. The resend log
- * (ack, rewind after RESUME) is checked against a model.
+ * (ack, rewind after RESUME) is checked against a model, and the data links' chunk heads
+ * (hipr_chunk_head, hipr_chunk_offset) written, parsed back and damaged.
  * Deterministic for a seed; run under ASan/UBSan by tests/proxy/test_native_c.py.
  * Usage: fuzz_wire ITERATIONS SEED. Prints "ok" and the counts when nothing failed. */
 #include <stdio.h>
@@ -150,6 +151,52 @@ static long check_resend_log(long rounds) {
     return done;
 }
 
+/* Data links' chunk frames (protocol 1.4): a written chunk's head and {offset} parse back
+ * to what was written; the same bytes damaged (flipped, truncated, a CBOR head of every
+ * width, a payload near 2^64) never read past their length and are refused or give a
+ * value that the bytes say. Returns the chunks parsed back. */
+static long check_chunks(long iterations) {
+    long parsed = 0;
+    for (long it = 0; it < iterations; it++) {
+        uint64_t offset = next() >> below(64);
+        uint8_t args[HIPR_CHUNK_ARGS_MAX];
+        size_t alen = hipr_chunk_args(args, offset);
+        EXPECT(alen >= 9 && alen <= HIPR_CHUNK_ARGS_MAX);
+        uint64_t bulk_len = below(1 << 20);
+        uint32_t id = (uint32_t)next(), flags = below(2) ? HIPR_F_REPLY : 0;
+        uint8_t head[HIPR_HEADER_SIZE + 4];
+        EXPECT(hipr_wire_head(head, HIPR_OP_DATA, id, flags, alen, bulk_len) == sizeof head);
+        uint32_t rid = 0;
+        size_t got_args = 0;
+        uint64_t got_bulk = 0, got_offset = 0;
+        EXPECT(hipr_chunk_head(head, flags, &rid, &got_args, &got_bulk) == 0);
+        EXPECT(rid == id && got_args == alen && got_bulk == bulk_len);
+        EXPECT(hipr_chunk_head(head, flags ^ HIPR_F_REPLY, &rid, &got_args, &got_bulk) != 0);
+        EXPECT(hipr_chunk_offset(args, alen, &got_offset) == 0 && got_offset == offset);
+        parsed++;
+        /* Damaged: each parser reads only the bytes it is given (ASan checks that), and
+         * a head it takes still says a payload long enough for its CBOR part. */
+        uint8_t bad[HIPR_HEADER_SIZE + 4];
+        memcpy(bad, head, sizeof bad);
+        for (size_t j = 0, n = 1 + below(4); j < n; j++)
+            bad[below(sizeof bad)] ^= (uint8_t)(1 + below(255));
+        if (below(4) == 0)
+            for (int j = 16; j < 24; j++) bad[j] = 0xff;
+        if (hipr_chunk_head(bad, flags, &rid, &got_args, &got_bulk) == 0)
+            EXPECT(got_args >= 1 && got_args <= HIPR_CHUNK_ARGS_MAX);
+        size_t cut = below(alen + 1);
+        uint8_t *piece = malloc(cut ? cut : 1);
+        memcpy(piece, args, cut);
+        int flipped = cut && below(2);
+        if (flipped) piece[below(cut)] ^= (uint8_t)(1 + below(255));
+        /* Cut short and intact, only the whole part parses (and to the same value). */
+        if (hipr_chunk_offset(piece, cut, &got_offset) == 0 && !flipped)
+            EXPECT(cut == alen && got_offset == offset);
+        free(piece);
+    }
+    return parsed;
+}
+
 int main(int argc, char **argv) {
     long iterations = argc > 1 ? atol(argv[1]) : 1000;
     state = argc > 2 ? strtoull(argv[2], NULL, 10) | 1 : 88172645463325252ull;
@@ -286,12 +333,13 @@ int main(int argc, char **argv) {
         read_frame(&f);
     }
     long logs = check_resend_log(iterations / 4 + 1);
+    long chunks = check_chunks(iterations);
     if (failures) {
         fprintf(stderr, "%d check(s) failed\n", failures);
         return 1;
     }
     printf("ok %ld iterations, %ld frames decoded, %ld broken streams, %ld clean round trips, "
-           "%ld resend logs\n",
-           iterations, frames, broken, roundtrips, logs);
+           "%ld resend logs, %ld chunk heads\n",
+           iterations, frames, broken, roundtrips, logs, chunks);
     return 0;
 }
