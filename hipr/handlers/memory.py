@@ -38,6 +38,7 @@ _SIZE = m.MemcpyHtod.size
 _STREAM = m.MemcpyHtod.stream
 _STRIPED = m.MemcpyHtod.striped
 _STRIPED_OUT = m.MemcpyDtoh.striped
+_STRIPED_WAITS = "MEMCPY_HTOD: a striped upload must wait for its reply"
 _MANY_DST = m.MemcpyHtodMany.dst
 _MANY_SIZE = m.MemcpyHtodMany.size
 _MANY_STREAM = m.MemcpyHtodMany.stream
@@ -121,6 +122,8 @@ def _whole_copy_in(session: Session, request: Request, dst: int, size: int) -> t
     """A copy that came whole in one frame: its stream, and whether it has bytes."""
     stream = session.stream(request.args.handle(_STREAM, optional=True))
     if request.bulk.nbytes != size:
+        if request.args.flag(_STRIPED):  # read here, off the fire-and-forget copies' path
+            raise invalid_value(_STRIPED_WAITS)
         raise invalid_value(f"MEMCPY_HTOD: announced {size} bytes, received {request.bulk.nbytes}")
     return stream, size > 0
 
@@ -260,6 +263,8 @@ async def memcpy_htod(session: Session, request: Request) -> Any:
         await request.drain()
         raise
     if request.args.flag(_STRIPED):
+        if request.no_reply:  # as the answer-now path refuses it (_whole_copy_in)
+            raise invalid_value(_STRIPED_WAITS)
         await _copy_striped_in(session, request, dst, size)
     else:
         await _copy_chunks_in(session, request, dst, size)
@@ -271,7 +276,7 @@ async def memcpy_htod(session: Session, request: Request) -> Any:
 def memcpy_htod_now(session: Session, request: Request) -> Any:
     """A fire-and-forget copy that came whole in one frame, queued on the session's GPU
     thread from the worker's I/O callback."""
-    if not request.no_reply or request.more or request.args.flag(_STRIPED):
+    if not request.no_reply or request.more:
         return LATER
     dst = request.args.address(_DST)
     size = request.args.size(_SIZE)

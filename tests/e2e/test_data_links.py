@@ -376,3 +376,15 @@ async def test_a_worker_with_no_data_links_offers_none(
 
 def _data_link_threads() -> int:
     return sum(1 for thread in threading.enumerate() if thread.name == "hipr-data-link")
+
+
+async def test_a_fire_and_forget_striped_upload_is_refused(striped: Striped) -> None:
+    """A striped upload must wait for its reply: sent fire-and-forget, the next call
+    reports the refusal, and nothing of it was copied."""
+    ptr, _ = await _upload(striped, CHUNK)
+    await striped.raw.call(Opcode.MEMSET, {"ptr": ptr, "value": 3, "size": CHUNK})
+    args = {"dst": ptr, "size": CHUNK, "striped": True}
+    await striped.raw.stream.send(striped.raw.frame(Opcode.MEMCPY_HTOD, args, no_reply=True))
+    with pytest.raises(HipError, match="must wait for its reply"):
+        await striped.raw.call(Opcode.SYNC_ERRORS, {})
+    assert await _read(striped, ptr, CHUNK) == b"\3" * CHUNK
