@@ -293,6 +293,34 @@ def test_ssh_wrong_key_is_a_clear_error(
 # --- a link cut mid-program ------------------------------------------------------------
 
 
+def end_pair(pair: tuple[socket.socket, ...]) -> None:
+    """Shut a relayed connection's two sockets down and close them."""
+    for s in pair:
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        s.close()
+
+
+def forward_plainly(
+    src: socket.socket, dst: socket.socket, pair: tuple[socket.socket, ...]
+) -> None:
+    """Forward ``src`` to ``dst`` as it comes, no mark counted, until either ends."""
+    while True:
+        try:
+            data = src.recv(1 << 16)
+        except OSError:
+            data = b""
+        if not data:
+            break
+        try:
+            dst.sendall(data)
+        except OSError:
+            break
+    end_pair(pair)
+
+
 @dataclass
 class Relay:
     """A TCP relay to the worker's unix socket that cuts the link once the bytes sent
@@ -393,12 +421,7 @@ class Relay:
                 dst.sendall(data)
             except OSError:
                 break
-        for s in pair:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
+        end_pair(pair)
 
     def close(self) -> None:
         self.listener.close()

@@ -36,6 +36,8 @@ from tests.proxy.test_core import (  # noqa: F401 - fixtures
     Worker,
     _free_port,
     _start,
+    end_pair,
+    forward_plainly,
     program,
     short_dir,
 )
@@ -377,17 +379,7 @@ class OneSideRelay(Relay):
         if (pair is self.main) == self.marked_main:
             super()._pump(src, dst, up, pair)
             return
-        while data := _recv(src):
-            try:
-                dst.sendall(data)
-            except OSError:
-                break
-        for s in pair:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
+        forward_plainly(src, dst, pair)
 
 
 class MainLinkRelay(OneSideRelay):
@@ -601,12 +593,7 @@ class InjectingRelay(Relay):
                 dst.sendall(data)
             except OSError:
                 break
-        for s in pair:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
+        end_pair(pair)
 
 
 @pytest.mark.parametrize(
