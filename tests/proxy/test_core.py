@@ -356,12 +356,19 @@ class Relay:
         self.port = self.listener.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True).start()
 
+    def _admit(self) -> bool:
+        """Whether to forward the connection just accepted (subclasses refuse some)."""
+        return True
+
     def _accept(self) -> None:
         while True:
             try:
                 client, _ = self.listener.accept()
             except OSError:
                 return
+            if not self._admit():
+                client.close()
+                continue
             upstream = socket.socket(socket.AF_UNIX)
             upstream.connect(self.target)
             self.links += 1

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -271,22 +270,11 @@ class RefusingRelay(Relay):
     refuse: int = 3
     refused: int = 0
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            if self.cuts and self.refused < self.refuse:
-                self.refused += 1
-                client.close()
-                continue
-            upstream = socket.socket(socket.AF_UNIX)
-            upstream.connect(self.target)
-            self.links += 1
-            pair = (client, upstream)
-            for args in ((client, upstream, True, pair), (upstream, client, False, pair)):
-                threading.Thread(target=self._pump, args=args, daemon=True).start()
+    def _admit(self) -> bool:
+        if self.cuts and self.refused < self.refuse:
+            self.refused += 1
+            return False
+        return True
 
 
 def test_a_data_link_that_cannot_be_replaced_leaves_its_chunks_to_the_others(
