@@ -35,16 +35,14 @@ class Striped:
             "resume_token": self.hello["resume_token"],
             **override,
         }
-        await stream.send(encode_frame(Opcode.DATA_LINK, 0, Flags.NONE, args))
-        decoder = FrameDecoder()
-        with anyio.fail_after(10):
-            while (frame := decoder.next_frame()) is None:
-                decoder.feed(await stream.receive())
-        if Flags.ERROR in frame.flags:
+        try:
+            (reply,) = await RawSession(stream).replies(
+                encode_frame(Opcode.DATA_LINK, 0, Flags.NONE, args), 1
+            )
+        except HipError:
             await stream.aclose()
-            raise HipError.from_wire(frame.args)
-        assert frame.opcode == Opcode.DATA_LINK and Flags.REPLY in frame.flags
-        assert 0 <= frame.args["index"] < self.hello["data_links"]
+            raise
+        assert 0 <= reply["index"] < self.hello["data_links"]
         self.links.append(stream)
         return stream
 
