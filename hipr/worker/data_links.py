@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import cbor2
+
 from hipr.errors import ProtocolError
 from hipr.protocol.bounded_cbor import CborLimits, bounded_loads
 from hipr.protocol.codec import ARGS_LENGTH, encode_frame_parts
@@ -174,7 +176,7 @@ class DataLink:
         self._receive_into(memoryview(raw), started=started, size=size)
         try:
             args = _decode_args(raw)
-        except (ProtocolError, ValueError, EOFError) as exc:
+        except (ProtocolError, cbor2.CBORError) as exc:
             raise DataLinkEnded(f"a chunk's CBOR part does not decode: {exc}") from None
         offset = args.get("offset") if isinstance(args, dict) else None
         if type(offset) is not int or offset < 0 or offset % chunk_bytes:

@@ -209,6 +209,11 @@ async def test_a_session_attaches_at_most_its_data_links(striped: Striped, worke
         encode_frame(Opcode.DATA, 2, Flags.NONE, [1, 2], b"abc"),
         encode_frame(Opcode.DATA, 2, Flags.MORE, {"offset": 0}, b"abc"),
         encode_frame(Opcode.DATA, 2, Flags.NONE, {"offset": 0}),
+        # {"offset": <a byte follows>} with the byte missing: cbor2's end-of-input error.
+        HEADER.pack(MAGIC, PROTOCOL_VERSION, Opcode.DATA, 2, 0, 4 + 9 + 3)
+        + (9).to_bytes(4, "little")
+        + b"\xa1\x66offset\x18"
+        + bytes(3),
     ],
     ids=[
         "not-hipr",
@@ -220,6 +225,7 @@ async def test_a_session_attaches_at_most_its_data_links(striped: Striped, worke
         "not-a-map",
         "flags",
         "empty",
+        "cbor-cut-short",
     ],
 )
 async def test_a_malformed_chunk_ends_its_link_only(
